@@ -1,0 +1,34 @@
+"""keras-reluvit: Vision Transformers with softmax or pointwise (ReLU/L)
+attention, for Keras 3 on JAX, TensorFlow and PyTorch."""
+
+from keras_reluvit.attention import ACTIVATION_NAMES
+from keras_reluvit.attention import PointwiseAttention
+from keras_reluvit.attention import pointwise_attention
+from keras_reluvit.layers import ClassToken
+from keras_reluvit.layers import EncoderBlock
+from keras_reluvit.layers import MAPHead
+from keras_reluvit.layers import MLPBlock
+from keras_reluvit.layers import PositionEmbedding
+from keras_reluvit.presets import attention_presets
+from keras_reluvit.vit import VARIANTS
+from keras_reluvit.vit import ViT
+from keras_reluvit.zoo import BUILDERS
+from keras_reluvit.zoo import ViT_B8
+from keras_reluvit.zoo import ViT_B16
+from keras_reluvit.zoo import ViT_B32
+from keras_reluvit.zoo import ViT_H14
+from keras_reluvit.zoo import ViT_L8
+from keras_reluvit.zoo import ViT_L16
+from keras_reluvit.zoo import ViT_L32
+from keras_reluvit.zoo import ViT_S8
+from keras_reluvit.zoo import ViT_S16
+from keras_reluvit.zoo import ViT_S32
+from keras_reluvit.zoo import ViT_Ti8
+from keras_reluvit.zoo import ViT_Ti16
+from keras_reluvit.zoo import ViT_Ti32
+from keras_reluvit.zoo import load_weights
+from keras_reluvit.zoo import resample_posemb
+from keras_reluvit.zoo import resize_model
+from keras_reluvit.zoo import transfer_weights
+
+__version__ = "0.1.0"

@@ -1,0 +1,471 @@
+"""Pointwise attention: `a_ij = L^-alpha * h(q_i . k_j / sqrt(d))`.
+
+The paper (Wortsman et al. 2023, arXiv 2309.08586) replaces the softmax of
+dot-product attention by a pointwise activation `h` scaled by the sequence
+length `L` to the power `-alpha`. With `h = relu` and `alpha = 1` ViTs match
+softmax's accuracy-vs-compute curve.
+
+This module holds the activation registry, the functional op
+`pointwise_attention` (the one dispatch point every backend goes through) and
+the `PointwiseAttention` layer, a drop-in subclass of
+`keras.layers.MultiHeadAttention`.
+
+**What `L` means under a mask.** The paper only trains unmasked ViTs, where
+`L` is the number of keys. Here `L` is the number of keys *each query may
+attend to*: with a padding or causal mask it is the count of unmasked keys in
+that query's row (so a causal query at position `t` uses `L = t + 1`), never
+the padded length. This keeps `E_j[a_ij] = O(1/L)` for every query, which is
+the paper's argument for the factor, and makes outputs independent of how
+much padding a batch carries. A query whose keys are all masked gets all-zero
+weights and a zero attention output (before the output projection's bias).
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# Keras' own mask helpers (as MultiHeadAttention uses them); not re-exported
+# under a public name in Keras 3.15.
+from keras.src.backend import get_keras_mask, set_keras_mask
+
+
+
+def _relu2(x):
+    return ops.square(ops.relu(x))
+
+
+def _gelu_tanh(x):
+    return ops.gelu(x, approximate=True)
+
+
+def _identity(x):
+    return x
+
+
+# name -> (function, one-line description). "softmax" is handled apart: it is
+# not pointwise and ignores the sequence-length exponent.
+ACTIVATIONS = {
+    "relu": (ops.relu, "max(0, x): the paper's choice, the cheapest"),
+    "relu2": (_relu2, "squared ReLU, max(0, x)^2 (Primer, Hua et al.)"),
+    "gelu": (_gelu_tanh, "GELU, tanh approximation (jax.nn.gelu default)"),
+    "softplus": (ops.softplus, "log(1 + exp(x))"),
+    "identity": (_identity, "x: linear attention weights"),
+    "relu6": (ops.relu6, "min(max(0, x), 6)"),
+    "sigmoid": (ops.sigmoid, "1 / (1 + exp(-x))"),
+}
+SOFTMAX = "softmax"
+ACTIVATION_NAMES = (SOFTMAX,) + tuple(ACTIVATIONS)
+
+
+def get_activation(activation):
+    """Returns `(name_or_None, fn)` for an activation name or callable.
+
+    `fn` is None for softmax. Raises `ValueError` naming the valid choices.
+    """
+    if callable(activation):
+        return None, activation
+    if isinstance(activation, str):
+        key = activation.lower()
+        if key == SOFTMAX:
+            return SOFTMAX, None
+        if key in ACTIVATIONS:
+            return key, ACTIVATIONS[key][0]
+    raise ValueError(
+        f"Unknown attention activation {activation!r}. Valid names: "
+        f"{', '.join(ACTIVATION_NAMES)}; or pass any callable mapping a "
+        "tensor to a tensor of the same shape."
+    )
+
+
+def check_seq_len_exponent(seq_len_exponent):
+    if isinstance(seq_len_exponent, bool) or not isinstance(
+        seq_len_exponent, (int, float)
+    ):
+        raise ValueError(
+            "`seq_len_exponent` (alpha) must be a real number >= 0, got "
+            f"{seq_len_exponent!r}."
+        )
+    if not math.isfinite(seq_len_exponent) or seq_len_exponent < 0:
+        raise ValueError(
+            "`seq_len_exponent` (alpha) must be a finite number >= 0 (the "
+            "paper sweeps alpha in [0, 1]); got "
+            f"{seq_len_exponent!r}."
+        )
+    return float(seq_len_exponent)
+
+
+def num_attended_keys(mask, num_keys, dtype):
+    """`L` per query: unmasked keys in each row of `mask` (B, T, S) or S.
+
+    Returns a tensor broadcastable to (B, H, T, S) scores, or a Python float.
+    """
+    if mask is None:
+        return float(num_keys)
+    counts = ops.sum(ops.cast(mask, dtype), axis=-1, keepdims=True)
+    return ops.expand_dims(counts, axis=1)  # (B, 1, T, 1)
+
+
+def pointwise_attention(
+    query,
+    key,
+    value,
+    activation="relu",
+    seq_len_exponent=1.0,
+    mask=None,
+    log_scale=None,
+    dropout_fn=None,
+    return_weights=False,
+):
+    """Pointwise attention on projected, multi-head tensors.
+
+    The single dispatch point of keras-reluvit: every `PointwiseAttention`
+    with a pointwise activation calls this function. It is written with
+    `keras.ops` only and runs unchanged on JAX, TensorFlow and PyTorch.
+
+    Args:
+        query: `(B, T, H, Dh)` projected queries (unscaled).
+        key: `(B, S, H, Dh)` projected keys.
+        value: `(B, S, H, Dv)` projected values.
+        activation: an activation name of `ACTIVATIONS` or a callable `h`.
+        seq_len_exponent: alpha >= 0; weights are scaled by `L^-alpha`.
+        mask: optional boolean `(B, T, S)` (or broadcastable), True = attend.
+            `L` is then the number of True entries of each query's row.
+        log_scale: optional `(H,)` per-head log-scale `s_h`; the weights are
+            multiplied by `exp(s_h)`.
+        dropout_fn: optional callable applied to the weights before they
+            multiply the values (attention dropout).
+        return_weights: also return the `(B, H, T, S)` weights.
+
+    Returns:
+        `(B, T, H, Dv)` outputs, and the weights if `return_weights`.
+    """
+    _, h = get_activation(activation)
+    if h is None:
+        raise ValueError(
+            "pointwise_attention needs a pointwise activation, not softmax; "
+            "use keras.ops.dot_product_attention for softmax."
+        )
+    alpha = check_seq_len_exponent(seq_len_exponent)
+    dtype = query.dtype
+    head_dim = ops.shape(query)[-1]
+    query = ops.multiply(query, ops.cast(1.0 / math.sqrt(head_dim), dtype))
+    scores = ops.einsum("bthd,bshd->bhts", query, key)
+    weights = h(scores)
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        while len(mask.shape) < 3:
+            mask = ops.expand_dims(mask, 0)
+        weights = ops.where(ops.expand_dims(mask, 1), weights, 0.0)
+    if alpha != 0.0:
+        n = num_attended_keys(mask, ops.shape(key)[1], "float32")
+        if isinstance(n, float):
+            factor = ops.cast(n**-alpha, weights.dtype)
+        else:
+            factor = ops.cast(
+                ops.power(ops.maximum(n, 1.0), -alpha), weights.dtype
+            )
+        weights = ops.multiply(weights, factor)
+    if log_scale is not None:
+        scale = ops.cast(ops.exp(log_scale), weights.dtype)
+        weights = ops.multiply(weights, ops.reshape(scale, (1, -1, 1, 1)))
+    used = dropout_fn(weights) if dropout_fn is not None else weights
+    output = ops.einsum("bhts,bshd->bthd", used, value)
+    if return_weights:
+        return output, weights
+    return output
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class PointwiseAttention(keras.layers.MultiHeadAttention):
+    """Multi-head attention with softmax or a pointwise activation.
+
+    Attention weights are `a_ij = exp(s_h) * L^-alpha * h(q_i . k_j / sqrt(d))`
+    (`s_h` only with `learned_scale`), or the usual softmax. The layer is a
+    subclass of and a drop-in for `keras.layers.MultiHeadAttention`: same call
+    signature, same `query`/`key`/`value`/`attention_output` EinsumDense
+    weights of shapes `(D, H, Dh)` and `(H, Dh, D)`. With
+    `activation="softmax"` it computes exactly what `MultiHeadAttention`
+    computes (through the same code path).
+
+    `L` is the number of keys each query may attend to: with an
+    `attention_mask` (padding or causal) the count of unmasked keys in that
+    query's row, not the padded length. A query with no key to attend to gets
+    a zero output.
+
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each head for query and key.
+        value_dim: size of each head for value; defaults to `key_dim`.
+        activation: `"softmax"` (the baseline; `seq_len_exponent` is then
+            ignored), `"relu"`, `"relu2"`, `"gelu"`, `"softplus"`,
+            `"identity"`, `"relu6"`, `"sigmoid"`, or any callable.
+        seq_len_exponent: alpha >= 0 in `L^-alpha`. Default 1.0 (the paper's
+            ReLU/L); 0 is the unscaled "prior work" variant.
+        qk_norm: LayerNorm without bias (epsilon 1e-6) over the head dimension
+            of the projected queries and keys (ViT-22B; Flax `normalize_qk`).
+        gated: the paper's Figure 4 gate: the attention output is multiplied by
+            `sigmoid(W_g x + b_g)` (per head) before the output projection.
+            `use_gate` (the `MultiHeadAttention` name) is an alias.
+        learned_scale: a trainable per-head log-scale `s_h` (initialised at 0)
+            multiplying the weights by `exp(s_h)`: the paper's open question
+            whether `L^-1` can be learned. Not allowed with softmax.
+        dropout: dropout rate on the attention weights.
+        use_bias: whether the projections have biases.
+        output_shape: output size (int or tuple); defaults to the query's last
+            dimension.
+        **kwargs: the other `keras.layers.MultiHeadAttention` arguments
+            (initializers, regularizers, constraints, `seed`, `name`, `dtype`).
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = PointwiseAttention(num_heads=6, key_dim=64, activation="relu")
+    >>> x = np.random.normal(size=(2, 197, 384)).astype("float32")
+    >>> y = layer(x, x)
+    >>> tuple(y.shape)
+    (2, 197, 384)
+    >>> y, w = layer(x, x, return_attention_scores=True)
+    >>> tuple(w.shape)
+    (2, 6, 197, 197)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        activation="relu",
+        seq_len_exponent=1.0,
+        qk_norm=False,
+        gated=False,
+        learned_scale=False,
+        dropout=0.0,
+        use_bias=True,
+        output_shape=None,
+        **kwargs,
+    ):
+        gated = bool(gated or kwargs.pop("use_gate", False))
+        if kwargs.get("attention_axes") not in (None, (1,), [1], 1):
+            raise ValueError(
+                "PointwiseAttention attends over the sequence axis of "
+                "(batch, seq, features) inputs only; `attention_axes` "
+                f"{kwargs['attention_axes']!r} is not supported."
+            )
+        kwargs.pop("attention_axes", None)
+        if kwargs.get("flash_attention"):
+            raise ValueError(
+                "`flash_attention=True` is a softmax-only switch of "
+                "MultiHeadAttention; PointwiseAttention chooses its own "
+                "kernels. Leave it unset."
+            )
+        kwargs.pop("flash_attention", None)
+        self._activation_name, self._activation_fn = get_activation(activation)
+        self._activation = activation
+        self._seq_len_exponent = check_seq_len_exponent(seq_len_exponent)
+        if learned_scale and self._activation_name == SOFTMAX:
+            raise ValueError(
+                "`learned_scale=True` scales pointwise attention weights; "
+                "softmax weights are normalised to sum to 1, so a learned "
+                "scale is not defined for activation='softmax'."
+            )
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}.")
+        super().__init__(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            output_shape=output_shape,
+            use_gate=gated,
+            flash_attention=False,
+            **kwargs,
+        )
+        # MultiHeadAttention reads the global flash switch; we decide here.
+        self._flash_attention = False
+        self._qk_norm = bool(qk_norm)
+        self._gated = gated
+        self._learned_scale = bool(learned_scale)
+
+    @property
+    def activation(self):
+        return self._activation
+
+    @property
+    def seq_len_exponent(self):
+        return self._seq_len_exponent
+
+    @property
+    def qk_norm(self):
+        return self._qk_norm
+
+    @property
+    def gated(self):
+        return self._gated
+
+    @property
+    def learned_scale(self):
+        return self._learned_scale
+
+    @property
+    def is_softmax(self):
+        return self._activation_name == SOFTMAX
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        for name, shape in (
+            ("query", query_shape),
+            ("value", value_shape),
+            ("key", key_shape),
+        ):
+            if shape is not None and len(shape) != 3:
+                raise ValueError(
+                    f"PointwiseAttention expects `{name}` of rank 3 "
+                    f"(batch, seq, features), got shape {tuple(shape)}."
+                )
+        super().build(query_shape, value_shape, key_shape)
+        if self._qk_norm:
+            norm_kwargs = dict(
+                axis=-1, epsilon=1e-6, center=False, dtype=self.dtype_policy
+            )
+            self._query_norm = keras.layers.LayerNormalization(
+                name="query_norm", **norm_kwargs
+            )
+            self._key_norm = keras.layers.LayerNormalization(
+                name="key_norm", **norm_kwargs
+            )
+            self._query_norm.build((None, None, self._num_heads, self._key_dim))
+            self._key_norm.build((None, None, self._num_heads, self._key_dim))
+        if self._learned_scale:
+            self.log_scale = self.add_weight(
+                name="log_scale",
+                shape=(self._num_heads,),
+                initializer="zeros",
+                trainable=True,
+            )
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+    ):
+        if key is None:
+            key = value
+        query_mask = get_keras_mask(query)
+        value_mask = get_keras_mask(value)
+        key_mask = get_keras_mask(key)
+        for t in (query, value, key):
+            set_keras_mask(t, None)
+        attention_mask = self._compute_attention_mask(
+            query,
+            value,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+        )
+        gate = self._gate_dense(query) if self._gated else None
+        q = self._query_dense(query)
+        k = self._key_dense(key)
+        v = self._value_dense(value)
+        if self._qk_norm:
+            q = self._query_norm(q)
+            k = self._key_norm(k)
+        out, scores = self._compute_attention(
+            q, k, v, attention_mask, training, return_attention_scores
+        )
+        if gate is not None:
+            out = ops.multiply(out, gate)
+        out = self._output_dense(out)
+        if query_mask is not None:
+            set_keras_mask(out, query_mask)
+        if return_attention_scores:
+            return out, scores
+        return out
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        if self.is_softmax:
+            return super()._compute_attention(
+                query,
+                key,
+                value,
+                attention_mask=attention_mask,
+                training=training,
+                return_attention_scores=return_attention_scores,
+                use_causal_mask=use_causal_mask,
+            )
+        dropout_fn = None
+        if self._dropout > 0.0:
+
+            def dropout_fn(w):
+                return self._dropout_layer(w, training=training)
+
+        out, weights = pointwise_attention(
+            query,
+            key,
+            value,
+            activation=self._activation_fn,
+            seq_len_exponent=self._seq_len_exponent,
+            mask=attention_mask,
+            log_scale=self.log_scale if self._learned_scale else None,
+            dropout_fn=dropout_fn,
+            return_weights=True,
+        )
+        return out, (weights if return_attention_scores else None)
+
+    def _make_output_dense(self, query_shape, common_kwargs, name=None):
+        # An initializer given DenseGeneral fans for the (D, H, Dh) q/k/v
+        # kernels (input_axes=[0]) gets them for the (H, Dh, D) output kernel
+        # too: fan_in = H * Dh, fan_out = D, as Flax computes them.
+        init = common_kwargs.get("kernel_initializer")
+        if getattr(init, "input_axes", None) == [0]:
+            config = init.get_config()
+            config.update(input_axes=[0, 1], output_axes=[2])
+            common_kwargs = {
+                **common_kwargs,
+                "kernel_initializer": init.__class__.from_config(config),
+            }
+        return super()._make_output_dense(query_shape, common_kwargs, name)
+
+    def get_config(self):
+        config = super().get_config()
+        for k in ("use_gate", "attention_axes", "flash_attention"):
+            config.pop(k, None)
+        activation = self._activation
+        if callable(activation):
+            activation = keras.saving.serialize_keras_object(activation)
+        config.update(
+            activation=activation,
+            seq_len_exponent=self._seq_len_exponent,
+            qk_norm=self._qk_norm,
+            gated=self._gated,
+            learned_scale=self._learned_scale,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("activation"), dict):
+            config["activation"] = keras.saving.deserialize_keras_object(
+                config["activation"]
+            )
+        return super().from_config(config)

@@ -1,0 +1,339 @@
+"""The building blocks of a ViT: position embedding, class token, MLP, blocks.
+
+Initialisation follows big_vision's `vit.py`: xavier-uniform kernels,
+normal(1e-6) MLP biases, posemb normal(1/sqrt(D)), zero class token,
+LayerNorm epsilon 1e-6, pre-LN residual blocks.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_reluvit.attention import PointwiseAttention
+
+LN_EPS = 1e-6
+MLP_ACTIVATIONS = ("gelu_tanh", "gelu")
+
+
+def sincos2d_posemb(grid_h, grid_w, width, temperature=10000.0):
+    """MoCo v3 / big_vision 2-D sin-cos embedding, `(grid_h * grid_w, width)`.
+
+    Channel order is `[sin x, cos x, sin y, cos y]`; `width % 4 == 0`.
+    """
+    if width % 4:
+        raise ValueError(
+            f"posemb='sincos2d' needs a width divisible by 4, got {width}."
+        )
+    y, x = np.mgrid[:grid_h, :grid_w]
+    quarter = width // 4
+    omega = np.arange(quarter) / max(quarter - 1, 1)
+    omega = 1.0 / (temperature**omega)
+    y = np.einsum("m,d->md", y.flatten(), omega)
+    x = np.einsum("m,d->md", x.flatten(), omega)
+    pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+    return pe.astype("float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a position embedding to `(B, prefix + gh * gw, D)` tokens.
+
+    Args:
+        grid_size: `(gh, gw)` patch grid.
+        kind: `"learn"` (a `(1, prefix + gh*gw, D)` weight, normal(1/sqrt(D)))
+            or `"sincos2d"` (fixed; the prefix tokens get zeros).
+        num_prefix_tokens: tokens before the patches (1 with a class token).
+            A learned embedding then covers them too, as in the original ViT,
+            timm and keras-hub, so their checkpoints map one to one.
+    """
+
+    def __init__(self, grid_size, kind="learn", num_prefix_tokens=0, **kwargs):
+        super().__init__(**kwargs)
+        if kind not in ("learn", "sincos2d"):
+            raise ValueError(
+                f"Unknown posemb {kind!r}; valid: 'learn', 'sincos2d'."
+            )
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.kind = kind
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        n = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        if self.kind == "learn":
+            self.embedding = self.add_weight(
+                name="embedding",
+                shape=(1, n, width),
+                initializer=keras.initializers.RandomNormal(
+                    stddev=1.0 / math.sqrt(width)
+                ),
+            )
+        else:
+            pe = sincos2d_posemb(*self.grid_size, width)
+            pe = np.concatenate(
+                [np.zeros((self.num_prefix_tokens, width), "float32"), pe]
+            )
+            self._fixed = pe[None]
+
+    def call(self, x):
+        if self.kind == "learn":
+            pe = self.embedding
+        else:
+            pe = ops.convert_to_tensor(self._fixed)
+        return x + ops.cast(pe, x.dtype)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "grid_size": self.grid_size,
+            "kind": self.kind,
+            "num_prefix_tokens": self.num_prefix_tokens,
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class ClassToken(keras.layers.Layer):
+    """Prepends a learned token (zero-initialised, as big_vision)."""
+
+    def build(self, input_shape):
+        self.token = self.add_weight(
+            name="token", shape=(1, 1, input_shape[-1]), initializer="zeros"
+        )
+
+    def call(self, x):
+        token = ops.cast(self.token, x.dtype)
+        token = ops.broadcast_to(token, (ops.shape(x)[0], 1, ops.shape(x)[2]))
+        return ops.concatenate([token, x], axis=1)
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class MLPBlock(keras.layers.Layer):
+    """Dense -> GELU -> Dropout -> Dense, big_vision's `MlpBlock`.
+
+    Args:
+        mlp_dim: hidden size.
+        activation: `"gelu_tanh"` (big_vision / Flax default, as the paper
+            trained) or `"gelu"` (exact, as timm and keras-hub).
+        dropout: rate after the activation.
+    """
+
+    def __init__(self, mlp_dim, activation="gelu_tanh", dropout=0.0, **kw):
+        super().__init__(**kw)
+        if activation not in MLP_ACTIVATIONS:
+            raise ValueError(
+                f"Unknown mlp_activation {activation!r}; valid: "
+                f"{', '.join(MLP_ACTIVATIONS)}."
+            )
+        self.mlp_dim = int(mlp_dim)
+        self.activation = activation
+        self.dropout = float(dropout)
+        dense = dict(
+            kernel_initializer="glorot_uniform",
+            bias_initializer=keras.initializers.RandomNormal(stddev=1e-6),
+            dtype=self.dtype_policy,
+        )
+        self.fc1 = keras.layers.Dense(self.mlp_dim, name="fc1", **dense)
+        self.fc2 = None
+        self._dense_kwargs = dense
+        self.drop = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.fc1.build(input_shape)
+        self.fc2 = keras.layers.Dense(
+            input_shape[-1], name="fc2", **self._dense_kwargs
+        )
+        self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+
+    def call(self, x, training=None):
+        x = self.fc1(x)
+        x = ops.gelu(x, approximate=self.activation == "gelu_tanh")
+        x = self.drop(x, training=training)
+        return self.fc2(x)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "mlp_dim": self.mlp_dim,
+            "activation": self.activation,
+            "dropout": self.dropout,
+        }
+
+
+def _attention_layer(width, num_heads, attention, qk_norm, dtype, name):
+    return PointwiseAttention(
+        num_heads=num_heads,
+        key_dim=width // num_heads,
+        qk_norm=qk_norm,
+        # xavier-uniform with Flax DenseGeneral fans: the (D, H, Dh) kernel
+        # is a (D, H * Dh) matrix, not a convolution (Keras' rank-3 default).
+        kernel_initializer=keras.initializers.GlorotUniform(
+            input_axes=[0], output_axes=[1, 2]
+        ),
+        bias_initializer="zeros",
+        dtype=dtype,
+        name=name,
+        **attention,
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class EncoderBlock(keras.layers.Layer):
+    """Pre-LN transformer block: `x + Attn(LN(x))`, then `x + MLP(LN(x))`.
+
+    Args:
+        num_heads: attention heads; `width` must be divisible by it.
+        mlp_dim: MLP hidden size.
+        attention: dict of `PointwiseAttention` arguments (activation,
+            seq_len_exponent, gated, learned_scale).
+        qk_norm: LayerNorm on per-head queries and keys.
+        mlp_activation: `"gelu_tanh"` or `"gelu"`.
+        dropout: rate after attention, inside and after the MLP.
+
+    Call `block(x, return_attention_scores=True)` to also get the
+    `(B, H, T, T)` attention weights.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        attention=None,
+        qk_norm=True,
+        mlp_activation="gelu_tanh",
+        dropout=0.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.attention = dict(attention or {"activation": "relu"})
+        self.qk_norm = bool(qk_norm)
+        self.mlp_activation = mlp_activation
+        self.dropout = float(dropout)
+        policy = self.dtype_policy
+        self.norm1 = keras.layers.LayerNormalization(
+            epsilon=LN_EPS, name="norm1", dtype=policy
+        )
+        self.norm2 = keras.layers.LayerNormalization(
+            epsilon=LN_EPS, name="norm2", dtype=policy
+        )
+        self.mlp = MLPBlock(
+            mlp_dim, mlp_activation, self.dropout, name="mlp", dtype=policy
+        )
+        self.drop = keras.layers.Dropout(self.dropout, dtype=policy)
+        self.attn = None
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads:
+            raise ValueError(
+                f"width {width} is not divisible by num_heads "
+                f"{self.num_heads}."
+            )
+        self.attn = _attention_layer(
+            width,
+            self.num_heads,
+            self.attention,
+            self.qk_norm,
+            self.dtype_policy,
+            "attention",
+        )
+        self.norm1.build(input_shape)
+        self.attn.build(input_shape, input_shape)
+        self.norm2.build(input_shape)
+        self.mlp.build(input_shape)
+
+    def call(self, x, training=None, return_attention_scores=False):
+        y = self.norm1(x)
+        scores = None
+        if return_attention_scores:
+            y, scores = self.attn(
+                y, y, training=training, return_attention_scores=True
+            )
+        else:
+            y = self.attn(y, y, training=training)
+        x = x + self.drop(y, training=training)
+        y = self.mlp(self.norm2(x), training=training)
+        x = x + self.drop(y, training=training)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "attention": self.attention,
+            "qk_norm": self.qk_norm,
+            "mlp_activation": self.mlp_activation,
+            "dropout": self.dropout,
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class MAPHead(keras.layers.Layer):
+    """Multihead attention pooling (big_vision `MAPHead`).
+
+    A learned probe attends over the tokens with the model's attention, then
+    a residual MLP; returns `(B, D)`.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        attention=None,
+        qk_norm=True,
+        mlp_activation="gelu_tanh",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.attention = dict(attention or {"activation": "relu"})
+        self.qk_norm = bool(qk_norm)
+        self.mlp_activation = mlp_activation
+        self.norm = keras.layers.LayerNormalization(
+            epsilon=LN_EPS, name="norm", dtype=self.dtype_policy
+        )
+        self.mlp = MLPBlock(
+            mlp_dim, mlp_activation, name="mlp", dtype=self.dtype_policy
+        )
+        self.attn = None
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        self.probe = self.add_weight(
+            name="probe", shape=(1, 1, width), initializer="glorot_uniform"
+        )
+        self.attn = _attention_layer(
+            width,
+            self.num_heads,
+            self.attention,
+            self.qk_norm,
+            self.dtype_policy,
+            "attention",
+        )
+        self.attn.build((None, 1, width), input_shape)
+        self.norm.build((None, 1, width))
+        self.mlp.build((None, 1, width))
+
+    def call(self, x):
+        probe = ops.cast(self.probe, x.dtype)
+        probe = ops.broadcast_to(probe, (ops.shape(x)[0], 1, ops.shape(x)[2]))
+        y = self.attn(probe, x)
+        y = y + self.mlp(self.norm(y))
+        return y[:, 0]
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "attention": self.attention,
+            "qk_norm": self.qk_norm,
+            "mlp_activation": self.mlp_activation,
+        }

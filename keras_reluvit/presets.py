@@ -1,0 +1,102 @@
+"""Named attention presets: strings that stand for `PointwiseAttention` args."""
+
+import copy
+
+from keras_reluvit.attention import ACTIVATION_NAMES
+
+_PRESETS = {
+    "softmax": (
+        dict(activation="softmax"),
+        "softmax attention, the baseline (alpha ignored)",
+    ),
+    "relu": (
+        dict(activation="relu", seq_len_exponent=1.0),
+        "ReLU/L: relu(q.k/sqrt(d)) / L, the paper's choice",
+    ),
+    "relu_noscale": (
+        dict(activation="relu", seq_len_exponent=0.0),
+        "ReLU without the 1/L factor (alpha = 0, prior work)",
+    ),
+    "relu2": (
+        dict(activation="relu2", seq_len_exponent=1.0),
+        "squared ReLU / L",
+    ),
+    "gelu": (dict(activation="gelu", seq_len_exponent=1.0), "GELU / L"),
+    "softplus": (
+        dict(activation="softplus", seq_len_exponent=1.0),
+        "softplus / L",
+    ),
+    "relu6": (dict(activation="relu6", seq_len_exponent=1.0), "ReLU6 / L"),
+    "sigmoid": (
+        dict(activation="sigmoid", seq_len_exponent=1.0),
+        "sigmoid / L",
+    ),
+    "identity": (
+        dict(activation="identity", seq_len_exponent=1.0),
+        "no activation, q.k/sqrt(d) / L (linear attention weights)",
+    ),
+    "relu_gated": (
+        dict(activation="relu", seq_len_exponent=1.0, gated=True),
+        "ReLU/L with the sigmoid output gate of the paper's Figure 4",
+    ),
+    "relu_learned": (
+        dict(activation="relu", seq_len_exponent=1.0, learned_scale=True),
+        "ReLU/L times a learned per-head scale exp(s_h), s_h init 0",
+    ),
+}
+
+# Keys an `attention=` dict may hold (qk_norm is a model argument).
+ATTENTION_KEYS = ("activation", "seq_len_exponent", "gated", "learned_scale")
+
+
+def attention_presets():
+    """Returns `{name: one-line description}` of the attention presets.
+
+    Example:
+
+    >>> import keras_reluvit
+    >>> for name, doc in keras_reluvit.attention_presets().items():
+    ...     print(f"{name:13s} {doc}")  # doctest: +ELLIPSIS
+    softmax       softmax attention, the baseline (alpha ignored)
+    ...
+    """
+    return {name: doc for name, (_, doc) in _PRESETS.items()}
+
+
+def resolve_attention(attention):
+    """Turns a preset name or a dict of arguments into a dict of arguments.
+
+    Raises `ValueError` naming the valid presets or keys.
+    """
+    if isinstance(attention, str):
+        if attention not in _PRESETS:
+            raise ValueError(
+                f"Unknown attention preset {attention!r}. Valid presets: "
+                f"{', '.join(_PRESETS)} (see keras_reluvit.attention_presets())"
+                ", or pass a dict of PointwiseAttention arguments such as "
+                "{'activation': 'relu', 'seq_len_exponent': 0.5}."
+            )
+        return copy.deepcopy(_PRESETS[attention][0])
+    if isinstance(attention, dict):
+        unknown = sorted(set(attention) - set(ATTENTION_KEYS))
+        if unknown:
+            hint = (
+                " Pass qk_norm to the model, not in the attention dict."
+                if "qk_norm" in unknown
+                else ""
+            )
+            raise ValueError(
+                f"Unknown attention argument(s) {unknown}; valid keys are "
+                f"{list(ATTENTION_KEYS)}.{hint}"
+            )
+        if "activation" not in attention:
+            raise ValueError(
+                "An attention dict needs an 'activation' (one of "
+                f"{', '.join(ACTIVATION_NAMES)}), got {attention!r}."
+            )
+        return dict(attention)
+    raise ValueError(
+        "`attention` must be a preset name (one of "
+        f"{', '.join(_PRESETS)}) or a dict of PointwiseAttention arguments; "
+        f"got {attention!r}."
+    )

@@ -1,0 +1,435 @@
+"""Vision Transformer with softmax or pointwise (ReLU/L) attention.
+
+A functional `keras.Model` whose config is its constructor arguments, in the
+spirit of big_vision's `vit.py`: strings as the interface
+(`attention="relu"`, `pool="gap"`, `posemb="sincos2d"`), big_vision's
+variants and initialisation, and intermediates one call away
+(`model.intermediates(images)`).
+"""
+
+import re
+
+import keras
+import numpy as np
+
+from keras_reluvit import layers as L
+from keras_reluvit.presets import resolve_attention
+
+# name: (width, depth, mlp_dim, num_heads) -- big_vision's `decode_variant`.
+VARIANTS = {
+    "Ti": (192, 12, 768, 3),
+    "S": (384, 12, 1536, 6),
+    "M": (512, 12, 2048, 8),
+    "B": (768, 12, 3072, 12),
+    "L": (1024, 24, 4096, 16),
+    "So400m": (1152, 27, 4304, 16),
+    "H": (1280, 32, 5120, 16),
+    "g": (1408, 40, 6144, 16),
+}
+POOLS = ("gap", "tok", "map")
+POSEMBS = ("learn", "sincos2d")
+
+
+def parse_variant(variant):
+    """`"S/16"` -> dict(width, depth, mlp_dim, num_heads, patch_size)."""
+    m = re.fullmatch(r"(\w+?)(?:/(\d+))?", str(variant))
+    if not m or m.group(1) not in VARIANTS:
+        raise ValueError(
+            f"Unknown ViT variant {variant!r}; use '<size>/<patch>' with size "
+            f"one of {', '.join(VARIANTS)} (e.g. 'S/16')."
+        )
+    width, depth, mlp_dim, heads = VARIANTS[m.group(1)]
+    out = dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads)
+    if m.group(2):
+        out["patch_size"] = int(m.group(2))
+    return out
+
+
+def _pair(value, what):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (int(value), int(value))
+    try:
+        value = tuple(int(v) for v in value)
+    except TypeError:
+        value = ()
+    if len(value) != 2 or min(value) <= 0:
+        raise ValueError(
+            f"`{what}` must be a positive int or (height, width), "
+            f"got {value!r}."
+        )
+    return value
+
+
+def _positive_int(value, what):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value <= 0
+    ):
+        raise ValueError(f"`{what}` must be a positive int, got {value!r}.")
+    return int(value)
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class ViT(keras.Model):
+    """Vision Transformer (big_vision layout) with pointwise attention.
+
+    Inputs are float images in `[-1, 1]` (big_vision's value range), NHWC,
+    of exactly `image_size`. Outputs are logits `(B, num_classes)`, or pooled
+    features `(B, D)` with `include_top=False`.
+
+    Args:
+        variant: `"<size>/<patch>"`, size in Ti, S, M, B, L, So400m, H, g
+            (big_vision's widths/depths/MLP/heads). `width`, `depth`,
+            `mlp_dim`, `num_heads`, `patch_size` override its parts (for tiny
+            test models: `ViT("Ti/16", depth=2, width=64, num_heads=2, ...)`).
+        attention: a preset name (see `keras_reluvit.attention_presets()`;
+            default `"relu"`, the paper's ReLU/L) or a dict of
+            `PointwiseAttention` arguments, e.g.
+            `{"activation": "relu", "seq_len_exponent": 0.5}`.
+        num_classes: classifier outputs (with `include_top=True`).
+        image_size: int or `(height, width)`, divisible by the patch size.
+        pool: `"gap"` (mean of tokens), `"tok"` (class token) or `"map"`
+            (attention-pooling probe).
+        posemb: `"learn"` or `"sincos2d"` (fixed). With `pool="tok"` a learned
+            embedding covers the class token too (original ViT / timm layout).
+        qk_norm: LayerNorm on per-head q and k (default True, as the paper).
+        representation_size: if set, a Dense + tanh pre-logits layer.
+        dropout: dropout rate after posemb, attention and in the MLPs.
+        include_top: False returns the pooled (pre-logits) features.
+        mlp_activation: `"gelu_tanh"` (default, big_vision and the paper) or
+            `"gelu"` (exact, timm and keras-hub checkpoints).
+        head_bias_init: initial head bias (big_vision uses -6.9 / -10 with a
+            sigmoid cross-entropy); the head kernel is zero-initialised.
+        dtype: a Keras dtype policy, e.g. `"float32"`, `"mixed_bfloat16"`.
+            Logits are float32 under mixed policies.
+
+    Example:
+
+    >>> import numpy as np, keras_reluvit
+    >>> model = keras_reluvit.ViT("S/16", attention="relu", num_classes=10,
+    ...                           image_size=64, depth=2)
+    >>> x = np.random.uniform(-1, 1, (2, 64, 64, 3)).astype("float32")
+    >>> tuple(model(x).shape)
+    (2, 10)
+    >>> out = model.intermediates(x)
+    >>> tuple(out["attention_01"].shape)  # (B, heads, tokens, tokens)
+    (2, 6, 16, 16)
+    """
+
+    def __init__(
+        self,
+        variant="S/16",
+        attention="relu",
+        num_classes=1000,
+        image_size=224,
+        pool="gap",
+        posemb="learn",
+        qk_norm=True,
+        representation_size=None,
+        dropout=0.0,
+        include_top=True,
+        mlp_activation="gelu_tanh",
+        head_bias_init=0.0,
+        width=None,
+        depth=None,
+        mlp_dim=None,
+        num_heads=None,
+        patch_size=None,
+        dtype=None,
+        name=None,
+        **kwargs,
+    ):
+        dims = parse_variant(variant)
+        for key, value in dict(
+            width=width,
+            depth=depth,
+            mlp_dim=mlp_dim,
+            num_heads=num_heads,
+            patch_size=patch_size,
+        ).items():
+            if value is not None:
+                dims[key] = value
+        if "patch_size" not in dims:
+            raise ValueError(
+                f"Variant {variant!r} names no patch size; use e.g. "
+                f"'{variant}/16' or pass patch_size."
+            )
+        for key in dims:
+            dims[key] = _positive_int(dims[key], key)
+        width, heads = dims["width"], dims["num_heads"]
+        if width % heads:
+            raise ValueError(
+                f"width {width} is not divisible by num_heads {heads} "
+                "(key_dim = width / num_heads must be an integer)."
+            )
+        image_size = _pair(image_size, "image_size")
+        patch = dims["patch_size"]
+        if image_size[0] % patch or image_size[1] % patch:
+            raise ValueError(
+                f"image_size {image_size} is not divisible by the patch size "
+                f"{patch}; use a multiple of {patch} such as "
+                f"{(image_size[0] // patch or 1) * patch}."
+            )
+        if pool not in POOLS:
+            raise ValueError(f"Unknown pool {pool!r}; valid: {POOLS}.")
+        if posemb not in POSEMBS:
+            raise ValueError(f"Unknown posemb {posemb!r}; valid: {POSEMBS}.")
+        if mlp_activation not in L.MLP_ACTIVATIONS:
+            raise ValueError(
+                f"Unknown mlp_activation {mlp_activation!r}; valid: "
+                f"{L.MLP_ACTIVATIONS}."
+            )
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}.")
+        if include_top:
+            num_classes = _positive_int(num_classes, "num_classes")
+        if representation_size is not None:
+            representation_size = _positive_int(
+                representation_size, "representation_size"
+            )
+        attention_args = resolve_attention(attention)
+        # Fail now, with the layer's own message, on bad attention arguments.
+        L._attention_layer(width, heads, attention_args, qk_norm, None, "x")
+
+        policy = keras.dtype_policies.get(dtype or keras.config.dtype_policy())
+        grid = (image_size[0] // patch, image_size[1] // patch)
+        prefix = 1 if pool == "tok" else 0
+
+        stem = keras.layers.Conv2D(
+            width,
+            patch,
+            strides=patch,
+            padding="valid",
+            kernel_initializer="lecun_normal",
+            name="embedding",
+            dtype=policy,
+        )
+        to_tokens = keras.layers.Reshape((grid[0] * grid[1], width))
+        cls = ClassToken(name="cls", dtype=policy) if prefix else None
+        pos = L.PositionEmbedding(
+            grid, posemb, prefix, name="pos_embedding", dtype=policy
+        )
+        drop = keras.layers.Dropout(dropout, dtype=policy)
+        blocks = [
+            L.EncoderBlock(
+                heads,
+                dims["mlp_dim"],
+                attention_args,
+                qk_norm,
+                mlp_activation,
+                dropout,
+                name=f"block_{i:02d}",
+                dtype=policy,
+            )
+            for i in range(dims["depth"])
+        ]
+        norm = keras.layers.LayerNormalization(
+            epsilon=L.LN_EPS, name="encoder_norm", dtype=policy
+        )
+        map_head = (
+            L.MAPHead(
+                heads,
+                dims["mlp_dim"],
+                attention_args,
+                qk_norm,
+                mlp_activation,
+                name="map_head",
+                dtype=policy,
+            )
+            if pool == "map"
+            else None
+        )
+        pre_logits = (
+            keras.layers.Dense(
+                representation_size,
+                activation="tanh",
+                name="pre_logits",
+                dtype=policy,
+            )
+            if representation_size
+            else None
+        )
+        head_policy = "float32" if policy.compute_dtype != "float32" else policy
+        head = (
+            keras.layers.Dense(
+                num_classes,
+                kernel_initializer="zeros",
+                bias_initializer=keras.initializers.Constant(head_bias_init),
+                name="head",
+                dtype=head_policy,
+            )
+            if include_top
+            else None
+        )
+        parts = dict(
+            stem=stem,
+            to_tokens=to_tokens,
+            cls=cls,
+            pos=pos,
+            drop=drop,
+            blocks=blocks,
+            norm=norm,
+            map_head=map_head,
+            pre_logits=pre_logits,
+            head=head,
+            pool=pool,
+        )
+        inputs = keras.Input((*image_size, 3), name="images", dtype="float32")
+        outputs = _forward(parts, inputs)["output"]
+        if name is None:
+            name = "vit_" + re.sub(r"\W", "", str(variant)).lower()
+        super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        # Image checks are ours (`_check_images`), with messages that say what
+        # to do; Keras' generic input-spec check would pre-empt some of them.
+        self.input_spec = None
+        self._parts = parts
+        self._config = dict(
+            variant=variant,
+            attention=attention,
+            num_classes=num_classes,
+            image_size=image_size,
+            pool=pool,
+            posemb=posemb,
+            qk_norm=qk_norm,
+            representation_size=representation_size,
+            dropout=float(dropout),
+            include_top=bool(include_top),
+            mlp_activation=mlp_activation,
+            head_bias_init=float(head_bias_init),
+            **dims,
+            dtype=dtype,
+        )
+
+    # ---- properties -------------------------------------------------------
+    @property
+    def image_size(self):
+        return self._config["image_size"]
+
+    @property
+    def patch_size(self):
+        return self._config["patch_size"]
+
+    @property
+    def grid_size(self):
+        return tuple(s // self.patch_size for s in self.image_size)
+
+    @property
+    def blocks(self):
+        return list(self._parts["blocks"])
+
+    @property
+    def attention_args(self):
+        """The resolved `PointwiseAttention` arguments of every block."""
+        return resolve_attention(self._config["attention"])
+
+    # ---- calling ----------------------------------------------------------
+    def _check_images(self, images):
+        shape = tuple(images.shape)
+        want = (*self.image_size, 3)
+        if len(shape) != 4:
+            raise ValueError(
+                f"{self.name} expects NHWC images of rank 4 (batch, height, "
+                f"width, 3), got rank {len(shape)} with shape {shape}."
+            )
+        if shape[-1] is not None and shape[-1] != 3:
+            raise ValueError(
+                f"{self.name} expects 3 (RGB) channels, got {shape[-1]} in "
+                f"shape {shape}; convert grayscale with "
+                "keras.ops.repeat(x, 3, axis=-1) or drop alpha channels."
+            )
+        if tuple(shape[1:3]) != tuple(want[:2]) and None not in shape[1:3]:
+            raise ValueError(
+                f"{self.name} was built for {want[0]}x{want[1]} images, got "
+                f"{shape[1]}x{shape[2]}. Build a model for that size with "
+                "keras_reluvit.resize_model(model, image_size) (resamples the "
+                "position embedding)."
+            )
+
+    def call(self, inputs, training=None, mask=None):
+        self._check_images(inputs)
+        return super().call(inputs, training=training, mask=mask)
+
+    def intermediates_model(self, attention_weights=True):
+        """A `keras.Model` sharing this model's weights with dict outputs.
+
+        Keys: `"tokens"` (embedded patches with posemb), `"block_XX"` (each
+        block's output), `"attention_XX"` (each block's `(B, H, T, T)`
+        attention weights, when `attention_weights`), `"encoded"` (after the
+        final LayerNorm), `"pooled"`, `"pre_logits"` and `"logits"` (with a
+        head).
+        """
+        inputs = keras.Input((*self.image_size, 3), dtype="float32")
+        out = _forward(self._parts, inputs, collect=True,
+                       attention_weights=attention_weights)
+        out.pop("output")
+        return keras.Model(inputs, out, name=f"{self.name}_intermediates")
+
+    def intermediates(self, images, attention_weights=True):
+        """Runs `images` and returns the dict of `intermediates_model()`."""
+        self._check_images(images)
+        return self.intermediates_model(attention_weights)(images)
+
+    def get_config(self):
+        return {"name": self.name, "trainable": self.trainable, **self._config}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
+        return cls(**config)
+
+
+from keras_reluvit.layers import ClassToken  # noqa: E402
+
+
+class _WithScores(keras.layers.Layer):
+    """Calls a block with `return_attention_scores=True` (intermediates)."""
+
+    def __init__(self, block, **kwargs):
+        super().__init__(**kwargs)
+        self.block = block
+
+    def call(self, x):
+        return self.block(x, return_attention_scores=True)
+
+
+def _forward(parts, images, collect=False, attention_weights=False):
+    """The ViT graph, shared by the model and its intermediates model."""
+    out = {}
+    x = parts["to_tokens"](parts["stem"](images))
+    if parts["cls"] is not None:
+        x = parts["cls"](x)
+    x = parts["pos"](x)
+    out["tokens"] = x
+    x = parts["drop"](x)
+    for i, block in enumerate(parts["blocks"]):
+        if collect and attention_weights:
+            # A distinct operation: a Keras graph node must keep one output
+            # structure per layer, and the block already has a 1-output node.
+            x, w = _WithScores(block, name=f"{block.name}_scores")(x)
+            out[f"attention_{i:02d}"] = w
+        else:
+            x = block(x)
+        out[f"block_{i:02d}"] = x
+    x = parts["norm"](x)
+    out["encoded"] = x
+    pool = parts["pool"]
+    if pool == "gap":
+        x = keras.ops.mean(x, axis=1)
+    elif pool == "tok":
+        x = x[:, 0]
+    else:
+        x = parts["map_head"](x)
+    out["pooled"] = x
+    if parts["pre_logits"] is not None:
+        x = parts["pre_logits"](x)
+    out["pre_logits"] = x
+    if parts["head"] is not None:
+        x = parts["head"](x)
+        out["logits"] = x
+    out["output"] = x
+    if not collect:
+        return {"output": x}
+    return out
