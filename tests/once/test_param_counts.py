@@ -1,0 +1,57 @@
+"""Parameter counts of every builder equal timm's VisionTransformer.
+
+Backend-independent (variable shapes come from keras.ops-only code), so this
+runs once. Models are built inside a StatelessScope: shapes without the cost
+of initialising 600M parameters.
+"""
+
+import keras
+import pytest
+
+import keras_reluvit as kr
+
+# timm's published counts (VisionTransformer, class token, learned posemb,
+# 1000 classes) where timm has the model, e.g. vit_small_patch16_224.
+PUBLISHED = {
+    "ViT_Ti16": 5_717_416,
+    "ViT_S16": 22_050_664,
+    "ViT_S32": 22_878_952,
+    "ViT_B16": 86_567_656,
+    "ViT_B32": 88_224_232,
+    "ViT_L16": 304_326_632,
+    "ViT_L32": 306_535_400,
+    "ViT_H14": 632_045_800,
+}
+
+
+def timm_count(width, depth, mlp, patch, image=224, classes=1000):
+    """timm VisionTransformer.__init__, counted by hand."""
+    n = (image // patch) ** 2
+    patch_embed = 3 * patch * patch * width + width
+    cls_token, pos_embed = width, (n + 1) * width
+    block = (
+        2 * width                          # norm1
+        + 3 * width * width + 3 * width    # qkv
+        + width * width + width            # proj
+        + 2 * width                        # norm2
+        + width * mlp + mlp + mlp * width + width  # fc1, fc2
+    )
+    return patch_embed + cls_token + pos_embed + depth * block + 2 * width + width * classes + classes
+
+
+@pytest.mark.parametrize("name", list(kr.BUILDERS))
+def test_parameter_count_equals_timm(name):
+    with keras.StatelessScope():
+        model = kr.BUILDERS[name](pool="tok", posemb="learn", qk_norm=False, num_classes=1000)
+    cfg = model.get_config()
+    expected = timm_count(cfg["width"], cfg["depth"], cfg["mlp_dim"], cfg["patch_size"])
+    assert model.count_params() == expected
+    if name in PUBLISHED:
+        assert model.count_params() == PUBLISHED[name]
+
+
+def test_qk_norm_adds_two_head_dim_scales_per_block():
+    with keras.StatelessScope():
+        a = kr.ViT_S16(qk_norm=False)
+        b = kr.ViT_S16(qk_norm=True)
+    assert b.count_params() - a.count_params() == 12 * 2 * 64
