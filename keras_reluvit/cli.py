@@ -1,0 +1,134 @@
+"""`keras-reluvit train | eval | export | recipes | presets`.
+
+Examples:
+
+    keras-reluvit train --output runs/digits            # embedded default data set
+    keras-reluvit train --model vit_s16 --attention relu --dataset imagenet2012 \\
+        --data-dir ~/tensorflow_datasets --recipe s16_i1k_90ep --output runs/s16_relu
+    keras-reluvit eval runs/s16_relu/model.keras --dataset imagenet2012 --data-dir ...
+    keras-reluvit export runs/s16_relu/model.keras serving/vit_s16_relu/1
+    keras-reluvit recipes s16_i1k_90ep
+
+The backend is Keras' (`KERAS_BACKEND=jax|tensorflow|torch`).
+"""
+
+import argparse
+import json
+import sys
+
+
+def _train(args):
+    from keras_reluvit import train as kr_train
+
+    config = kr_train.build_config(
+        recipe=args.recipe,
+        dataset=args.dataset,
+        model=args.model,
+        attention=args.attention,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        data_dir=args.data_dir,
+        seed=args.seed,
+        pool=args.pool,
+        posemb=args.posemb,
+    )
+    _, metrics = kr_train.train(config, args.output, export=not args.no_export,
+                                verbose=2 if args.quiet else 1)
+    final = metrics["final"]
+    print(json.dumps({"output": args.output, **final,
+                      "train_seconds": round(metrics["train_seconds"], 1)}))
+
+
+def _eval(args):
+    import keras
+
+    from keras_reluvit import data as kr_data
+    from keras_reluvit import recipes
+
+    model = keras.saving.load_model(args.model, compile=False)
+    d = kr_data.load(args.dataset, args.batch_size, image_size=model.image_size,
+                     data_dir=args.data_dir, train_split=None, val_split=args.split)
+    recipes.compile(model, "digits", steps_per_epoch=1)
+    result = model.evaluate(d.val, return_dict=True, verbose=0)
+    print(json.dumps({k: float(v) for k, v in result.items()}))
+
+
+def _export(args):
+    import keras
+
+    from keras_reluvit import export as kr_export
+
+    model = keras.saving.load_model(args.model, compile=False)
+    print(kr_export.saved_model(model, args.path))
+
+
+def _recipes(args):
+    from keras_reluvit import recipes
+
+    print(recipes.describe(args.name))
+
+
+def _presets(args):
+    from keras_reluvit.presets import attention_presets
+
+    for name, doc in attention_presets().items():
+        print(f"{name:13s} {doc}")
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="keras-reluvit", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a ViT (default: the embedded digits data set)")
+    t.add_argument("--model", help="vit_s16, vit_b32, ... (default: the recipe's)")
+    t.add_argument("--attention", default="relu", help="attention preset (default relu)")
+    t.add_argument("--dataset", help="tfds name (default: the recipe's)")
+    t.add_argument("--data-dir", help="tfds data_dir")
+    t.add_argument("--recipe", default="digits", help="recipe name (see `recipes`)")
+    t.add_argument("--output", default="runs/default", help="run directory")
+    t.add_argument("--epochs", type=int)
+    t.add_argument("--batch-size", type=int)
+    t.add_argument("--image-size", type=int)
+    t.add_argument("--pool", choices=["gap", "tok", "map"])
+    t.add_argument("--posemb", choices=["learn", "sincos2d"])
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
+    t.add_argument("--quiet", action="store_true", help="one line per epoch")
+    t.set_defaults(func=_train)
+
+    e = sub.add_parser("eval", help="evaluate a .keras model on a tfds split")
+    e.add_argument("model")
+    e.add_argument("--dataset", default="sklearn_digits")
+    e.add_argument("--split", default=None)
+    e.add_argument("--data-dir")
+    e.add_argument("--batch-size", type=int, default=256)
+    e.set_defaults(func=_eval)
+
+    x = sub.add_parser("export", help="export a .keras model as a TF SavedModel")
+    x.add_argument("model")
+    x.add_argument("path")
+    x.set_defaults(func=_export)
+
+    r = sub.add_parser("recipes", help="print the training recipes")
+    r.add_argument("name", nargs="?")
+    r.set_defaults(func=_recipes)
+
+    s = sub.add_parser("presets", help="list the attention presets")
+    s.set_defaults(func=_presets)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"keras-reluvit: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""Input pipelines: any tfds image-classification dataset into `model.fit`.
+
+tf.data end to end (parallel decode and augmentation with AUTOTUNE, no
+Python per image), big_vision's preprocessing:
+
+- train: inception crop (area 5-100 %, aspect 3/4-4/3, bilinear) to the
+  model resolution | random left-right flip | RandAugment (Keras core layer) |
+  value range [-1, 1] | one-hot labels | MixUp (big_vision semantics).
+- eval: resize the shorter side to `resolution * 256 / 224` (area) | central
+  crop | value range [-1, 1] | one-hot labels. Deterministic.
+
+The batches feed `model.fit` on every Keras backend (Keras converts tf.data
+batches for JAX and PyTorch).
+
+RandAugment mapping: big_vision's `randaug(num_layers, magnitude)` is Keras'
+`RandAugment(num_ops=num_layers, factor=magnitude / 10)` — Keras' factor is
+the magnitude as a fraction of the TF-models maximum level 10 that
+big_vision's implementation uses; magnitudes above 10 (big_vision's 15) are
+clipped to factor 1.0 (Keras caps the strength of each op at its maximum).
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+
+ILSVRC_HELP = """ImageNet (imagenet2012) is not prepared in {data_dir}.
+tfds cannot download it. Put the two official archives in a manual directory:
+  {manual_dir}/ILSVRC2012_img_train.tar   (one inner tar per synset, e.g. n01440764.tar)
+  {manual_dir}/ILSVRC2012_img_val.tar     (ILSVRC2012_val_00000001.JPEG ...)
+and build it once (several hours, ~150 GB):
+  keras_reluvit.data.prepare("imagenet2012", data_dir="{data_dir}", manual_dir="{manual_dir}")
+or: python -c "import tensorflow_datasets as tfds; tfds.builder('imagenet2012', data_dir='{data_dir}').download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir='{manual_dir}'))"
+"""
+
+# big_vision's split conventions per dataset: (train, minival, validation).
+SPLITS = {
+    "imagenet2012": ("train[:99%]", "train[99%:]", "validation"),
+    "imagenet2012_real": (None, None, "validation"),
+    "imagenet_v2": (None, None, "test"),
+    "cifar10": ("train[:98%]", "train[98%:]", "test"),
+    "cifar100": ("train[:98%]", "train[98%:]", "test"),
+    "oxford_flowers102": ("train", "validation", "test"),
+    "sklearn_digits": ("train", None, "test"),
+}
+
+
+@dataclasses.dataclass
+class Augment:
+    """Training augmentation. `randaug=(num_ops, magnitude)` as big_vision;
+    `mixup` is the Beta parameter p (0 = off)."""
+
+    crop_area: tuple = (0.05, 1.0)
+    crop_aspect: tuple = (3 / 4, 4 / 3)
+    flip: bool = True
+    randaug: tuple = None
+    mixup: float = 0.0
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def _tf():
+    import tensorflow as tf
+
+    return tf
+
+
+def _tfds():
+    # Registers the embedded data set too.
+    import tensorflow_datasets as tfds
+
+    from keras_reluvit import embedded  # noqa: F401
+
+    return tfds
+
+
+def prepare(name, data_dir=None, manual_dir=None):
+    """Builds a tfds dataset (download or `manual_dir`) into `data_dir`."""
+    tfds = _tfds()
+    builder = tfds.builder(name, data_dir=_expand(data_dir))
+    config = None
+    if manual_dir:
+        config = tfds.download.DownloadConfig(manual_dir=_expand(manual_dir))
+    builder.download_and_prepare(download_config=config)
+    return builder
+
+
+def _expand(path):
+    return None if path is None else os.path.expanduser(os.fspath(path))
+
+
+def builder(name, data_dir=None):
+    """The prepared tfds builder, or an error that says how to prepare it."""
+    tfds = _tfds()
+    data_dir = _expand(data_dir)
+    b = tfds.builder(name, data_dir=data_dir)
+    if not b.is_prepared():
+        if name.startswith("imagenet2012"):
+            root = data_dir or os.path.expanduser("~/tensorflow_datasets")
+            raise FileNotFoundError(
+                ILSVRC_HELP.format(
+                    data_dir=root, manual_dir=os.path.join(root, "downloads", "manual")
+                )
+            )
+        if name == "sklearn_digits":
+            b.download_and_prepare()
+        else:
+            raise FileNotFoundError(
+                f"tfds dataset {name!r} is not prepared in {b.data_dir}; "
+                f"prepare it with keras_reluvit.data.prepare({name!r}, "
+                "data_dir=...) on a machine that can download it (or with "
+                "manual_dir= for manually downloaded files)."
+            )
+    return b
+
+
+def inception_crop(image, size, area, aspect, seed):
+    tf = _tf()
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.zeros([1, 0, 4]),
+        seed=seed,
+        area_range=area,
+        aspect_ratio_range=aspect,
+        min_object_covered=0.0,
+        use_image_if_no_bounding_boxes=True,
+    )
+    crop = tf.slice(image, begin, crop_size)
+    return tf.image.resize(crop, size, method="bilinear")
+
+
+def resize_small_central_crop(image, size):
+    """Resize the shorter side to size*256/224 (area), central crop `size`."""
+    tf = _tf()
+    h, w = size
+    small = tf.cast(tf.round(min(h, w) * 256 / 224), tf.float32)
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    ratio = small / tf.reduce_min(shape)
+    new = tf.cast(tf.round(shape * ratio), tf.int32)
+    new = tf.maximum(new, [h, w])
+    image = tf.image.resize(image, new, method="area")
+    top = (new[0] - h) // 2
+    left = (new[1] - w) // 2
+    return image[top : top + h, left : left + w]
+
+
+def to_rgb(image):
+    """Grey (1 channel) to RGB; RGBA to RGB; RGB unchanged."""
+    tf = _tf()
+    channels = image.shape[-1]
+    if channels == 3:
+        return image
+    if channels == 1:
+        return tf.image.grayscale_to_rgb(image)
+    return tf.cond(
+        tf.shape(image)[-1] == 1,
+        lambda: tf.tile(image, [1, 1, 3]),
+        lambda: image[..., :3],
+    )
+
+
+def mixup(images, labels, p, seed):
+    """big_vision MixUp: a ~ Beta(p, p), a = max(a, 1 - a), one a per batch,
+    every example mixed with the batch rolled by one (images and labels)."""
+    tf = _tf()
+    s1, s2 = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    g1 = tf.random.stateless_gamma([], s1, alpha=p)
+    g2 = tf.random.stateless_gamma([], s2, alpha=p)
+    a = g1 / (g1 + g2)
+    a = tf.maximum(a, 1.0 - a)
+    mix = lambda x: a * x + (1.0 - a) * tf.roll(x, shift=1, axis=0)
+    return mix(images), mix(labels)
+
+
+def pipeline(
+    ds,
+    num_classes,
+    image_size,
+    batch_size,
+    train,
+    augment=None,
+    seed=0,
+    shuffle_buffer=10_000,
+    drop_remainder=None,
+    cache=False,
+):
+    """Maps a tfds `{"image", "label"}` dataset to `(images, one_hot)` batches.
+
+    Train: one shuffled pass per epoch (full batches, so `len(ds)` is the
+    number of steps), seeded by `seed` yet different in every epoch,
+    augmented. Eval: one pass, deterministic, the last partial batch kept.
+    """
+    tf = _tf()
+    import keras
+
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    aug = augment or Augment()
+    AUTO = tf.data.AUTOTUNE
+    randaug = None
+    if train and aug.randaug and aug.randaug[1] > 0:
+        num_ops, magnitude = aug.randaug
+        randaug = keras.layers.RandAugment(
+            value_range=(0, 255),
+            num_ops=int(num_ops),
+            factor=min(float(magnitude) / 10.0, 1.0),
+            seed=seed,
+        )
+
+    def decode(example, rnd):
+        image = tf.cast(to_rgb(example["image"]), tf.float32)
+        if train:
+            s1, s2 = tf.unstack(
+                tf.random.experimental.stateless_split(tf.stack([rnd, 0]), 2)
+            )
+            image = inception_crop(image, size, aug.crop_area, aug.crop_aspect, s1)
+            if aug.flip:
+                image = tf.image.stateless_random_flip_left_right(image, s2)
+        else:
+            image = resize_small_central_crop(image, size)
+        image = tf.ensure_shape(tf.clip_by_value(image, 0.0, 255.0), (*size, 3))
+        label = tf.one_hot(example["label"], num_classes)
+        return image, label
+
+    def finish(images, labels):
+        if randaug is not None:
+            images = randaug(images)
+        images = images / 127.5 - 1.0
+        return images, labels
+
+    def randoms(offset):
+        # Seeded, and different in every epoch (each new iterator).
+        return tf.data.Dataset.random(seed=seed + offset, rerandomize_each_iteration=True)
+
+    if cache:
+        ds = ds.cache()
+    if train:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        ds = tf.data.Dataset.zip((ds, randoms(0)))
+    else:
+        ds = ds.map(lambda ex: (ex, tf.constant(0, tf.int64)))
+    ds = ds.map(decode, num_parallel_calls=AUTO, deterministic=True)
+    # Train batches are full (one epoch = one pass, len(train) = steps).
+    drop = train if drop_remainder is None else drop_remainder
+    ds = ds.batch(batch_size, drop_remainder=drop, num_parallel_calls=AUTO)
+    ds = ds.map(finish, num_parallel_calls=AUTO)
+    if train and aug.mixup > 0:
+        p = float(aug.mixup)
+        ds = tf.data.Dataset.zip((ds, randoms(1)))
+        ds = ds.map(
+            lambda b, r: mixup(*b, p, tf.stack([r, 1])),
+            num_parallel_calls=AUTO,
+        )
+    return ds.prefetch(AUTO)
+
+
+class Data:
+    """What `load` returns: datasets plus what a training run needs."""
+
+    def __init__(self, train, val, info, num_classes, steps_per_epoch, label_names):
+        self.train, self.val, self.info = train, val, info
+        self.num_classes = num_classes
+        self.steps_per_epoch = steps_per_epoch
+        self.label_names = label_names
+
+    def __iter__(self):  # train, val, info = kr.data.load(...)
+        return iter((self.train, self.val, self.info))
+
+
+def load(
+    name,
+    batch_size,
+    image_size=224,
+    data_dir=None,
+    augment=None,
+    train_split=None,
+    val_split=None,
+    seed=0,
+    eval_batch_size=None,
+    cache=False,
+):
+    """Train and validation pipelines of a tfds dataset, by name.
+
+    Returns a `Data`, which unpacks as `(train, val, info)`; `len(train)` is
+    the number of steps of one epoch (one pass over the split).
+    """
+    tfds = _tfds()
+    b = builder(name, data_dir)
+    default_train, _, default_val = SPLITS.get(name, ("train", None, "validation"))
+    train_split = train_split or default_train
+    val_split = val_split or default_val
+    num_classes = b.info.features["label"].num_classes
+    label_names = list(b.info.features["label"].names)
+    train = val = None
+    steps = None
+    read = tfds.ReadConfig(shuffle_seed=seed)
+    if train_split:
+        raw = b.as_dataset(split=train_split, shuffle_files=True, read_config=read)
+        n = b.info.splits[train_split].num_examples
+        steps = max(n // batch_size, 1)
+        train = pipeline(raw, num_classes, image_size, batch_size, True, augment, seed,
+                         cache=cache)
+    if val_split:
+        raw = b.as_dataset(split=val_split, shuffle_files=False)
+        val = pipeline(raw, num_classes, image_size, eval_batch_size or batch_size, False,
+                       cache=cache)
+    return Data(train, val, b.info, num_classes, steps, label_names)
+
+
+def imagenet(batch_size, data_dir=None, image_size=224, augment=None, seed=0, **kwargs):
+    """tfds `imagenet2012`: train[:99%] / validation, big_vision preprocessing.
+
+    Example:
+
+    ```python
+    train, val, info = kr.data.imagenet(batch_size=1024, data_dir="~/tensorflow_datasets")
+    ```
+    """
+    return load("imagenet2012", batch_size, image_size, data_dir, augment, seed=seed, **kwargs)

@@ -1,0 +1,135 @@
+"""One training run: data, model, recipe, callbacks, artefacts.
+
+`train(...)` is what `keras-reluvit train` runs. It writes into `output`:
+
+- `backup/` — `BackupAndRestore` state; rerunning the same command after a
+  kill resumes at the last finished epoch;
+- `tensorboard/` — TensorBoard logs;
+- `config.json` — everything needed to rebuild the run and the model;
+- `last.keras` (each epoch) and `model.keras` (final);
+- `metrics.json` — final evaluation and the per-epoch history;
+- `curves.png` — loss and accuracy curves;
+- `saved_model/` — a TF SavedModel (with `export=True`).
+"""
+
+import json
+import os
+import time
+
+import keras
+
+from keras_reluvit import callbacks as kr_callbacks
+from keras_reluvit import data as kr_data
+from keras_reluvit import recipes
+from keras_reluvit.vit import ViT
+
+
+def build_config(recipe="digits", dataset=None, model=None, attention="relu", epochs=None,
+                 batch_size=None, image_size=None, data_dir=None, seed=0, **model_overrides):
+    """The full run config (a JSON-able dict) from a recipe and overrides."""
+    variant = None
+    if model:
+        variant = _variant_from_name(model)
+    r = recipes.get(recipe, variant)
+    model_cfg = dict(r["model"])
+    if variant:
+        model_cfg["variant"] = variant
+        if recipe == "digits":  # the tiny-model overrides belong to its default
+            for k in ("width", "depth", "num_heads", "mlp_dim"):
+                model_cfg.pop(k, None)
+    model_cfg.update(attention=attention, head_bias_init=r["head_bias_init"])
+    model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
+    return dict(
+        recipe=recipe,
+        dataset=dataset or r["dataset"],
+        data_dir=data_dir,
+        epochs=epochs or r["epochs"],
+        batch_size=batch_size or r["batch_size"],
+        image_size=image_size or r["image_size"],
+        augment=r.get("augment", {}),
+        seed=seed,
+        model=model_cfg,
+    )
+
+
+def _variant_from_name(name):
+    """"vit_s16" / "ViT_S16" / "S/16" -> "S/16"."""
+    import re
+
+    m = re.fullmatch(r"(?:vit_)?([a-z0-9]+?)/?(\d+)", name.strip(), flags=re.IGNORECASE)
+    if not m:
+        raise ValueError(f"Cannot read a ViT variant from {name!r}; use e.g. vit_s16 or S/16.")
+    size = {"ti": "Ti", "s": "S", "m": "M", "b": "B", "l": "L", "h": "H", "g": "g",
+            "so400m": "So400m"}.get(m.group(1).lower())
+    if size is None:
+        raise ValueError(f"Unknown ViT size in {name!r}.")
+    return f"{size}/{m.group(2)}"
+
+
+def train(config, output, export=True, verbose=2, extra_callbacks=()):
+    """Runs `config` (from `build_config`) and writes the artefacts to `output`."""
+    output = os.path.expanduser(os.fspath(output))
+    os.makedirs(output, exist_ok=True)
+    keras.utils.set_random_seed(config["seed"])
+    d = kr_data.load(
+        config["dataset"],
+        config["batch_size"],
+        image_size=config["image_size"],
+        data_dir=config["data_dir"],
+        augment=kr_data.Augment(**config["augment"]),
+        seed=config["seed"],
+    )
+    model_cfg = dict(config["model"], num_classes=d.num_classes,
+                     image_size=config["image_size"])
+    model = ViT(**model_cfg)
+    full = dict(config, model=model_cfg, num_classes=d.num_classes,
+                label_names=d.label_names, backend=keras.backend.backend(),
+                steps_per_epoch=d.steps_per_epoch)
+    with open(os.path.join(output, "config.json"), "w") as f:
+        json.dump(full, f, indent=2, default=list)
+    recipe = recipes.get(config["recipe"], model_cfg.get("variant"))
+    recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
+                    epochs=config["epochs"])
+    start = time.time()
+    history = model.fit(d.train, validation_data=d.val, epochs=config["epochs"],
+                        callbacks=kr_callbacks.default(output) + list(extra_callbacks),
+                        verbose=verbose)
+    train_seconds = time.time() - start
+    model.save(os.path.join(output, "model.keras"))
+    final = model.evaluate(d.val, return_dict=True, verbose=0) if d.val is not None else {}
+    metrics = dict(
+        final={k: float(v) for k, v in final.items()},
+        history={k: [float(x) for x in v] for k, v in history.history.items()},
+        optimizer_steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+        train_seconds=train_seconds,
+    )
+    with open(os.path.join(output, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    plot_curves(metrics["history"], os.path.join(output, "curves.png"))
+    if export:
+        from keras_reluvit import export as kr_export
+
+        kr_export.saved_model(model, os.path.join(output, "saved_model"))
+    return model, metrics
+
+
+def plot_curves(history, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, key in zip(axes, ("loss", "accuracy")):
+        for prefix, style in (("", "-"), ("val_", "--")):
+            values = history.get(prefix + key)
+            if values:
+                ax.plot(range(1, len(values) + 1), values, style,
+                        label=("validation " if prefix else "train ") + key)
+        ax.set_xlabel("epoch")
+        ax.set_title(key)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

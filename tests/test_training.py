@@ -1,0 +1,244 @@
+"""Training on the current backend: a real tfds ImageNet built from generated
+archives, the input pipeline, recipes, weight decay, resume, the CLI."""
+
+import io
+import json
+import os
+import tarfile
+
+import keras
+import numpy as np
+import pytest
+
+import keras_reluvit as kr
+from keras_reluvit import data as D
+from keras_reluvit import recipes
+from keras_reluvit import train as T
+
+SYNSETS = ["n01440764", "n01443537", "n01484850"]
+
+
+def jpeg(rng, h, w, grey=False):
+    from PIL import Image
+
+    arr = rng.integers(0, 256, (h, w) if grey else (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr, mode="L" if grey else "RGB").save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def add(tar, name, payload):
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    tar.addfile(info, io.BytesIO(payload))
+
+
+@pytest.fixture(scope="session")
+def imagenet_dir(tmp_path_factory):
+    """A tiny ImageNet in the official archive layout, built by the real
+    tfds `imagenet2012` builder."""
+    root = tmp_path_factory.mktemp("imagenet")
+    manual = root / "manual"
+    manual.mkdir()
+    rng = np.random.default_rng(0)
+    sizes = [(40, 60), (75, 50), (33, 33), (64, 96), (50, 41), (90, 70)]
+    with tarfile.open(manual / "ILSVRC2012_img_train.tar", "w") as outer:
+        for s, synset in enumerate(SYNSETS):
+            inner = io.BytesIO()
+            with tarfile.open(fileobj=inner, mode="w") as t:
+                for i, (h, w) in enumerate(sizes):
+                    add(t, f"{synset}_{i}.JPEG", jpeg(rng, h, w, grey=(s == 0 and i == 2)))
+            add(outer, f"{synset}.tar", inner.getvalue())
+    with tarfile.open(manual / "ILSVRC2012_img_val.tar", "w") as t:
+        for i, (h, w) in enumerate(sizes):
+            add(t, f"ILSVRC2012_val_{i + 1:08d}.JPEG", jpeg(rng, h, w, grey=(i == 1)))
+    data_dir = root / "tfds"
+    D.prepare("imagenet2012", data_dir=data_dir, manual_dir=manual)
+    return data_dir
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tfds_digits")
+
+
+def test_real_imagenet_builder_pipeline_fit_and_eval(imagenet_dir):
+    train, val, info = D.imagenet(batch_size=4, data_dir=imagenet_dir, image_size=32,
+                                  augment=D.Augment(randaug=(2, 10), mixup=0.2))
+    assert info.splits["train"].num_examples == 18
+    assert info.features["label"].num_classes == 1000
+    assert len(train) == 17 // 4  # train[:99%] of 18 examples, full batches
+    x, y = next(iter(train))
+    assert tuple(x.shape) == (4, 32, 32, 3) and tuple(y.shape) == (4, 1000)
+    x = np.asarray(x)
+    assert -1.0 <= x.min() and x.max() <= 1.0 and x.std() > 0.01
+    plain, _, _ = D.imagenet(batch_size=4, data_dir=imagenet_dir, image_size=32,
+                             augment=D.Augment())
+    xp = np.asarray(next(iter(plain))[0])  # random-noise JPEGs span the range
+    assert -1.0 <= xp.min() < -0.5 and 0.5 < xp.max() <= 1.0
+    np.testing.assert_allclose(np.asarray(y).sum(1), 1.0, rtol=1e-6)
+    xv = np.concatenate([np.asarray(b[0]) for b in val])
+    assert xv.shape == (6, 32, 32, 3)
+    model = kr.ViT("Ti/8", width=32, depth=1, num_heads=2, mlp_dim=64, image_size=32,
+                   num_classes=1000)
+    recipes.compile(model, "s16_i1k_90ep", steps_per_epoch=len(train), batch_size=4, epochs=1)
+    hist = model.fit(train, epochs=1, verbose=0)
+    assert np.isfinite(hist.history["loss"][0])
+    result = model.evaluate(val, return_dict=True, verbose=0)
+    assert 0.0 <= result["accuracy"] <= 1.0 and np.isfinite(result["loss"])
+
+
+def test_eval_pipeline_is_deterministic_and_center_crops(imagenet_dir):
+    _, val, _ = D.imagenet(batch_size=4, data_dir=imagenet_dir, image_size=32)
+    a = [np.asarray(b[0]) for b in val]
+    b = [np.asarray(b[0]) for b in val]
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_resize_small_central_crop_geometry():
+    import tensorflow as tf
+
+    # A 40x80 image with a bright column band in the centre.
+    img = np.zeros((40, 80, 3), "float32")
+    img[:, 36:44] = 255.0
+    out = D.resize_small_central_crop(tf.constant(img), (28, 28)).numpy()
+    assert out.shape == (28, 28, 3)
+    # shorter side -> 28*256/224 = 32, i.e. 32x64; the band lands in the crop centre
+    col = out[14, :, 0]
+    assert col[12:16].min() > 200 and col[:6].max() < 1 and col[-6:].max() < 1
+
+
+def test_mixup_has_big_vision_semantics():
+    import tensorflow as tf
+
+    images = tf.constant(np.arange(5 * 2 * 2 * 3, dtype="float32").reshape(5, 2, 2, 3))
+    labels = tf.one_hot(np.arange(5), 5)
+    mi, ml = D.mixup(images, labels, 0.5, tf.constant([3, 7], tf.int64))
+    ml = ml.numpy()
+    a = ml[0, 0]
+    assert 0.5 <= a <= 1.0
+    np.testing.assert_allclose(ml.sum(1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(ml, a * np.eye(5) + (1 - a) * np.roll(np.eye(5), 1, axis=0), rtol=1e-6)
+    ref = a * images.numpy() + (1 - a) * np.roll(images.numpy(), 1, axis=0)
+    np.testing.assert_allclose(mi.numpy(), ref, rtol=1e-5)
+
+
+def test_train_pipeline_is_seeded_and_mixup_rows_sum_to_one(digits_dir):
+    aug = D.Augment(crop_area=(0.5, 1.0), flip=False, mixup=0.8)
+    first = [next(iter(D.load("sklearn_digits", 16, 32, digits_dir, aug, seed=3).train))
+             for _ in range(2)]
+    np.testing.assert_array_equal(np.asarray(first[0][0]), np.asarray(first[1][0]))
+    y = np.asarray(first[0][1])
+    np.testing.assert_allclose(y.sum(1), 1.0, rtol=1e-5)
+    assert y.max(1).min() < 1.0  # mixed
+    other = next(iter(D.load("sklearn_digits", 16, 32, digits_dir, aug, seed=4).train))
+    assert not np.array_equal(np.asarray(other[0]), np.asarray(first[0][0]))
+
+
+def test_unprepared_imagenet_error_names_the_archives(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        D.imagenet(batch_size=8, data_dir=tmp_path)
+    msg = str(e.value)
+    assert "ILSVRC2012_img_train.tar" in msg and "ILSVRC2012_img_val.tar" in msg
+    assert str(tmp_path) in msg and "manual_dir" in msg
+
+
+def test_weight_decay_reaches_kernels_only():
+    model = kr.ViT("Ti/8", width=32, depth=1, num_heads=2, mlp_dim=64, image_size=32,
+                   num_classes=5, pool="map", attention="relu_learned")
+    recipe = recipes.get("digits")
+    recipe["warmup_steps"] = 0
+    recipes.compile(model, recipe, steps_per_epoch=10, epochs=1)
+    rng = np.random.default_rng(0)
+    for v in model.trainable_variables:
+        v.assign(rng.normal(0, 1, v.shape).astype("float32"))
+    before = {v.path: np.array(keras.ops.convert_to_numpy(v)) for v in model.trainable_variables}
+    opt = model.optimizer
+    opt.apply_gradients([(keras.ops.zeros(v.shape), v) for v in model.trainable_variables])
+    lr, wd = recipe["lr"], recipe["wd"] / recipe["lr"]
+    for v in model.trainable_variables:
+        now, old = np.asarray(keras.ops.convert_to_numpy(v)), before[v.path]
+        if v.path.endswith("kernel"):
+            np.testing.assert_allclose(now, old * (1 - lr * wd), rtol=1e-6)
+        else:
+            np.testing.assert_array_equal(now, old, err_msg=v.path)
+    decayed = [v.path for v in model.trainable_variables if v.path.endswith("kernel")]
+    assert len(decayed) >= 8
+
+
+def test_sigmoid_xent_matches_formula_and_sets_head_bias():
+    logits = np.array([[2.0, -1.0, 0.5], [-3.0, 0.0, 4.0]], "float32")
+    labels = np.array([[1, 0, 0], [0, 0.3, 0.7]], "float32")
+    got = float(keras.ops.convert_to_numpy(recipes.SigmoidCrossEntropy()(labels, logits)))
+    p = 1 / (1 + np.exp(-logits.astype("float64")))
+    ref = -(labels * np.log(p) + (1 - labels) * np.log(1 - p)).sum(1).mean()
+    assert got == pytest.approx(ref, rel=1e-5)
+    model = kr.ViT("Ti/8", width=32, depth=1, num_heads=2, mlp_dim=64, image_size=32, num_classes=4)
+    recipes.compile(model, "augreg_i1k", steps_per_epoch=10, batch_size=64)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model.get_layer("head").bias), -6.9, rtol=1e-6)
+
+
+def test_recipes_are_data_and_scale_with_batch():
+    r = recipes.get("s16_i1k_90ep")
+    assert (r["epochs"], r["batch_size"], r["augment"]) == (90, 1024, {"randaug": (2, 10), "mixup": 0.2})
+    assert r["model"] == {"variant": "S/16", "pool": "gap", "posemb": "sincos2d"}
+    assert recipes.get("augreg_i1k", "S/32")["augment"] == {"randaug": (2, 15), "mixup": 0.2}
+    assert recipes.get("augreg_i21k", "L/16")["augment"] == {"randaug": (2, 15), "mixup": 0.5}
+    assert recipes.get("augreg_i21k")["head_bias_init"] == -10.0
+    lr, warmup, total = recipes.scaled(r, 256, steps_per_epoch=5000, epochs=90)
+    assert lr == pytest.approx(2.5e-4) and warmup == 40_000 and total == 450_000
+    assert "s16_i1k_90ep" in recipes.describe() and "randaug" in recipes.describe("augreg_i1k")
+    with pytest.raises(ValueError, match="Unknown recipe"):
+        recipes.get("nope")
+
+
+def small_config(digits_dir, epochs):
+    cfg = T.build_config(recipe="digits", epochs=epochs, data_dir=str(digits_dir), batch_size=128)
+    cfg["model"].update(width=32, depth=1, num_heads=2, mlp_dim=64)
+    return cfg
+
+
+class Interrupt(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            raise KeyboardInterrupt("simulated kill")
+
+
+def test_interrupted_run_resumes_with_the_same_number_of_steps(tmp_path, digits_dir):
+    cfg = small_config(digits_dir, epochs=3)
+    _, full = T.train(cfg, tmp_path / "full", export=False, verbose=0)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(cfg, tmp_path / "resumed", export=False, verbose=0, extra_callbacks=[Interrupt()])
+    assert not (tmp_path / "resumed" / "model.keras").exists()
+    _, resumed = T.train(cfg, tmp_path / "resumed", export=False, verbose=0)
+    steps = json.loads((tmp_path / "full" / "config.json").read_text())["steps_per_epoch"]
+    assert full["optimizer_steps"] == resumed["optimizer_steps"] == 3 * steps
+    # The resumed run only trained the remaining epoch.
+    assert len(resumed["history"]["loss"]) == 1 and len(full["history"]["loss"]) == 3
+    for name in ("config.json", "model.keras", "metrics.json", "curves.png", "last.keras"):
+        assert (tmp_path / "full" / name).exists(), name
+    assert any((tmp_path / "full" / "tensorboard").rglob("*tfevents*"))
+    cfg_back = json.loads((tmp_path / "full" / "config.json").read_text())
+    rebuilt = kr.ViT(**cfg_back["model"])
+    assert rebuilt.count_params() == keras.saving.load_model(tmp_path / "full" / "model.keras").count_params()
+
+
+def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
+    import tensorflow as tf
+
+    from keras_reluvit import cli
+
+    out = tmp_path / "run"
+    assert cli.main(["train", "--epochs", "1", "--batch-size", "128", "--data-dir", str(digits_dir),
+                     "--output", str(out), "--quiet"]) == 0
+    for name in ("config.json", "model.keras", "metrics.json", "curves.png", "saved_model"):
+        assert (out / name).exists(), name
+    assert cli.main(["eval", str(out / "model.keras"), "--data-dir", str(digits_dir)]) == 0
+    # The SavedModel reproduces the Keras model (plain TF, no keras_reluvit).
+    model = keras.saving.load_model(out / "model.keras")
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
+    served = tf.saved_model.load(str(out / "saved_model"))
+    got = served.serve(tf.constant(x)).numpy()
+    np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)
+    assert cli.main(["train", "--recipe", "nope", "--output", str(tmp_path / "x")]) == 2
