@@ -14,6 +14,7 @@ The backend is Keras' (`KERAS_BACKEND=jax|tensorflow|torch`).
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -60,7 +61,26 @@ def _export(args):
     from keras_reluvit import export as kr_export
 
     model = keras.saving.load_model(args.model, compile=False)
-    print(kr_export.saved_model(model, args.path))
+    # A run directory's config.json knows the class names and the loss.
+    label_names, activation = None, "softmax"
+    config = os.path.join(os.path.dirname(os.path.abspath(args.model)), "config.json")
+    if os.path.exists(config):
+        with open(config) as f:
+            run = json.load(f)
+        label_names = run.get("label_names")
+        if recipes_loss(run.get("recipe")) == "sigmoid_xent":
+            activation = "sigmoid"
+    print(kr_export.saved_model(model, args.path, label_names=label_names,
+                                activation=activation))
+
+
+def recipes_loss(name):
+    from keras_reluvit import recipes
+
+    try:
+        return recipes.get(name)["loss"] if name else None
+    except ValueError:
+        return None
 
 
 def _recipes(args):

@@ -131,18 +131,21 @@ def inception_crop(image, size, area, aspect, seed):
 
 
 def resize_small_central_crop(image, size):
-    """Resize the shorter side to size*256/224 (area), central crop `size`."""
+    """Resize the shorter side to size*256/224 (area), central crop `size`.
+
+    `image` is `[H, W, C]` or a batch `[N, H, W, C]` (float).
+    """
     tf = _tf()
     h, w = size
     small = tf.cast(tf.round(min(h, w) * 256 / 224), tf.float32)
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
     ratio = small / tf.reduce_min(shape)
     new = tf.cast(tf.round(shape * ratio), tf.int32)
     new = tf.maximum(new, [h, w])
     image = tf.image.resize(image, new, method="area")
     top = (new[0] - h) // 2
     left = (new[1] - w) // 2
-    return image[top : top + h, left : left + w]
+    return image[..., top : top + h, left : left + w, :]
 
 
 def to_rgb(image):
@@ -264,7 +267,21 @@ class Data:
         self.label_names = label_names
 
     def __iter__(self):  # train, val, info = kr.data.load(...)
-        return iter((self.train, self.val, self.info))
+        return iter((self.train, self.val, Info(self)))
+
+
+class Info:
+    """The tfds `DatasetInfo` plus `num_classes`, `label_names` and
+    `steps_per_epoch` (other attributes are the tfds info's)."""
+
+    def __init__(self, data):
+        self.num_classes = data.num_classes
+        self.label_names = data.label_names
+        self.steps_per_epoch = data.steps_per_epoch
+        self.tfds_info = data.info
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["tfds_info"], name)
 
 
 def load(

@@ -1,11 +1,28 @@
-"""SavedModel export from every backend.
+"""Export for serving: a TF SavedModel with real serving signatures.
 
-Keras 3.15's `model.export(format="tf_saved_model")` works on JAX and
-TensorFlow; on PyTorch it needs torch_xla. There we save the `.keras` file
-and export it from a TensorFlow-backend child process (same config, same
-weights; the weights file format is backend-independent).
+Keras 3.15's `model.export(format="tf_saved_model")` fails on PyTorch
+(torch_xla) and, on JAX, converts through jax2tf, where in-graph image
+decoding and resizing cannot live. So the archive is always written by the
+TensorFlow backend: in this process when it runs TensorFlow, otherwise in a
+child process that loads the same `.keras` file (config and weights are
+backend-independent; the logits agree across backends to <= 1e-4).
+
+Signatures (dynamic batch):
+
+- `serving_default`: uint8 images `[N, H, W, 3]` of any H, W -> the
+  evaluation preprocessing in the graph (resize the shorter side to
+  `res * 256 / 224`, area; central crop; [-1, 1]) -> `probabilities`
+  `[N, C]`, `top_k_classes`, `top_k_scores` (k = min(5, C)) and
+  `top_k_labels` when class names are known;
+- `serve_bytes`: encoded JPEG/PNG/GIF/BMP strings `[N]` -> the same outputs
+  (decoded in the graph; each image is preprocessed on its own size);
+- `serve_preprocessed`: float `[N, res, res, 3]` in [-1, 1] -> `logits`.
+
+`probabilities` are the softmax of the logits, or their sigmoid for models
+trained with a sigmoid cross-entropy (`activation="sigmoid"`).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -14,25 +31,99 @@ import tempfile
 import keras
 
 _CHILD = (
-    "import sys, keras, keras_reluvit\n"
+    "import sys, json, keras, keras_reluvit\n"
+    "from keras_reluvit import export\n"
     "model = keras.saving.load_model(sys.argv[1], compile=False)\n"
-    "model.export(sys.argv[2], format='tf_saved_model', verbose=False)\n"
+    "export._write_saved_model(model, sys.argv[2], **json.loads(sys.argv[3]))\n"
 )
 
 
-def saved_model(model, path):
-    """Writes a TF SavedModel of `model` (float images in [-1, 1] -> outputs)."""
+def saved_model(model, path, label_names=None, activation="softmax", top_k=5):
+    """Writes a TF-Serving SavedModel of a keras_reluvit ViT to `path`.
+
+    Works for a model built and trained under any backend. `path` is the
+    version directory TF Serving expects (e.g. `serving/vit_s16_relu/1`).
+
+    Example:
+
+    ```python
+    kr.export.saved_model(model, "serving/vit_s16_relu/1", label_names=info.label_names)
+    ```
+    """
+    if activation not in ("softmax", "sigmoid"):
+        raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}.")
+    if not hasattr(model, "image_size") or not model.get_config().get("include_top", True):
+        raise ValueError("saved_model exports a keras_reluvit ViT classifier (include_top=True).")
+    options = dict(label_names=list(label_names) if label_names else None,
+                   activation=activation, top_k=int(top_k))
     path = os.path.expanduser(os.fspath(path))
-    if keras.backend.backend() in ("jax", "tensorflow"):
-        model.export(path, format="tf_saved_model", verbose=False)
+    if keras.backend.backend() == "tensorflow":
+        _write_saved_model(model, path, **options)
         return path
     with tempfile.TemporaryDirectory() as tmp:
         file = os.path.join(tmp, "model.keras")
         model.save(file)
         env = dict(os.environ, KERAS_BACKEND="tensorflow")
-        proc = subprocess.run([sys.executable, "-c", _CHILD, file, path], env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", _CHILD, file, path, json.dumps(options)],
+                              env=env, capture_output=True, text=True)
         if proc.returncode:
-            raise RuntimeError(f"SavedModel export in a TensorFlow child process failed:\n"
+            raise RuntimeError("SavedModel export in a TensorFlow child process failed:\n"
                                f"{proc.stderr[-3000:]}")
+    return path
+
+
+def preprocess_uint8(images, size):
+    """uint8 `[N, H, W, 3]` -> float `[N, h, w, 3]` in [-1, 1], as evaluation."""
+    import tensorflow as tf
+
+    from keras_reluvit.data import resize_small_central_crop
+
+    x = resize_small_central_crop(tf.cast(images, tf.float32), size)
+    return tf.clip_by_value(x, 0.0, 255.0) / 127.5 - 1.0
+
+
+def _write_saved_model(model, path, label_names=None, activation="softmax", top_k=5):
+    import tensorflow as tf
+
+    from keras_reluvit.data import resize_small_central_crop
+
+    size = tuple(model.image_size)
+    num_classes = int(model.output_shape[-1])
+    k = min(top_k, num_classes)
+    if label_names is not None and len(label_names) != num_classes:
+        raise ValueError(f"{len(label_names)} label names for {num_classes} classes.")
+    labels = tf.constant(label_names) if label_names else None
+
+    def outputs(logits):
+        probs = tf.nn.sigmoid(logits) if activation == "sigmoid" else tf.nn.softmax(logits)
+        scores, classes = tf.math.top_k(probs, k=k)
+        out = {"probabilities": probs, "top_k_classes": classes, "top_k_scores": scores}
+        if labels is not None:
+            out["top_k_labels"] = tf.gather(labels, classes)
+        return out
+
+    def serve_uint8(images):
+        return outputs(model(preprocess_uint8(images, size), training=False))
+
+    def decode_one(data):
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        image = resize_small_central_crop(tf.cast(image, tf.float32), size)
+        return tf.clip_by_value(image, 0.0, 255.0) / 127.5 - 1.0
+
+    def serve_bytes(data):
+        x = tf.map_fn(decode_one, data, fn_output_signature=tf.TensorSpec((*size, 3), tf.float32))
+        return outputs(model(x, training=False))
+
+    def serve_preprocessed(images):
+        return {"logits": model(images, training=False)}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serving_default", serve_uint8,
+                         [tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")])
+    archive.add_endpoint("serve_bytes", serve_bytes,
+                         [tf.TensorSpec([None], tf.string, name="image_bytes")])
+    archive.add_endpoint("serve_preprocessed", serve_preprocessed,
+                         [tf.TensorSpec([None, *size, 3], tf.float32, name="images")])
+    archive.write_out(path, verbose=False)
     return path

@@ -109,10 +109,6 @@ RECIPES = {
     ),
 }
 
-# Variables that AdamW must not decay (everything but kernels), by name.
-NO_DECAY = ["bias", "gamma", "beta", "embedding", "token", "probe", "log_scale"]
-
-
 def get(name, variant=None):
     """The recipe `name` as a dict; `variant` picks the augmentation row of
     per-variant tables (AugReg)."""
@@ -198,7 +194,12 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, **comp
         epsilon=1e-8,
         global_clipnorm=recipe.get("grad_clip"),
     )
-    optimizer.exclude_from_weight_decay(var_names=NO_DECAY)
+    # Decay `.*/kernel` only, as big_vision. By variable (not by name regex:
+    # a Keras variable's `name` is its full path on some backends, and the
+    # stem's kernel path "embedding/kernel" would match "embedding").
+    optimizer.exclude_from_weight_decay(
+        var_list=[v for v in model.trainable_variables if not v.path.endswith("kernel")]
+    )
     if recipe["loss"] == "sigmoid_xent":
         loss = SigmoidCrossEntropy()
         head = _head(model)

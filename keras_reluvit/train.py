@@ -109,8 +109,14 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     if export:
         from keras_reluvit import export as kr_export
 
-        kr_export.saved_model(model, os.path.join(output, "saved_model"))
+        kr_export.saved_model(model, os.path.join(output, "saved_model"),
+                              label_names=d.label_names,
+                              activation=_probability(recipe["loss"]))
     return model, metrics
+
+
+def _probability(loss):
+    return "sigmoid" if loss == "sigmoid_xent" else "softmax"
 
 
 def plot_curves(history, path):

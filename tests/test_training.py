@@ -66,7 +66,7 @@ def test_real_imagenet_builder_pipeline_fit_and_eval(imagenet_dir):
     train, val, info = D.imagenet(batch_size=4, data_dir=imagenet_dir, image_size=32,
                                   augment=D.Augment(randaug=(2, 10), mixup=0.2))
     assert info.splits["train"].num_examples == 18
-    assert info.features["label"].num_classes == 1000
+    assert info.features["label"].num_classes == info.num_classes == 1000
     assert len(train) == 17 // 4  # train[:99%] of 18 examples, full batches
     x, y = next(iter(train))
     assert tuple(x.shape) == (4, 32, 32, 3) and tuple(y.shape) == (4, 1000)

@@ -1,0 +1,126 @@
+"""SavedModel export from the current backend, checked with plain TensorFlow
+in a separate process (no keras_reluvit, no Keras import there)."""
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+import keras_reluvit as kr
+from conftest import subprocess_env
+
+LABELS = ["cat", "dog", "eel", "fox", "gnu", "hen", "owl"]
+
+CHECK = textwrap.dedent("""
+    import json, sys, numpy as np, tensorflow as tf
+    path, inputs = sys.argv[1], np.load(sys.argv[2], allow_pickle=True)
+    m = tf.saved_model.load(path)
+    sig = {k: m.signatures[k] for k in ("serving_default", "serve_bytes", "serve_preprocessed")}
+    out = {}
+    for n in (1, 7):
+        r = sig["serving_default"](images=tf.constant(inputs["uint8"][:n]))
+        out[f"uint8_{n}"] = {k: v.numpy().tolist() if v.dtype != tf.string else
+                             [[s.decode() for s in row] for row in v.numpy()] for k, v in r.items()}
+    r = sig["serve_bytes"](image_bytes=tf.constant(list(inputs["png"])))
+    out["bytes"] = r["probabilities"].numpy().tolist()
+    out["preprocessed"] = sig["serve_preprocessed"](images=tf.constant(inputs["pre"]))["logits"].numpy().tolist()
+    errors = {}
+    for name, fn in (("channels", lambda: sig["serving_default"](images=tf.zeros((1, 40, 40, 4), tf.uint8))),
+                     ("bytes", lambda: sig["serve_bytes"](image_bytes=tf.constant([b"not an image"])))):
+        try:
+            fn()
+            errors[name] = None
+        except Exception as e:
+            errors[name] = f"{type(e).__name__}: {e}"[:400]
+    out["errors"] = errors
+    print(json.dumps(out))
+""")
+
+
+def png_bytes(image):
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    keras.utils.set_random_seed(0)
+    model = kr.ViT("Ti/8", width=32, depth=2, num_heads=2, mlp_dim=64, image_size=32,
+                   num_classes=7, attention="relu")
+    rng = np.random.default_rng(0)
+    for v in model.weights:
+        v.assign((rng.normal(0, 0.3, v.shape) + ("gamma" in v.path)).astype("float32"))
+    path = tmp / "serving" / "1"
+    kr.export.saved_model(model, path, label_names=LABELS)
+    uint8 = rng.integers(0, 256, (7, 45, 60, 3), dtype=np.uint8)
+    pre = rng.uniform(-1, 1, (7, 32, 32, 3)).astype("float32")
+    png = np.array([png_bytes(im) for im in uint8], dtype=object)
+    np.savez(tmp / "inputs.npz", uint8=uint8, pre=pre, png=png)
+    proc = subprocess.run([sys.executable, "-c", CHECK, str(path), str(tmp / "inputs.npz")],
+                          env=subprocess_env("tensorflow"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return model, path, uint8, pre, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_probabilities_match_predict_on_the_same_preprocessed_images(exported):
+    import tensorflow as tf
+
+    model, _, uint8, pre, out = exported
+    # What evaluation does to the uint8 images, computed here with TF ops.
+    x = kr.export.preprocess_uint8(tf.constant(uint8), (32, 32)).numpy()
+    logits = model.predict(x, verbose=0)
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    np.testing.assert_allclose(out["uint8_7"]["probabilities"], probs, atol=1e-4)
+    np.testing.assert_allclose(out["uint8_1"]["probabilities"], probs[:1], atol=1e-4)
+    np.testing.assert_allclose(out["preprocessed"], model.predict(pre, verbose=0), atol=1e-4)
+
+
+def test_top_k_outputs_and_labels(exported):
+    _, _, _, _, out = exported
+    r = out["uint8_7"]
+    probs = np.array(r["probabilities"])
+    classes = np.array(r["top_k_classes"])
+    assert classes.shape == (7, 5)
+    np.testing.assert_array_equal(classes[:, 0], probs.argmax(1))
+    np.testing.assert_allclose(r["top_k_scores"], np.take_along_axis(probs, classes, 1), rtol=1e-6)
+    assert [[LABELS[c] for c in row] for row in classes] == r["top_k_labels"]
+
+
+def test_bytes_path_equals_uint8_path(exported):
+    _, _, _, _, out = exported
+    np.testing.assert_allclose(out["bytes"], out["uint8_7"]["probabilities"], atol=1e-6)
+
+
+def test_bad_serving_inputs_raise_clear_errors(exported):
+    errors = exported[4]["errors"]
+    assert errors["channels"] is not None and "3" in errors["channels"]
+    assert errors["bytes"] is not None and "image" in errors["bytes"].lower()
+
+
+def test_saved_model_cli_lists_the_three_signatures(exported):
+    _, path, _, _, _ = exported
+    cli = subprocess.run([sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show",
+                          "--dir", str(path), "--all"], env=subprocess_env("tensorflow"),
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    for name in ("serving_default", "serve_bytes", "serve_preprocessed"):
+        assert f"signature_def['{name}']" in cli.stdout
+    assert "shape: (-1, -1, -1, 3)" in cli.stdout  # dynamic batch and size
+
+
+def test_export_rejects_a_feature_model(tmp_path):
+    model = kr.ViT("Ti/8", width=32, depth=1, num_heads=2, mlp_dim=64, image_size=32,
+                   include_top=False)
+    with pytest.raises(ValueError, match="classifier"):
+        kr.export.saved_model(model, tmp_path / "x")
