@@ -70,6 +70,9 @@ def _export(args):
         label_names = run.get("label_names")
         if recipes_loss(run.get("recipe")) == "sigmoid_xent":
             activation = "sigmoid"
+    if args.format == "onnx":
+        print(kr_export.onnx(model, args.path))
+        return
     print(kr_export.saved_model(model, args.path, label_names=label_names,
                                 activation=activation))
 
@@ -126,9 +129,10 @@ def parser():
     e.add_argument("--batch-size", type=int, default=256)
     e.set_defaults(func=_eval)
 
-    x = sub.add_parser("export", help="export a .keras model as a TF SavedModel")
+    x = sub.add_parser("export", help="export a .keras model as a TF SavedModel (or ONNX)")
     x.add_argument("model")
     x.add_argument("path")
+    x.add_argument("--format", choices=["saved_model", "onnx"], default="saved_model")
     x.set_defaults(func=_export)
 
     r = sub.add_parser("recipes", help="print the training recipes")

@@ -1,4 +1,4 @@
-"""Export for serving: a TF SavedModel with real serving signatures.
+"""Export for serving: a TF SavedModel with real serving signatures, ONNX.
 
 Keras 3.15's `model.export(format="tf_saved_model")` fails on PyTorch
 (torch_xla) and, on JAX, converts through jax2tf, where in-graph image
@@ -18,6 +18,9 @@ Signatures (dynamic batch):
   (decoded in the graph; each image is preprocessed on its own size);
 - `serve_preprocessed`: float `[N, res, res, 3]` in [-1, 1] -> `logits`.
 
+`onnx(model, path)` writes the classifier (preprocessed float images ->
+logits, dynamic batch) through tf2onnx, also from every backend.
+
 `probabilities` are the softmax of the logits, or their sigmoid for models
 trained with a sigmoid cross-entropy (`activation="sigmoid"`).
 """
@@ -34,8 +37,28 @@ _CHILD = (
     "import sys, json, keras, keras_reluvit\n"
     "from keras_reluvit import export\n"
     "model = keras.saving.load_model(sys.argv[1], compile=False)\n"
-    "export._write_saved_model(model, sys.argv[2], **json.loads(sys.argv[3]))\n"
+    "getattr(export, sys.argv[4])(model, sys.argv[2], **json.loads(sys.argv[3]))\n"
 )
+
+
+def _in_tensorflow(model, path, writer, options):
+    """Runs `writer(model, path, **options)` under the TensorFlow backend:
+    here if that is the backend, else in a child process on a `.keras` copy."""
+    if keras.backend.backend() == "tensorflow":
+        globals()[writer](model, path, **options)
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        file = os.path.join(tmp, "model.keras")
+        model.save(file)
+        env = dict(os.environ, KERAS_BACKEND="tensorflow")
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, file, path, json.dumps(options), writer],
+            env=env, capture_output=True, text=True,
+        )
+        if proc.returncode:
+            raise RuntimeError("Export in a TensorFlow child process failed:\n"
+                               f"{proc.stderr[-3000:]}")
+    return path
 
 
 def saved_model(model, path, label_names=None, activation="softmax", top_k=5):
@@ -57,18 +80,30 @@ def saved_model(model, path, label_names=None, activation="softmax", top_k=5):
     options = dict(label_names=list(label_names) if label_names else None,
                    activation=activation, top_k=int(top_k))
     path = os.path.expanduser(os.fspath(path))
-    if keras.backend.backend() == "tensorflow":
-        _write_saved_model(model, path, **options)
-        return path
-    with tempfile.TemporaryDirectory() as tmp:
-        file = os.path.join(tmp, "model.keras")
-        model.save(file)
-        env = dict(os.environ, KERAS_BACKEND="tensorflow")
-        proc = subprocess.run([sys.executable, "-c", _CHILD, file, path, json.dumps(options)],
-                              env=env, capture_output=True, text=True)
-        if proc.returncode:
-            raise RuntimeError("SavedModel export in a TensorFlow child process failed:\n"
-                               f"{proc.stderr[-3000:]}")
+    return _in_tensorflow(model, path, "_write_saved_model", options)
+
+
+def onnx(model, path):
+    """Writes an ONNX model of the classifier: float images `[N, res, res, 3]`
+    in [-1, 1] -> `logits` (dynamic batch), via tf2onnx from any backend.
+
+    Example:
+
+    ```python
+    kr.export.onnx(model, "vit_s16_relu.onnx")
+    ```
+    """
+    if not hasattr(model, "image_size"):
+        raise ValueError("onnx exports a keras_reluvit ViT.")
+    path = os.path.expanduser(os.fspath(path))
+    return _in_tensorflow(model, path, "_write_onnx", {})
+
+
+def _write_onnx(model, path):
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((None, *model.image_size, 3), tf.float32, name="images")
+    model.export(path, format="onnx", verbose=False, input_signature=[spec])
     return path
 
 

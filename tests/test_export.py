@@ -124,3 +124,20 @@ def test_export_rejects_a_feature_model(tmp_path):
                    include_top=False)
     with pytest.raises(ValueError, match="classifier"):
         kr.export.saved_model(model, tmp_path / "x")
+
+
+def test_onnx_matches_predict_with_dynamic_batch(tmp_path):
+    import onnxruntime as ort
+
+    model = kr.ViT("Ti/8", width=32, depth=2, num_heads=2, mlp_dim=64, image_size=32,
+                   num_classes=7, attention="relu")
+    rng = np.random.default_rng(1)
+    for v in model.weights:
+        v.assign((rng.normal(0, 0.3, v.shape) + ("gamma" in v.path)).astype("float32"))
+    path = kr.export.onnx(model, tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(path))
+    name = session.get_inputs()[0].name
+    for n in (1, 7):
+        x = rng.uniform(-1, 1, (n, 32, 32, 3)).astype("float32")
+        got = session.run(None, {name: x})[0]
+        np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)

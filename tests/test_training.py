@@ -239,6 +239,8 @@ def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
     model = keras.saving.load_model(out / "model.keras")
     x = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
     served = tf.saved_model.load(str(out / "saved_model"))
-    got = served.serve(tf.constant(x)).numpy()
+    got = served.signatures["serve_preprocessed"](images=tf.constant(x))["logits"].numpy()
+    top = served.signatures["serving_default"](images=tf.zeros((1, 40, 40, 3), tf.uint8))
+    assert top["top_k_labels"].numpy()[0, 0].decode() in [str(i) for i in range(10)]
     np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)
     assert cli.main(["train", "--recipe", "nope", "--output", str(tmp_path / "x")]) == 2
