@@ -33,6 +33,7 @@ from keras_reluvit.zoo import transfer_weights
 
 from keras_reluvit import callbacks  # noqa: E402
 from keras_reluvit import data  # noqa: E402
+from keras_reluvit import distribution  # noqa: E402
 from keras_reluvit import export  # noqa: E402
 from keras_reluvit import recipes  # noqa: E402
 

@@ -34,11 +34,29 @@ def _train(args):
         pool=args.pool,
         posemb=args.posemb,
     )
+    if args.mesh:
+        _set_mesh(args.mesh, args.sharding)
     _, metrics = kr_train.train(config, args.output, export=not args.no_export,
                                 verbose=2 if args.quiet else 1)
     final = metrics["final"]
     print(json.dumps({"output": args.output, **final,
                       "train_seconds": round(metrics["train_seconds"], 1)}))
+
+
+def _set_mesh(spec, strategy):
+    """"batch=2,model=4" -> keras.distribution with kr.distribution rules."""
+    import keras
+
+    from keras_reluvit import distribution
+
+    try:
+        axes = [(k.strip(), int(v)) for k, v in (p.split("=") for p in spec.split(","))]
+    except ValueError:
+        raise ValueError(f"--mesh must look like batch=2,model=4; got {spec!r}.")
+    mesh = keras.distribution.DeviceMesh(
+        tuple(n for _, n in axes), [k for k, _ in axes], keras.distribution.list_devices()
+    )
+    keras.distribution.set_distribution(distribution.model_parallel(mesh, strategy))
 
 
 def _eval(args):
@@ -117,6 +135,8 @@ def parser():
     t.add_argument("--pool", choices=["gap", "tok", "map"])
     t.add_argument("--posemb", choices=["learn", "sincos2d"])
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--mesh", help="device mesh, e.g. batch=2,model=4 (JAX)")
+    t.add_argument("--sharding", choices=["data", "fsdp", "tensor"], default="fsdp")
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
     t.add_argument("--quiet", action="store_true", help="one line per epoch")
     t.set_defaults(func=_train)
@@ -148,7 +168,7 @@ def main(argv=None):
     args = parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"keras-reluvit: error: {e}", file=sys.stderr)
         return 2
     return 0

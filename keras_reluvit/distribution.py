@@ -1,0 +1,147 @@
+"""Scale out with `keras.distribution`: data, FSDP and tensor-parallel
+layouts for every ViT.
+
+```python
+mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"],
+                                     keras.distribution.list_devices())
+keras.distribution.set_distribution(kr.distribution.model_parallel(mesh, strategy="fsdp"))
+model = kr.ViT_L16(attention="relu")        # variables are created sharded
+model.fit(...)                              # batches are split over "batch"
+```
+
+Strategies (regex rules `fullmatch`ed against `variable.path`):
+
+- `"data"`: every weight replicated, the batch split over the batch axis.
+- `"fsdp"`: big_vision's fsdp tactic for ViTs: every kernel (and the learned
+  position embedding) is sharded over the *batch* axis along its largest
+  dimension for ViT shapes (the width D, or the MLP width for `fc1`/`fc2`);
+  biases, norms and tokens are small and replicated.
+- `"tensor"`: Megatron-style over the *model* axis: q/k/v (and gate)
+  kernels split over heads, `fc1` over the hidden units (column parallel),
+  the attention output and `fc2` on their input side (row parallel), with
+  the matching biases; the patch-stem kernel and the position embedding over
+  the width, the head on its input side; norms, biases and tokens
+  replicated.
+
+A layout that does not divide a dimension is an error naming the variable,
+the dimension and the mesh axis (not a silent replica or a late XLA error).
+
+`keras.distribution` runs on the JAX backend only in Keras 3.15. On
+TensorFlow use `tf.distribute.MirroredStrategy` (data parallel) around model
+building and `compile` (see the README); on PyTorch use torch's own
+`DistributedDataParallel`/`torchrun`. The functions here say so when called
+on those backends.
+"""
+
+import keras
+
+STRATEGIES = ("data", "fsdp", "tensor")
+B, M = "batch", "model"  # placeholders for the mesh axis names
+
+# pattern -> {strategy: layout}; a layout lists, per dimension, B, M or None.
+RULES = {
+    r"(.*/)?attention/(query|key|value|gate)/kernel": {
+        "fsdp": (B, None, None), "tensor": (None, M, None)},        # (D, H, Dh)
+    r"(.*/)?attention/(query|key|value|gate)/bias": {
+        "fsdp": (None, None), "tensor": (M, None)},                  # (H, Dh)
+    r"(.*/)?attention/attention_output/kernel": {
+        "fsdp": (None, None, B), "tensor": (M, None, None)},         # (H, Dh, D)
+    r"(.*/)?mlp/fc1/kernel": {"fsdp": (None, B), "tensor": (None, M)},  # (D, 4D)
+    r"(.*/)?mlp/fc1/bias": {"fsdp": (None,), "tensor": (M,)},
+    r"(.*/)?mlp/fc2/kernel": {"fsdp": (B, None), "tensor": (M, None)},  # (4D, D)
+    r"embedding/kernel": {
+        "fsdp": (None, None, None, B), "tensor": (None, None, None, M)},  # (p, p, 3, D)
+    r"pos_embedding/embedding": {"fsdp": (None, None, B), "tensor": (None, None, M)},
+    r"(pre_logits|head)/kernel": {"fsdp": (B, None), "tensor": (M, None)},  # (D, C)
+}
+
+
+def _check_backend():
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return
+    if backend == "tensorflow":
+        raise RuntimeError(
+            "keras.distribution runs on the JAX backend only (Keras 3.15). On "
+            "TensorFlow, build and compile the model inside "
+            "`with tf.distribute.MirroredStrategy().scope():` for data "
+            "parallelism (see the README, 'Multi-device and TPU'), or set "
+            "KERAS_BACKEND=jax."
+        )
+    raise RuntimeError(
+        f"keras.distribution does not support the {backend} backend (Keras "
+        "3.15). On PyTorch use torch.nn.parallel.DistributedDataParallel with "
+        "torchrun, or set KERAS_BACKEND=jax for data/FSDP/tensor parallelism."
+    )
+
+
+def layout_map(mesh, strategy="fsdp", batch_axis="batch", model_axis="model"):
+    """A `keras.distribution.LayoutMap` for every ViT variable path.
+
+    Args:
+        mesh: a `keras.distribution.DeviceMesh`.
+        strategy: `"data"`, `"fsdp"` or `"tensor"`.
+        batch_axis, model_axis: the mesh axis names to use.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}.")
+    names = list(mesh.axis_names)
+    needed = {"fsdp": [batch_axis], "tensor": [model_axis], "data": [batch_axis]}[strategy]
+    for axis in needed:
+        if axis not in names:
+            raise ValueError(
+                f"strategy={strategy!r} needs a mesh axis named {axis!r}; the mesh has "
+                f"{names}. Name it so or pass batch_axis=/model_axis=."
+            )
+    rename = {B: batch_axis, M: model_axis}
+    result = keras.distribution.LayoutMap(mesh)
+    for pattern, layouts in RULES.items():
+        layout = layouts["fsdp"] if strategy == "data" else layouts[strategy]
+        if strategy == "data":
+            layout = (None,) * len(layout)
+        result[pattern] = tuple(rename.get(a, a) for a in layout)
+    return result
+
+
+class ViTModelParallel(keras.distribution.ModelParallel):
+    """`ModelParallel` that checks each layout divides its variable."""
+
+    def get_variable_layout(self, variable):
+        layout = super().get_variable_layout(variable)
+        mesh = self.device_mesh
+        sizes = dict(zip(mesh.axis_names, mesh.shape))
+        for dim, axis in enumerate(layout.axes):
+            if axis is None:
+                continue
+            if dim >= len(variable.shape):
+                raise ValueError(
+                    f"Layout {layout.axes} of {variable.path} has more dimensions than "
+                    f"its shape {tuple(variable.shape)}."
+                )
+            if variable.shape[dim] % sizes[axis]:
+                raise ValueError(
+                    f"Cannot shard {variable.path} of shape {tuple(variable.shape)}: "
+                    f"dimension {dim} ({variable.shape[dim]}) is not divisible by mesh "
+                    f"axis {axis!r} of size {sizes[axis]}. Choose a mesh whose {axis!r} "
+                    "size divides it (e.g. heads and widths are powers of two times "
+                    "3 for Ti/S), or another strategy."
+                )
+        return layout
+
+
+def model_parallel(mesh, strategy="fsdp", batch_axis="batch", model_axis="model"):
+    """A `ModelParallel` distribution with `layout_map(mesh, strategy)`.
+
+    The batch is split over `batch_axis`. JAX backend only.
+    """
+    _check_backend()
+    return ViTModelParallel(
+        layout_map=layout_map(mesh, strategy, batch_axis, model_axis),
+        batch_dim_name=batch_axis,
+    )
+
+
+def data_parallel(devices=None):
+    """`keras.distribution.DataParallel` over `devices` (default: all)."""
+    _check_backend()
+    return keras.distribution.DataParallel(devices=devices)
