@@ -95,17 +95,6 @@ def check_seq_len_exponent(seq_len_exponent):
     return float(seq_len_exponent)
 
 
-def num_attended_keys(mask, num_keys, dtype):
-    """`L` per query: unmasked keys in each row of `mask` (B, T, S) or S.
-
-    Returns a tensor broadcastable to (B, H, T, S) scores, or a Python float.
-    """
-    if mask is None:
-        return float(num_keys)
-    counts = ops.sum(ops.cast(mask, dtype), axis=-1, keepdims=True)
-    return ops.expand_dims(counts, axis=1)  # (B, 1, T, 1)
-
-
 def pointwise_attention(
     query,
     key,
@@ -116,12 +105,16 @@ def pointwise_attention(
     log_scale=None,
     dropout_fn=None,
     return_weights=False,
+    chunk_size=None,
+    implementation=None,
 ):
     """Pointwise attention on projected, multi-head tensors.
 
     The single dispatch point of keras-reluvit: every `PointwiseAttention`
-    with a pointwise activation calls this function. It is written with
-    `keras.ops` only and runs unchanged on JAX, TensorFlow and PyTorch.
+    with a pointwise activation calls this function, which picks one of the
+    paths of `keras_reluvit.kernels` by backend, activation, mask and shape
+    (`kernels.choose`). All paths are tested against the generic `keras.ops`
+    path, forward and gradient.
 
     Args:
         query: `(B, T, H, Dh)` projected queries (unscaled).
@@ -136,44 +129,61 @@ def pointwise_attention(
         dropout_fn: optional callable applied to the weights before they
             multiply the values (attention dropout).
         return_weights: also return the `(B, H, T, S)` weights.
+        chunk_size: None (dense), an int (blocks of keys and queries of that
+            size, summed: O(T * chunk) memory, rematerialised for training) or
+            `"auto"` (chunk above 4096 x 4096 scores per head).
+        implementation: force a path (`"generic"`, `"chunked"`,
+            `"torch_tiled"`); default: the dispatch rule.
 
     Returns:
         `(B, T, H, Dv)` outputs, and the weights if `return_weights`.
     """
-    _, h = get_activation(activation)
+    from keras_reluvit import kernels
+
+    name, h = get_activation(activation)
     if h is None:
         raise ValueError(
             "pointwise_attention needs a pointwise activation, not softmax; "
             "use keras.ops.dot_product_attention for softmax."
         )
     alpha = check_seq_len_exponent(seq_len_exponent)
-    dtype = query.dtype
-    head_dim = ops.shape(query)[-1]
-    query = ops.multiply(query, ops.cast(1.0 / math.sqrt(head_dim), dtype))
-    scores = ops.einsum("bthd,bshd->bhts", query, key)
-    weights = h(scores)
+    query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
+    if chunk_size not in (None, "auto") and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
+    ):
+        raise ValueError(f"`chunk_size` must be None, 'auto' or a positive int, got {chunk_size!r}.")
     if mask is not None:
         mask = ops.cast(mask, "bool")
         while len(mask.shape) < 3:
             mask = ops.expand_dims(mask, 0)
-        weights = ops.where(ops.expand_dims(mask, 1), weights, 0.0)
-    if alpha != 0.0:
-        n = num_attended_keys(mask, ops.shape(key)[1], "float32")
-        if isinstance(n, float):
-            factor = ops.cast(n**-alpha, weights.dtype)
-        else:
-            factor = ops.cast(
-                ops.power(ops.maximum(n, 1.0), -alpha), weights.dtype
-            )
-        weights = ops.multiply(weights, factor)
-    if log_scale is not None:
-        scale = ops.cast(ops.exp(log_scale), weights.dtype)
-        weights = ops.multiply(weights, ops.reshape(scale, (1, -1, 1, 1)))
-    used = dropout_fn(weights) if dropout_fn is not None else weights
-    output = ops.einsum("bhts,bshd->bthd", used, value)
-    if return_weights:
-        return output, weights
-    return output
+        shape = ops.shape(query)[:2] + ops.shape(key)[1:2]
+        mask = ops.broadcast_to(mask, shape)
+    t, s = ops.shape(query)[1], ops.shape(key)[1]
+    factor = kernels.row_factor(mask, s, alpha, log_scale, query.dtype)
+    path = implementation or kernels.choose(
+        keras.backend.backend(), name, mask, return_weights, dropout_fn is not None, t, s,
+        chunk_size,
+    )
+    if path == "generic":
+        out, weights = kernels.generic(query, key, value, h, mask, factor, dropout_fn)
+        if not return_weights:
+            return out
+        if factor is not None:
+            if isinstance(factor, float):
+                weights = ops.multiply(weights, ops.cast(factor, weights.dtype))
+            else:
+                weights = ops.multiply(weights, ops.transpose(factor, (0, 2, 1, 3)))
+        return out, weights
+    if return_weights or dropout_fn is not None:
+        raise ValueError(f"implementation={path!r} returns no weights and has no dropout.")
+    if path == "chunked":
+        return kernels.chunked(query, key, value, h, mask, factor,
+                               chunk_size if isinstance(chunk_size, int) else kernels.AUTO_CHUNK_SIZE)
+    if path == "torch_tiled":
+        if mask is not None:
+            raise ValueError("implementation='torch_tiled' takes no mask.")
+        return kernels.torch_tiled(query, key, value, name, h, factor)
+    raise ValueError(f"Unknown implementation {path!r}; valid: generic, chunked, torch_tiled.")
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
@@ -214,6 +224,9 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         use_bias: whether the projections have biases.
         output_shape: output size (int or tuple); defaults to the query's last
             dimension.
+        chunk_size: None (dense), an int or `"auto"`: memory-light attention
+            over blocks of keys (summed) and queries; see
+            `pointwise_attention`.
         **kwargs: the other `keras.layers.MultiHeadAttention` arguments
             (initializers, regularizers, constraints, `seed`, `name`, `dtype`).
 
@@ -243,9 +256,17 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         dropout=0.0,
         use_bias=True,
         output_shape=None,
+        chunk_size=None,
         **kwargs,
     ):
         gated = bool(gated or kwargs.pop("use_gate", False))
+        if chunk_size not in (None, "auto") and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
+        ):
+            raise ValueError(
+                f"`chunk_size` must be None, 'auto' or a positive int, got {chunk_size!r}."
+            )
+        self._chunk_size = chunk_size
         if kwargs.get("attention_axes") not in (None, (1,), [1], 1):
             raise ValueError(
                 "PointwiseAttention attends over the sequence axis of "
@@ -418,7 +439,7 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             def dropout_fn(w):
                 return self._dropout_layer(w, training=training)
 
-        out, weights = pointwise_attention(
+        out = pointwise_attention(
             query,
             key,
             value,
@@ -427,9 +448,12 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             mask=attention_mask,
             log_scale=self.log_scale if self._learned_scale else None,
             dropout_fn=dropout_fn,
-            return_weights=True,
+            return_weights=return_attention_scores,
+            chunk_size=self._chunk_size,
         )
-        return out, (weights if return_attention_scores else None)
+        if return_attention_scores:
+            return out
+        return out, None
 
     def _make_output_dense(self, query_shape, common_kwargs, name=None):
         # An initializer given DenseGeneral fans for the (D, H, Dh) q/k/v
@@ -458,6 +482,7 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             qk_norm=self._qk_norm,
             gated=self._gated,
             learned_scale=self._learned_scale,
+            chunk_size=self._chunk_size,
         )
         return config
 

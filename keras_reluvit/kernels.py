@@ -1,0 +1,145 @@
+"""Computation paths of pointwise attention, chosen at one dispatch point.
+
+All paths compute `o_i = r_i * sum_j m_ij h(q_i . k_j / sqrt(d)) v_j` with the
+row factor `r_i = exp(s_h) * L_i^-alpha` applied to the *output* rows (T x Dv)
+rather than to the T x S weights: the only T x S work left is the score
+matmul, the activation (and mask) and the value matmul.
+
+- `generic`: `keras.ops` einsums; every backend; the reference.
+- `chunked`: keys in blocks of `chunk_size` whose partial outputs are summed
+  (no running max, no rescaling: the property that makes ReLU/L simpler than
+  softmax), queries in blocks too; each block is wrapped in `keras.remat` so
+  training keeps O(T * chunk) activation memory instead of O(T * S).
+- `torch_tiled`: PyTorch eager, no mask / dropout / weights returned: loops
+  over (batch * heads, query) tiles so that each score tile stays in cache,
+  applies the activation in place, and writes into a preallocated output
+  when no gradient is recorded. XLA fuses the generic path on JAX and TF;
+  eager PyTorch does not, hence this path.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# Above this many scores per (batch, head) the "auto" choice chunks.
+AUTO_CHUNK_SCORES = 4096 * 4096
+AUTO_CHUNK_SIZE = 1024
+_INPLACE = {"relu": "relu_", "sigmoid": "sigmoid_"}
+
+
+def row_factor(mask, num_keys, alpha, log_scale, dtype):
+    """`exp(s_h) * L_i^-alpha` as a tensor broadcastable to (B, T, H, 1), or a
+    Python float, or None when it is 1."""
+    factor = None
+    if alpha != 0.0:
+        if mask is None:
+            factor = float(num_keys) ** -alpha
+        else:
+            counts = ops.sum(ops.cast(mask, "float32"), axis=-1)  # (B, T)
+            factor = ops.power(ops.maximum(counts, 1.0), -alpha)
+            factor = ops.cast(factor[:, :, None, None], dtype)
+    if log_scale is not None:
+        scale = ops.reshape(ops.cast(ops.exp(log_scale), dtype), (1, 1, -1, 1))
+        factor = scale if factor is None else ops.multiply(scale, factor)
+    return factor
+
+
+def _apply(out, factor):
+    if factor is None:
+        return out
+    if isinstance(factor, float):
+        return ops.multiply(out, ops.cast(factor, out.dtype))
+    return ops.multiply(out, factor)
+
+
+def scores_and_weights(query, key, h, mask):
+    """Unscaled weights `m_ij h(s_ij)` as (B, H, T, S)."""
+    scale = ops.cast(1.0 / math.sqrt(ops.shape(query)[-1]), query.dtype)
+    scores = ops.einsum("bthd,bshd->bhts", ops.multiply(query, scale), key)
+    weights = h(scores)
+    if mask is not None:
+        weights = ops.where(ops.expand_dims(mask, 1), weights, 0.0)
+    return weights
+
+
+def generic(query, key, value, h, mask, factor, dropout_fn=None):
+    weights = scores_and_weights(query, key, h, mask)
+    used = dropout_fn(weights) if dropout_fn is not None else weights
+    out = ops.einsum("bhts,bshd->bthd", used, value)
+    return _apply(out, factor), weights
+
+
+def chunked(query, key, value, h, mask, factor, chunk_size):
+    """Blocked over keys (summed) and queries (concatenated), rematerialised."""
+    t, s = ops.shape(query)[1], ops.shape(key)[1]
+
+    def masked_block(q, k, v, m):
+        w = scores_and_weights(q, k, h, m)
+        return ops.einsum("bhts,bshd->bthd", w, v)
+
+    def plain_block(q, k, v):
+        return ops.einsum("bhts,bshd->bthd", scores_and_weights(q, k, h, None), v)
+
+    # Rematerialised: the backward pass recomputes each block's scores.
+    masked_block, plain_block = keras.remat(masked_block), keras.remat(plain_block)
+
+    def block(q, k, v, m):
+        return plain_block(q, k, v) if m is None else masked_block(q, k, v, m)
+
+    rows = []
+    for i in range(0, t, chunk_size):
+        q = query[:, i : i + chunk_size]
+        acc = None
+        for j in range(0, s, chunk_size):
+            m = None if mask is None else mask[:, i : i + chunk_size, j : j + chunk_size]
+            part = block(q, key[:, j : j + chunk_size], value[:, j : j + chunk_size], m)
+            acc = part if acc is None else acc + part
+        rows.append(acc)
+    out = rows[0] if len(rows) == 1 else ops.concatenate(rows, axis=1)
+    return _apply(out, factor)
+
+
+def torch_tiled(query, key, value, activation_name, h, factor, tile_bh=1, tile_q=None):
+    """PyTorch eager tiles; `(B, T, H, D)` in and out."""
+    import torch
+
+    b, t, nh, d = query.shape
+    s, dv = key.shape[1], value.shape[-1]
+    q = (query * (1.0 / math.sqrt(d))).permute(0, 2, 1, 3).reshape(b * nh, t, d)
+    kt = key.permute(0, 2, 3, 1).reshape(b * nh, d, s)
+    v = value.permute(0, 2, 1, 3).reshape(b * nh, s, dv)
+    tile_q = tile_q or t
+    inplace = _INPLACE.get(activation_name)
+    record = torch.is_grad_enabled() and any(x.requires_grad for x in (q, kt, v))
+    out = None if record else torch.empty((b * nh, t, dv), dtype=q.dtype, device=q.device)
+    pieces = []
+    for j in range(0, b * nh, tile_bh):
+        kj, vj = kt[j : j + tile_bh], v[j : j + tile_bh]
+        row = []
+        for i in range(0, t, tile_q):
+            w = torch.bmm(q[j : j + tile_bh, i : i + tile_q], kj)
+            w = getattr(w, inplace)() if inplace else h(w)
+            if record:
+                row.append(torch.bmm(w, vj))
+            else:
+                torch.bmm(w, vj, out=out[j : j + tile_bh, i : i + tile_q])
+        if record:
+            pieces.append(torch.cat(row, dim=1) if len(row) > 1 else row[0])
+    if record:
+        out = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]
+    out = out.reshape(b, nh, t, dv).permute(0, 2, 1, 3)
+    return _apply(out, factor)
+
+
+def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_size):
+    """The dispatch rule: which path computes this call."""
+    if want_weights or dropout:
+        return "generic"
+    if chunk_size == "auto":
+        chunk_size = AUTO_CHUNK_SIZE if t * s > AUTO_CHUNK_SCORES else None
+    if chunk_size:
+        return "chunked"
+    if backend == "torch" and mask is None and activation_name is not None:
+        return "torch_tiled"
+    return "generic"

@@ -1,0 +1,94 @@
+"""Every computation path of the dispatch point equals the generic keras.ops
+path, forward and gradient, on the current backend."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import grads
+from keras_reluvit import PointwiseAttention, kernels, pointwise_attention
+
+B, T, S, H, D = 2, 7, 8, 2, 4
+PATHS = ["chunked"] + (["torch_tiled"] if keras.backend.backend() == "torch" else [])
+ACTS = ["relu", "relu2", "gelu", "softplus", "identity", "relu6", "sigmoid"]
+CASES = [c for c in itertools.product(PATHS, ACTS, ["none", "padding"], [0.0, 1.0], [False, True])
+         if not (c[0] == "torch_tiled" and c[2] == "padding")]
+
+
+def inputs(seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.normal(size=(B, n, H, D)).astype("float32") for n in (T, S, S))
+    mask = np.ones((B, T, S), bool)
+    mask[1, :, 5:] = False
+    mask[0, 2, :] = False  # a query with nothing to attend to
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("path,act,mask_kind,alpha,scaled", CASES,
+                         ids=["-".join(map(str, c)) for c in CASES])
+def test_path_matches_generic_forward_and_gradient(path, act, mask_kind, alpha, scaled):
+    q, k, v, mask = inputs(0)
+    mask = mask if mask_kind == "padding" else None
+    log_scale = keras.ops.convert_to_tensor(np.array([0.3, -0.7], "float32")) if scaled else None
+    kw = dict(activation=act, seq_len_exponent=alpha, mask=mask, log_scale=log_scale)
+    extra = dict(chunk_size=3) if path == "chunked" else {}
+
+    def f(impl, **more):
+        return lambda a, b, c: pointwise_attention(a, b, c, implementation=impl, **kw, **more)
+
+    ref = keras.ops.convert_to_numpy(f("generic")(q, k, v))
+    got = keras.ops.convert_to_numpy(f(path, **extra)(q, k, v))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+    cot = keras.ops.convert_to_tensor(np.random.default_rng(1).normal(size=ref.shape).astype("float32"))
+    g_ref, _ = grads(lambda a, b, c: keras.ops.sum(f("generic")(a, b, c) * cot), [], [q, k, v])
+    g_got, _ = grads(lambda a, b, c: keras.ops.sum(f(path, **extra)(a, b, c) * cot), [], [q, k, v])
+    for a, b in zip(g_got, g_ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _torch_tiled_without_autograd_writes_the_same_output():
+    import torch
+
+    q, k, v, _ = inputs(2)
+    ref = keras.ops.convert_to_numpy(pointwise_attention(q, k, v, implementation="generic"))
+    with torch.no_grad():
+        got = kernels.torch_tiled(*(torch.tensor(x) for x in (q, k, v)), "relu",
+                                  keras.ops.relu, float(S) ** -1, tile_bh=3, tile_q=4)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+if keras.backend.backend() == "torch":  # the torch-only no-grad buffer path
+    test_torch_tiled_without_autograd_writes_the_same_output = (
+        _torch_tiled_without_autograd_writes_the_same_output)
+
+
+def test_dispatch_rule():
+    c = kernels.choose
+    assert c("torch", "relu", None, False, False, 197, 197, None) == "torch_tiled"
+    assert c("torch", "relu", "mask", False, False, 197, 197, None) == "generic"
+    assert c("torch", "relu", None, True, False, 197, 197, None) == "generic"  # weights wanted
+    assert c("jax", "relu", None, False, False, 197, 197, None) == "generic"
+    assert c("jax", "relu", None, False, False, 197, 197, 64) == "chunked"
+    assert c("tensorflow", "relu", None, False, False, 197, 197, "auto") == "generic"
+    assert c("tensorflow", "relu", None, False, False, 8192, 8192, "auto") == "chunked"
+    assert c("torch", None, None, False, False, 197, 197, None) == "generic"  # callable
+
+
+def test_layer_with_chunks_equals_dense_layer_and_serializes():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 9, 8)).astype("float32")
+    dense = PointwiseAttention(2, 4, activation="relu", qk_norm=True)
+    chunked = PointwiseAttention(2, 4, activation="relu", qk_norm=True, chunk_size=4)
+    dense(x, x)
+    chunked(x, x)
+    chunked.set_weights(dense.get_weights())
+    mask = np.tril(np.ones((2, 9, 9), bool))
+    for kw in ({}, {"attention_mask": mask}):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(chunked(x, x, **kw)),
+                                   keras.ops.convert_to_numpy(dense(x, x, **kw)), rtol=1e-5, atol=1e-6)
+    assert PointwiseAttention.from_config(chunked.get_config())._chunk_size == 4
+    with pytest.raises(ValueError, match="chunk_size"):
+        PointwiseAttention(2, 4, chunk_size=0)
