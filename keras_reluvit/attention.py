@@ -160,9 +160,10 @@ def pointwise_attention(
         mask = ops.broadcast_to(mask, shape)
     t, s = ops.shape(query)[1], ops.shape(key)[1]
     factor = kernels.row_factor(mask, s, alpha, log_scale, query.dtype)
+    backend = keras.backend.backend()
     path = implementation or kernels.choose(
-        keras.backend.backend(), name, mask, return_weights, dropout_fn is not None, t, s,
-        chunk_size,
+        backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
+        recording=backend == "torch" and kernels.torch_recording(query, key, value),
     )
     if path == "generic":
         out, weights = kernels.generic(query, key, value, h, mask, factor, dropout_fn)

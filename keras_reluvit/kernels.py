@@ -100,12 +100,20 @@ def chunked(query, key, value, h, mask, factor, chunk_size):
     return _apply(out, factor)
 
 
-def torch_tiled(query, key, value, activation_name, h, factor, tile_bh=1, tile_q=None):
+# Score elements per tile of the torch path (~512 KiB of float32: L2-sized).
+TILE_ELEMENTS = 2**17
+
+
+def torch_tiled(query, key, value, activation_name, h, factor, tile_bh=None, tile_q=None):
     """PyTorch eager tiles; `(B, T, H, D)` in and out."""
     import torch
 
     b, t, nh, d = query.shape
     s, dv = key.shape[1], value.shape[-1]
+    if tile_bh is None:
+        tile_bh = max(1, TILE_ELEMENTS // (t * s))
+    if tile_q is None:
+        tile_q = t if tile_bh > 1 else min(t, max(64, TILE_ELEMENTS // s))
     q = (query * (1.0 / math.sqrt(d))).permute(0, 2, 1, 3).reshape(b * nh, t, d)
     kt = key.permute(0, 2, 3, 1).reshape(b * nh, d, s)
     v = value.permute(0, 2, 1, 3).reshape(b * nh, s, dv)
@@ -132,14 +140,28 @@ def torch_tiled(query, key, value, activation_name, h, factor, tile_bh=1, tile_q
     return _apply(out, factor)
 
 
-def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_size):
-    """The dispatch rule: which path computes this call."""
+def torch_recording(*tensors):
+    """Whether torch autograd records an op on these tensors."""
+    import torch
+
+    return torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in tensors)
+
+
+def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_size,
+           recording=False):
+    """The dispatch rule: which path computes this call.
+
+    Weights or dropout wanted -> generic. A chunk size (or "auto" above
+    4096 x 4096 scores) -> chunked. PyTorch inference without a mask ->
+    torch_tiled (under autograd, many small tiles cost more than they save:
+    generic). Otherwise generic (XLA fuses it on JAX and TF).
+    """
     if want_weights or dropout:
         return "generic"
     if chunk_size == "auto":
         chunk_size = AUTO_CHUNK_SIZE if t * s > AUTO_CHUNK_SCORES else None
     if chunk_size:
         return "chunked"
-    if backend == "torch" and mask is None and activation_name is not None:
+    if backend == "torch" and mask is None and activation_name is not None and not recording:
         return "torch_tiled"
     return "generic"

@@ -75,6 +75,7 @@ def test_dispatch_rule():
     assert c("tensorflow", "relu", None, False, False, 197, 197, "auto") == "generic"
     assert c("tensorflow", "relu", None, False, False, 8192, 8192, "auto") == "chunked"
     assert c("torch", None, None, False, False, 197, 197, None) == "generic"  # callable
+    assert c("torch", "relu", None, False, False, 197, 197, None, recording=True) == "generic"
 
 
 def test_layer_with_chunks_equals_dense_layer_and_serializes():

@@ -1,0 +1,255 @@
+"""Attention-op benchmark: our ReLU/L vs softmax, side by side in one process.
+
+    KERAS_BACKEND=jax python -m benchmarks.attention            # one backend
+    python -m benchmarks.attention --all --out benchmarks/results  # each backend
+
+Columns (fp32, batch 8, 6 heads, head dim 64, medians of `--reps` runs):
+our relu (`pointwise_attention`, through the dispatch point), our softmax
+(`keras.ops.dot_product_attention`, what `PointwiseAttention("softmax")` and
+`MultiHeadAttention` run), the backend's best softmax (torch
+`scaled_dot_product_attention`, `jax.nn.dot_product_attention`, TF XLA
+softmax attention) and the bare two matmuls of the same shapes (QK^T and AV:
+the compute limit for exact attention). JAX and TF functions are compiled
+(jit / XLA); torch runs eagerly. Ratios > 1 mean ours is faster.
+
+`--long` adds batch-1 long sequences (L = 4096, 16384): dense vs chunked
+time and peak memory (resident-set high-water mark of a fresh process per
+case). Dense runs only where its L x L scores fit `--dense-max`.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+B, H, D = 8, 6, 64
+
+
+def _timer(fn, reps):
+    fn()  # compile / warm up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        out = fn()
+        _block(out)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _block(out):
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.block_until_ready(out)
+
+
+def functions(L, backward):
+    """name -> zero-argument callable for the current backend."""
+    import keras
+    import numpy as np
+
+    from keras_reluvit import pointwise_attention
+
+    backend = keras.backend.backend()
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(B, L, H, D)).astype("float32") for _ in range(3))
+    scale = 1.0 / np.sqrt(D)
+
+    def ours_relu(q, k, v):
+        return pointwise_attention(q, k, v, activation="relu")
+
+    def ours_softmax(q, k, v):
+        return keras.ops.dot_product_attention(q, k, v, scale=scale)
+
+    def matmuls(q, k, v):
+        s = keras.ops.einsum("bthd,bshd->bhts", q, k)
+        return keras.ops.einsum("bhts,bshd->bthd", s, v)
+
+    if backend == "torch":
+        import torch
+
+        tq, tk, tv = (torch.tensor(x).permute(0, 2, 1, 3).contiguous() for x in (q, k, v))
+        args = [torch.tensor(x) for x in (q, k, v)]
+
+        def best_softmax(q, k, v):  # (B, H, L, D) layout, as SDPA wants it
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+        def bare(q, k, v):
+            return torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)
+
+        cases = {"our relu": (ours_relu, args), "our softmax": (ours_softmax, args),
+                 "best softmax (torch SDPA)": (best_softmax, [tq, tk, tv]),
+                 "bare matmuls": (bare, [tq, tk, tv])}
+        out = {}
+        for name, (f, a) in cases.items():
+            if backward:
+                a = [x.clone().requires_grad_(True) for x in a]
+
+                def run(f=f, a=a):
+                    y = f(*a)
+                    y.sum().backward()
+                    return y
+            else:
+                def run(f=f, a=a):
+                    with torch.no_grad():
+                        return f(*a)
+            out[name] = run
+        return out
+
+    if backend == "jax":
+        import jax
+
+        def best_softmax(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, scale=scale)
+
+        cases = {"our relu": ours_relu, "our softmax": ours_softmax,
+                 "best softmax (jax.nn.dot_product_attention)": best_softmax,
+                 "bare matmuls": matmuls}
+        args = [jax.numpy.asarray(x) for x in (q, k, v)]
+        out = {}
+        for name, f in cases.items():
+            if backward:
+                g = jax.jit(jax.grad(lambda a, b, c, f=f: f(a, b, c).sum(), argnums=(0, 1, 2)))
+                out[name] = lambda g=g: g(*args)
+            else:
+                j = jax.jit(f)
+                out[name] = lambda j=j: j(*args)
+        return out
+
+    import tensorflow as tf
+
+    def best_softmax(q, k, v):
+        s = tf.einsum("bthd,bshd->bhts", q * scale, k)
+        return tf.einsum("bhts,bshd->bthd", tf.nn.softmax(s, axis=-1), v)
+
+    cases = {"our relu": ours_relu, "our softmax": ours_softmax,
+             "best softmax (TF XLA)": best_softmax, "bare matmuls": matmuls}
+    args = [tf.constant(x) for x in (q, k, v)]
+    out = {}
+    for name, f in cases.items():
+        if backward:
+            def step(a, b, c, f=f):
+                with tf.GradientTape() as tape:
+                    tape.watch([a, b, c])
+                    y = tf.reduce_sum(f(a, b, c))
+                return tape.gradient(y, [a, b, c])
+            g = tf.function(step, jit_compile=True)
+            out[name] = lambda g=g: [x.numpy() for x in g(*args)]
+        else:
+            j = tf.function(f, jit_compile=True)
+            out[name] = lambda j=j: j(*args).numpy()
+    return out
+
+
+def op_table(lengths, reps):
+    import keras
+
+    rows = []
+    for backward in (False, True):
+        for L in lengths:
+            fns = functions(L, backward)
+            r = reps if L < 3000 else max(2, reps // 3)
+            times = {name: _timer(f, r) for name, f in fns.items()}
+            rows.append(dict(backend=keras.backend.backend(), L=L,
+                             mode="fwd+bwd" if backward else "fwd", times_ms={
+                                 k: round(v * 1e3, 2) for k, v in times.items()}))
+    return rows
+
+
+def format_ops(rows):
+    lines = ["| backend | mode | L | our relu ms | our softmax ms | best softmax ms | bare matmuls ms "
+             "| relu vs best softmax | relu vs our softmax | relu / matmul throughput |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["times_ms"]
+        best = next(v for k, v in t.items() if k.startswith("best"))
+        lines.append(
+            f"| {r['backend']} | {r['mode']} | {r['L']} | {t['our relu']} | {t['our softmax']} | "
+            f"{best} | {t['bare matmuls']} | {best / t['our relu']:.2f}x | "
+            f"{t['our softmax'] / t['our relu']:.2f}x | {100 * t['bare matmuls'] / t['our relu']:.0f} % |")
+    return "\n".join(lines)
+
+
+_LONG = """
+import json, resource, sys, time, numpy as np, keras
+from keras_reluvit import pointwise_attention
+L, chunk = int(sys.argv[1]), sys.argv[2]
+chunk = None if chunk == "dense" else int(chunk)
+rng = np.random.default_rng(0)
+q, k, v = (keras.ops.convert_to_tensor(rng.normal(size=(1, L, 6, 64)).astype("float32")) for _ in range(3))
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+f = lambda: keras.ops.convert_to_numpy(pointwise_attention(q, k, v, chunk_size=chunk,
+    implementation="chunked" if chunk else "generic"))
+f()
+start = time.perf_counter(); f(); t = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"L": L, "path": "dense" if chunk is None else f"chunked {chunk}",
+                  "seconds": round(t, 3), "peak_extra_mib": round((peak - base) / 1024, 1)}))
+"""
+
+
+def long_table(lengths, chunk, dense_max):
+    import keras
+
+    rows = []
+    for L in lengths:
+        for c in (["dense"] if L <= dense_max else []) + [str(chunk)]:
+            env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
+            proc = subprocess.run([sys.executable, "-c", _LONG, str(L), c], env=env,
+                                  capture_output=True, text=True)
+            if proc.returncode:
+                rows.append({"L": L, "path": c, "error": proc.stderr.strip().splitlines()[-1]})
+            else:
+                rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", default="50,197,785,3137")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--long", action="store_true")
+    p.add_argument("--long-lengths", default="4096,16384")
+    p.add_argument("--chunk", type=int, default=1024)
+    p.add_argument("--dense-max", type=int, default=8192)
+    p.add_argument("--all", action="store_true", help="run each backend in a subprocess")
+    p.add_argument("--out", help="directory for results (markdown + json)")
+    args = p.parse_args(argv)
+    if args.all:
+        for backend in ("jax", "tensorflow", "torch"):
+            env = dict(os.environ, KERAS_BACKEND=backend)
+            cmd = [sys.executable, "-m", "benchmarks.attention", "--lengths", args.lengths,
+                   "--reps", str(args.reps)] + (["--long"] if args.long else []) + (
+                ["--out", args.out] if args.out else [])
+            subprocess.run(cmd, env=env, check=True)
+        return
+    import keras
+
+    rows = op_table([int(x) for x in args.lengths.split(",")], args.reps)
+    text = f"## attention op, {keras.backend.backend()}\n\n{format_ops(rows)}\n"
+    long_rows = []
+    if args.long:
+        long_rows = long_table([int(x) for x in args.long_lengths.split(",")], args.chunk,
+                               args.dense_max)
+        text += "\n| L | path | seconds | peak extra MiB |\n|---|---|---|---|\n" + "\n".join(
+            f"| {r['L']} | {r['path']} | {r.get('seconds', '-')} | "
+            f"{r.get('peak_extra_mib', r.get('error', '-'))} |" for r in long_rows) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
+        name = f"attention_{keras.backend.backend()}"
+        with open(os.path.join(args.out, name + ".md"), "w") as f:
+            f.write(f"Machine: {machine}\n\n{text}")
+        with open(os.path.join(args.out, name + ".json"), "w") as f:
+            json.dump(dict(machine=machine, ops=rows, long=long_rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
