@@ -13,8 +13,8 @@ the compute limit for exact attention). JAX and TF functions are compiled
 (jit / XLA); torch runs eagerly. Ratios > 1 mean ours is faster.
 
 `--long` adds batch-1 long sequences (L = 4096, 16384): dense vs chunked
-time and peak memory (resident-set high-water mark of a fresh process per
-case). Dense runs only where its L x L scores fit `--dense-max`.
+time and peak memory (the resident set sampled every 0.5 ms during the
+call, minus the resident set before it, in a fresh process per case). Dense runs only where its L x L scores fit `--dense-max`.
 """
 
 import argparse
@@ -177,20 +177,27 @@ def format_ops(rows):
 
 
 _LONG = """
-import json, resource, sys, time, numpy as np, keras
+import json, sys, threading, time, numpy as np, keras
 from keras_reluvit import pointwise_attention
 L, chunk = int(sys.argv[1]), sys.argv[2]
 chunk = None if chunk == "dense" else int(chunk)
 rng = np.random.default_rng(0)
 q, k, v = (keras.ops.convert_to_tensor(rng.normal(size=(1, L, 6, 64)).astype("float32")) for _ in range(3))
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 f = lambda: keras.ops.convert_to_numpy(pointwise_attention(q, k, v, chunk_size=chunk,
     implementation="chunked" if chunk else "generic"))
+def rss():  # current resident set, MiB
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * 4096 / 2**20
 f()
+base, peak, done = rss(), [0.0], []
+def sample():  # the import-time high-water mark hides the call's own peak
+    while not done:
+        peak[0] = max(peak[0], rss()); time.sleep(0.0005)
+th = threading.Thread(target=sample); th.start()
 start = time.perf_counter(); f(); t = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+done.append(1); th.join()
 print(json.dumps({"L": L, "path": "dense" if chunk is None else f"chunked {chunk}",
-                  "seconds": round(t, 3), "peak_extra_mib": round((peak - base) / 1024, 1)}))
+                  "seconds": round(t, 3), "peak_extra_mib": round(peak[0] - base, 1)}))
 """
 
 
@@ -215,6 +222,7 @@ def main(argv=None):
     p.add_argument("--lengths", default="50,197,785,3137")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--long", action="store_true")
+    p.add_argument("--long-only", action="store_true", help="only the long-sequence table")
     p.add_argument("--long-lengths", default="4096,16384")
     p.add_argument("--chunk", type=int, default=1024)
     p.add_argument("--dense-max", type=int, default=8192)
@@ -226,15 +234,18 @@ def main(argv=None):
             env = dict(os.environ, KERAS_BACKEND=backend)
             cmd = [sys.executable, "-m", "benchmarks.attention", "--lengths", args.lengths,
                    "--reps", str(args.reps)] + (["--long"] if args.long else []) + (
+                ["--long-only"] if args.long_only else []) + (
                 ["--out", args.out] if args.out else [])
             subprocess.run(cmd, env=env, check=True)
         return
     import keras
 
-    rows = op_table([int(x) for x in args.lengths.split(",")], args.reps)
-    text = f"## attention op, {keras.backend.backend()}\n\n{format_ops(rows)}\n"
+    rows, text = [], ""
+    if not args.long_only:
+        rows = op_table([int(x) for x in args.lengths.split(",")], args.reps)
+        text = f"## attention op, {keras.backend.backend()}\n\n{format_ops(rows)}\n"
     long_rows = []
-    if args.long:
+    if args.long or args.long_only:
         long_rows = long_table([int(x) for x in args.long_lengths.split(",")], args.chunk,
                                args.dense_max)
         text += "\n| L | path | seconds | peak extra MiB |\n|---|---|---|---|\n" + "\n".join(
@@ -244,7 +255,7 @@ def main(argv=None):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
-        name = f"attention_{keras.backend.backend()}"
+        name = f"attention{'_long' if args.long_only else ''}_{keras.backend.backend()}"
         with open(os.path.join(args.out, name + ".md"), "w") as f:
             f.write(f"Machine: {machine}\n\n{text}")
         with open(os.path.join(args.out, name + ".json"), "w") as f:

@@ -244,3 +244,26 @@ def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
     assert top["top_k_labels"].numpy()[0, 0].decode() in [str(i) for i in range(10)]
     np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)
     assert cli.main(["train", "--recipe", "nope", "--output", str(tmp_path / "x")]) == 2
+
+
+def test_attention_stats_callback_logs_per_layer_statistics(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32")
+    y = np.eye(4, dtype="float32")[rng.integers(0, 4, 8)]
+    stats = {}
+    for attention in ("relu", "softmax"):
+        model = kr.ViT("Ti/8", width=32, depth=2, num_heads=2, mlp_dim=64, image_size=32,
+                       num_classes=4, attention=attention)
+        model.compile(optimizer="adam", loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+        cb = kr.callbacks.AttentionStats(x[:4])
+        hist = model.fit(x, y, epochs=2, verbose=0,
+                         callbacks=[cb, keras.callbacks.TensorBoard(str(tmp_path / attention))])
+        stats[attention] = hist.history
+        assert any((tmp_path / attention).rglob("*tfevents*"))
+    soft, relu = stats["softmax"], stats["relu"]
+    for i in ("00", "01"):
+        np.testing.assert_allclose(soft[f"attn_{i}_row_sum"], 1.0, rtol=1e-5)
+        assert soft[f"attn_{i}_zero_frac"][-1] == 0.0
+        assert 0.0 < relu[f"attn_{i}_zero_frac"][-1] < 1.0  # ReLU zeroes some weights
+        assert relu[f"attn_{i}_out_norm"][-1] > 0
+        assert len(relu[f"attn_{i}_row_sum"]) == 2
