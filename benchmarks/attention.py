@@ -20,11 +20,12 @@ call, minus the resident set before it, in a fresh process per case). Dense runs
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
+
+from benchmarks import common
 
 B, H, D = 8, 6, 64
 
@@ -253,14 +254,8 @@ def main(argv=None):
             f"{r.get('peak_extra_mib', r.get('error', '-'))} |" for r in long_rows) + "\n"
     print(text)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
         name = f"attention{'_long' if args.long_only else ''}_{keras.backend.backend()}"
-        with open(os.path.join(args.out, name + ".md"), "w") as f:
-            f.write(f"Machine: {machine}\n\n{text}")
-        with open(os.path.join(args.out, name + ".json"), "w") as f:
-            json.dump(dict(machine=machine, ops=rows, long=long_rows), f, indent=1)
-
+        common.write(args.out, name, text, dict(ops=rows, long=long_rows))
 
 if __name__ == "__main__":
     main()

@@ -11,13 +11,13 @@ not compared yet (not installed in the test environment).
 """
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
+
+from benchmarks import common
 
 
 def median_time(fn, reps):
@@ -83,14 +83,8 @@ def main(argv=None):
                 f"{r['softmax_s']} | {r['speedup']:.2f}x |" for r in rows) + "\n")
     print(text)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
         name = f"vit_{keras.backend.backend()}"
-        with open(os.path.join(args.out, name + ".md"), "w") as f:
-            f.write(f"Machine: {machine}\n\n{text}")
-        with open(os.path.join(args.out, name + ".json"), "w") as f:
-            json.dump(dict(machine=machine, rows=rows), f, indent=1)
-
+        common.write(args.out, name, text, dict(rows=rows))
 
 if __name__ == "__main__":
     main()

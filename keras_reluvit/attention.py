@@ -95,6 +95,14 @@ def check_seq_len_exponent(seq_len_exponent):
     return float(seq_len_exponent)
 
 
+def check_chunk_size(chunk_size):
+    if chunk_size not in (None, "auto") and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
+    ):
+        raise ValueError(f"`chunk_size` must be None, 'auto' or a positive int, got {chunk_size!r}.")
+    return chunk_size
+
+
 def pointwise_attention(
     query,
     key,
@@ -148,10 +156,7 @@ def pointwise_attention(
         )
     alpha = check_seq_len_exponent(seq_len_exponent)
     query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
-    if chunk_size not in (None, "auto") and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
-    ):
-        raise ValueError(f"`chunk_size` must be None, 'auto' or a positive int, got {chunk_size!r}.")
+    check_chunk_size(chunk_size)
     if mask is not None:
         mask = ops.cast(mask, "bool")
         while len(mask.shape) < 3:
@@ -261,13 +266,7 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         **kwargs,
     ):
         gated = bool(gated or kwargs.pop("use_gate", False))
-        if chunk_size not in (None, "auto") and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
-        ):
-            raise ValueError(
-                f"`chunk_size` must be None, 'auto' or a positive int, got {chunk_size!r}."
-            )
-        self._chunk_size = chunk_size
+        self._chunk_size = check_chunk_size(chunk_size)
         if kwargs.get("attention_axes") not in (None, (1,), [1], 1):
             raise ValueError(
                 "PointwiseAttention attends over the sequence axis of "

@@ -43,6 +43,10 @@ _AUGREG_I21K_AUG = {  # vit_i21k.py
     "L/16": ((2, 15), 0.5),
 }
 
+# What the two AugReg configs share.
+_AUGREG = dict(image_size=224, epochs=300, batch_size=4096, lr=1e-3, wd=1e-4,
+               warmup_steps=10_000, grad_clip=1.0, loss="sigmoid_xent")
+
 RECIPES = {
     "s16_i1k_90ep": dict(
         description='big_vision vit_s16_i1k.py, "Better plain ViT baselines" (76.5% top-1)',
@@ -62,33 +66,19 @@ RECIPES = {
     "augreg_i1k": dict(
         description="big_vision vit_i1k.py (AugReg, ImageNet-1k, 300 epochs)",
         dataset="imagenet2012",
-        image_size=224,
-        epochs=300,
-        batch_size=4096,
-        lr=1e-3,
-        wd=1e-4,
-        warmup_steps=10_000,
-        grad_clip=1.0,
-        loss="sigmoid_xent",
         head_bias_init=-6.9,
         model=dict(variant="B/16", pool="tok", posemb="learn"),
         augment_by_variant=_AUGREG_I1K_AUG,
+        **_AUGREG,
     ),
     "augreg_i21k": dict(
         description="big_vision vit_i21k.py (AugReg, ImageNet-21k, 300 epochs; "
         "i21k is not in public tfds: pass your own dataset)",
         dataset="imagenet21k",
-        image_size=224,
-        epochs=300,
-        batch_size=4096,
-        lr=1e-3,
-        wd=1e-4,
-        warmup_steps=10_000,
-        grad_clip=1.0,
-        loss="sigmoid_xent",
         head_bias_init=-10.0,
         model=dict(variant="B/16", pool="gap", posemb="learn"),
         augment_by_variant=_AUGREG_I21K_AUG,
+        **_AUGREG,
     ),
     "digits": dict(
         description="the embedded default: a small ReLU/L ViT on sklearn_digits "
