@@ -1,4 +1,4 @@
-"""`keras-reluvit train | eval | export | recipes | presets`.
+"""`keras-reluvit train | eval | export | bench | recipes | presets`.
 
 Examples:
 
@@ -7,6 +7,7 @@ Examples:
         --data-dir ~/tensorflow_datasets --recipe s16_i1k_90ep --output runs/s16_relu
     keras-reluvit eval runs/s16_relu/model.keras --dataset imagenet2012 --data-dir ...
     keras-reluvit export runs/s16_relu/model.keras serving/vit_s16_relu/1
+    keras-reluvit bench --dataset imagenet2012 --data-dir ~/tensorflow_datasets
     keras-reluvit recipes s16_i1k_90ep
 
 The backend is Keras' (`KERAS_BACKEND=jax|tensorflow|torch`).
@@ -104,6 +105,24 @@ def recipes_loss(name):
         return None
 
 
+def _bench(args):
+    import keras
+
+    from keras_reluvit import bench
+
+    ips = bench.pipeline_throughput(args.dataset, args.batch_size, args.image_size,
+                                    args.data_dir, args.steps)
+    print(f"train pipeline ({args.dataset}, {args.image_size}px, randaug(2,10) + mixup): "
+          f"{ips:,.0f} images/s")
+    if args.model:
+        from keras_reluvit.train import _variant_from_name
+
+        res = bench.model_throughput(_variant_from_name(args.model), image_size=args.image_size)
+        print(f"{args.model} inference on {keras.backend.backend()}: relu {res['relu']:.1f} "
+              f"images/s, softmax {res['softmax']:.1f} images/s "
+              f"({res['relu'] / res['softmax']:.2f}x)")
+
+
 def _recipes(args):
     from keras_reluvit import recipes
 
@@ -154,6 +173,15 @@ def parser():
     x.add_argument("path")
     x.add_argument("--format", choices=["saved_model", "onnx"], default="saved_model")
     x.set_defaults(func=_export)
+
+    b = sub.add_parser("bench", help="images/s of the train pipeline (and a model)")
+    b.add_argument("--dataset", default="sklearn_digits")
+    b.add_argument("--data-dir")
+    b.add_argument("--batch-size", type=int, default=256)
+    b.add_argument("--image-size", type=int, default=224)
+    b.add_argument("--steps", type=int, default=20)
+    b.add_argument("--model", help="also time inference of this model, e.g. vit_s16")
+    b.set_defaults(func=_bench)
 
     r = sub.add_parser("recipes", help="print the training recipes")
     r.add_argument("name", nargs="?")

@@ -267,3 +267,14 @@ def test_attention_stats_callback_logs_per_layer_statistics(tmp_path):
         assert 0.0 < relu[f"attn_{i}_zero_frac"][-1] < 1.0  # ReLU zeroes some weights
         assert relu[f"attn_{i}_out_norm"][-1] > 0
         assert len(relu[f"attn_{i}_row_sum"]) == 2
+
+
+def test_cli_bench_reports_pipeline_throughput(digits_dir, capsys):
+    import re
+
+    from keras_reluvit import cli
+
+    assert cli.main(["bench", "--data-dir", str(digits_dir), "--image-size", "32",
+                     "--batch-size", "64", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert float(re.search(r"([\d,.]+) images/s", out).group(1).replace(",", "")) > 0
