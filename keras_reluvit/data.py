@@ -4,7 +4,8 @@ tf.data end to end (parallel decode and augmentation with AUTOTUNE, no
 Python per image), big_vision's preprocessing:
 
 - train: inception crop (area 5-100 %, aspect 3/4-4/3, bilinear) to the
-  model resolution | random left-right flip | RandAugment (Keras core layer) |
+  model resolution | random left-right flip | RandAugment (Keras core layer,
+  per image, see `switch_randaugment`) |
   value range [-1, 1] | one-hot labels | MixUp (big_vision semantics).
 - eval: resize the shorter side to `resolution * 256 / 224` (area) | central
   crop | value range [-1, 1] | one-hot labels. Deterministic.
@@ -163,6 +164,32 @@ def to_rgb(image):
     )
 
 
+def switch_randaugment(layer, image):
+    """Applies a `keras.layers.RandAugment` to one image, running only the
+    chosen ops.
+
+    Keras 3.15's `RandAugment.transform_images` computes every one of its
+    ops on the whole batch `num_ops` times and keeps one with `where()`
+    (~14 images/s at 224 px on 2 CPU cores). Here each op is drawn per image
+    with the layer's own `get_random_transformation` and dispatched with
+    `tf.switch_case`, so one op runs per draw: the same augmentation
+    distribution, ~10x the throughput.
+    """
+    tf = _tf()
+    shape = tuple(image.shape[:2]) + (3,)
+    image = tf.ensure_shape(image, shape)
+    for _ in range(layer.num_ops):
+        t = layer.get_random_transformation(image[None], training=True)
+        branches = [
+            (lambda key=key, value=value: tf.cast(
+                getattr(layer, key).transform_images(image[None], value)[0], tf.float32))
+            for key, value in t["transforms"].items()
+        ]
+        image = tf.switch_case(tf.cast(t["layer_idxes"][0], tf.int32), branches)
+        image = tf.ensure_shape(image, shape)
+    return image
+
+
 def mixup(images, labels, p, seed):
     """big_vision MixUp: a ~ Beta(p, p), a = max(a, 1 - a), one a per batch,
     every example mixed with the batch rolled by one (images and labels)."""
@@ -217,8 +244,11 @@ def pipeline(
                 tf.random.experimental.stateless_split(tf.stack([rnd, 0]), 2)
             )
             image = inception_crop(image, size, aug.crop_area, aug.crop_aspect, s1)
+            image = tf.ensure_shape(image, (*size, 3))
             if aug.flip:
                 image = tf.image.stateless_random_flip_left_right(image, s2)
+            if randaug is not None:
+                image = switch_randaugment(randaug, image)
         else:
             image = resize_small_central_crop(image, size)
         image = tf.ensure_shape(tf.clip_by_value(image, 0.0, 255.0), (*size, 3))
@@ -226,8 +256,6 @@ def pipeline(
         return image, label
 
     def finish(images, labels):
-        if randaug is not None:
-            images = randaug(images)
         images = images / 127.5 - 1.0
         return images, labels
 

@@ -278,3 +278,17 @@ def test_cli_bench_reports_pipeline_throughput(digits_dir, capsys):
                      "--batch-size", "64", "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert float(re.search(r"([\d,.]+) images/s", out).group(1).replace(",", "")) > 0
+
+
+def test_switch_randaugment_applies_one_keras_op_per_draw():
+    import tensorflow as tf
+
+    layer = keras.layers.RandAugment(value_range=(0, 255), num_ops=2, factor=0.5, seed=3)
+    image = tf.constant(np.random.default_rng(0).uniform(0, 255, (24, 24, 3)).astype("float32"))
+    fn = tf.function(lambda im: D.switch_randaugment(layer, im))
+    outs = [fn(image).numpy() for _ in range(6)]
+    assert all(o.shape == (24, 24, 3) and np.isfinite(o).all() for o in outs)
+    assert all(-1e-3 <= o.min() and o.max() <= 255 + 1e-3 for o in outs)
+    changed = [float(np.abs(o - image.numpy()).mean()) for o in outs]
+    assert max(changed) > 1.0  # it augments
+    assert len({round(c, 3) for c in changed}) > 1  # with random ops/strengths
