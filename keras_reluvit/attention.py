@@ -141,7 +141,7 @@ def pointwise_attention(
             size, summed: O(T * chunk) memory, rematerialised for training) or
             `"auto"` (chunk above 4096 x 4096 scores per head).
         implementation: force a path (`"generic"`, `"chunked"`,
-            `"torch_tiled"`); default: the dispatch rule.
+            `"torch_tiled"`, `"sequence_parallel"`); default: the dispatch rule.
 
     Returns:
         `(B, T, H, Dv)` outputs, and the weights if `return_weights`.
@@ -166,9 +166,11 @@ def pointwise_attention(
     t, s = ops.shape(query)[1], ops.shape(key)[1]
     factor = kernels.row_factor(mask, s, alpha, log_scale, query.dtype)
     backend = keras.backend.backend()
+    sp = kernels.sequence_parallel_context()
     path = implementation or kernels.choose(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
         recording=backend == "torch" and kernels.torch_recording(query, key, value),
+        sequence_parallel=sp is not None,
     )
     if path == "generic":
         out, weights = kernels.generic(query, key, value, h, mask, factor, dropout_fn)
@@ -189,7 +191,16 @@ def pointwise_attention(
         if mask is not None:
             raise ValueError("implementation='torch_tiled' takes no mask.")
         return kernels.torch_tiled(query, key, value, name, h, factor)
-    raise ValueError(f"Unknown implementation {path!r}; valid: generic, chunked, torch_tiled.")
+    if path == "sequence_parallel":
+        if sp is None or mask is not None:
+            raise ValueError(
+                "implementation='sequence_parallel' needs the JAX backend, a "
+                "kr.distribution.model_parallel(..., sequence_axis=...) distribution "
+                "and no mask."
+            )
+        return kernels.sequence_parallel(query, key, value, h, factor, *sp)
+    raise ValueError(f"Unknown implementation {path!r}; valid: generic, chunked, torch_tiled, "
+                     "sequence_parallel.")
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")

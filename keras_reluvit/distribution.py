@@ -129,16 +129,47 @@ class ViTModelParallel(keras.distribution.ModelParallel):
         return layout
 
 
-def model_parallel(mesh, strategy="fsdp", batch_axis="batch", model_axis="model"):
+def model_parallel(mesh, strategy="fsdp", batch_axis="batch", model_axis="model",
+                   sequence_axis=None):
     """A `ModelParallel` distribution with `layout_map(mesh, strategy)`.
 
     The batch is split over `batch_axis`. JAX backend only.
+
+    Args:
+        mesh: a `keras.distribution.DeviceMesh`.
+        strategy: `"data"`, `"fsdp"` or `"tensor"` (see the module docstring).
+        batch_axis, model_axis: mesh axis names.
+        sequence_axis: a mesh axis to split the *tokens* over (sequence
+            parallelism): every block's output is sharded `(batch, tokens,
+            -)` and pointwise attention runs the sequence-parallel path
+            (partial sums over each device's keys, one reduce-scatter). The
+            token count must be divisible by that axis. Softmax attention is
+            left to XLA's sharding propagation.
+
+    Example:
+
+    ```python
+    mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "seq"], keras.distribution.list_devices())
+    keras.distribution.set_distribution(
+        kr.distribution.model_parallel(mesh, "data", sequence_axis="seq"))
+    ```
     """
     _check_backend()
-    return ViTModelParallel(
-        layout_map=layout_map(mesh, strategy, batch_axis, model_axis),
-        batch_dim_name=batch_axis,
-    )
+    layouts = layout_map(mesh, strategy, batch_axis, model_axis)
+    if sequence_axis is not None:
+        names = list(mesh.axis_names)
+        if sequence_axis not in names or sequence_axis in (batch_axis, model_axis):
+            raise ValueError(
+                f"sequence_axis={sequence_axis!r} must be a mesh axis of its own; the mesh "
+                f"has {names}, batch_axis={batch_axis!r}, model_axis={model_axis!r}."
+            )
+        batch = batch_axis if batch_axis in names else None
+        for pattern in (r"block_\d+/output", r"pos_embedding/output"):
+            layouts[pattern] = (batch, sequence_axis, None)
+    dist = ViTModelParallel(layout_map=layouts, batch_dim_name=batch_axis)
+    dist.sequence_axis = sequence_axis
+    dist.head_axis = model_axis if strategy == "tensor" else None
+    return dist
 
 
 def data_parallel(devices=None):

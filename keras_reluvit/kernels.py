@@ -15,6 +15,13 @@ matmul, the activation (and mask) and the value matmul.
   applies the activation in place, and writes into a preallocated output
   when no gradient is recorded. XLA fuses the generic path on JAX and TF;
   eager PyTorch does not, hence this path.
+- `sequence_parallel`: JAX under a `kr.distribution.model_parallel(...,
+  sequence_axis=...)` distribution: tokens sharded over that mesh axis; each
+  device gathers the queries, computes the partial sum over *its* keys
+  `sum_{j in shard} h(q_i . k_j) v_j` for every query, and one reduce-scatter
+  (`psum_scatter`: the psum, each device keeping its own query rows)
+  combines them. Softmax ring attention must also exchange running maxima
+  and log-sum-exps and rescale; a plain sum is all ReLU/L needs.
 """
 
 import math
@@ -140,6 +147,62 @@ def torch_tiled(query, key, value, activation_name, h, factor, tile_bh=None, til
     return _apply(out, factor)
 
 
+def sequence_parallel_context():
+    """`(mesh, seq_axis, batch_axis, head_axis)` when the current
+    `keras.distribution` asks for sequence-parallel attention (JAX, a
+    `sequence_axis` of size > 1), else None."""
+    if keras.backend.backend() != "jax":
+        return None
+    dist = keras.distribution.distribution()
+    axis = getattr(dist, "sequence_axis", None)
+    if axis is None:
+        return None
+    mesh = dist.device_mesh
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    if sizes.get(axis, 1) <= 1:
+        return None
+    return mesh, axis, getattr(dist, "batch_dim_name", None), getattr(dist, "head_axis", None)
+
+
+def sequence_parallel(query, key, value, h, factor, mesh, seq_axis, batch_axis=None,
+                      head_axis=None):
+    """JAX: tokens of q, k, v sharded over `seq_axis` of `mesh` (a
+    `keras.distribution.DeviceMesh`); `(B, T, H, D)` in and out, the output
+    sharded like the query. Batch and heads are split over `batch_axis` /
+    `head_axis` too when those axes exist and divide them."""
+    import jax
+    from jax.sharding import PartitionSpec
+
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    if seq_axis not in sizes:
+        raise ValueError(f"sequence axis {seq_axis!r} is not an axis of the mesh {list(sizes)}.")
+    n = sizes[seq_axis]
+    b, t, nh, _ = query.shape
+    s = key.shape[1]
+    for name, length in (("query", t), ("key", s)):
+        if length % n:
+            raise ValueError(
+                f"Sequence-parallel attention splits the {name} tokens over mesh axis "
+                f"{seq_axis!r} of size {n}, but there are {length} tokens (not divisible). "
+                "Choose an image size / patch size (or mesh) whose token count it divides."
+            )
+
+    def axis_if_divides(axis, size):
+        return axis if axis in sizes and axis != seq_axis and size % sizes[axis] == 0 else None
+
+    spec = PartitionSpec(axis_if_divides(batch_axis, b), seq_axis,
+                         axis_if_divides(head_axis, nh), None)
+
+    def local(q, k, v):
+        q_all = jax.lax.all_gather(q, seq_axis, axis=1, tiled=True)
+        partial = ops.einsum("bhts,bshd->bthd", scores_and_weights(q_all, k, h, None), v)
+        return jax.lax.psum_scatter(partial, seq_axis, scatter_dimension=1, tiled=True)
+
+    out = jax.shard_map(local, mesh=mesh.backend_mesh, in_specs=(spec, spec, spec),
+                        out_specs=spec, check_vma=False)(query, key, value)
+    return _apply(out, factor)
+
+
 def torch_recording(*tensors):
     """Whether torch autograd records an op on these tensors."""
     import torch
@@ -148,16 +211,19 @@ def torch_recording(*tensors):
 
 
 def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_size,
-           recording=False):
+           recording=False, sequence_parallel=False):
     """The dispatch rule: which path computes this call.
 
-    Weights or dropout wanted -> generic. A chunk size (or "auto" above
+    Weights or dropout wanted -> generic. A sequence-parallel distribution
+    (JAX) and no mask -> sequence_parallel. A chunk size (or "auto" above
     4096 x 4096 scores) -> chunked. PyTorch inference without a mask ->
     torch_tiled (under autograd, many small tiles cost more than they save:
     generic). Otherwise generic (XLA fuses it on JAX and TF).
     """
     if want_weights or dropout:
         return "generic"
+    if sequence_parallel and mask is None:
+        return "sequence_parallel"
     if chunk_size == "auto":
         chunk_size = AUTO_CHUNK_SIZE if t * s > AUTO_CHUNK_SCORES else None
     if chunk_size:

@@ -1,6 +1,8 @@
 """Shared test helpers: per-backend autodiff, deterministic seeds."""
 
+import io
 import os
+import tarfile
 
 import keras
 import numpy as np
@@ -70,3 +72,54 @@ def subprocess_env(backend):
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     return env
+
+
+SYNSETS = ["n01440764", "n01443537", "n01484850"]
+
+
+def jpeg(rng, h, w, grey=False):
+    from PIL import Image
+
+    arr = rng.integers(0, 256, (h, w) if grey else (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr, mode="L" if grey else "RGB").save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def add(tar, name, payload):
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    tar.addfile(info, io.BytesIO(payload))
+
+
+@pytest.fixture(scope="session")
+def imagenet_manual(tmp_path_factory):
+    """A tiny ImageNet in the official archive layout: the two tars (train:
+    one inner tar per synset; val: ILSVRC2012_val_%08d.JPEG)."""
+    manual = tmp_path_factory.mktemp("imagenet_manual")
+    rng = np.random.default_rng(0)
+    sizes = [(40, 60), (75, 50), (33, 33), (64, 96), (50, 41), (90, 70)]
+    with tarfile.open(manual / "ILSVRC2012_img_train.tar", "w") as outer:
+        for s, synset in enumerate(SYNSETS):
+            inner = io.BytesIO()
+            with tarfile.open(fileobj=inner, mode="w") as t:
+                for i, (h, w) in enumerate(sizes):
+                    add(t, f"{synset}_{i}.JPEG", jpeg(rng, h, w, grey=(s == 0 and i == 2)))
+            add(outer, f"{synset}.tar", inner.getvalue())
+    with tarfile.open(manual / "ILSVRC2012_img_val.tar", "w") as t:
+        for i, (h, w) in enumerate(sizes):
+            add(t, f"ILSVRC2012_val_{i + 1:08d}.JPEG", jpeg(rng, h, w, grey=(i == 1)))
+    return manual
+
+
+@pytest.fixture(scope="session")
+def imagenet_dir(tmp_path_factory, imagenet_manual):
+    """That ImageNet built by the real tfds `imagenet2012` builder."""
+    manual = imagenet_manual
+    data_dir = tmp_path_factory.mktemp("imagenet") / "tfds"
+    from keras_reluvit import data as D
+
+    D.prepare("imagenet2012", data_dir=data_dir, manual_dir=manual)
+    return data_dir
+
+

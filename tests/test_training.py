@@ -1,10 +1,8 @@
 """Training on the current backend: a real tfds ImageNet built from generated
 archives, the input pipeline, recipes, weight decay, resume, the CLI."""
 
-import io
 import json
 import os
-import tarfile
 
 import keras
 import numpy as np
@@ -14,48 +12,6 @@ import keras_reluvit as kr
 from keras_reluvit import data as D
 from keras_reluvit import recipes
 from keras_reluvit import train as T
-
-SYNSETS = ["n01440764", "n01443537", "n01484850"]
-
-
-def jpeg(rng, h, w, grey=False):
-    from PIL import Image
-
-    arr = rng.integers(0, 256, (h, w) if grey else (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr, mode="L" if grey else "RGB").save(buf, format="JPEG")
-    return buf.getvalue()
-
-
-def add(tar, name, payload):
-    info = tarfile.TarInfo(name)
-    info.size = len(payload)
-    tar.addfile(info, io.BytesIO(payload))
-
-
-@pytest.fixture(scope="session")
-def imagenet_dir(tmp_path_factory):
-    """A tiny ImageNet in the official archive layout, built by the real
-    tfds `imagenet2012` builder."""
-    root = tmp_path_factory.mktemp("imagenet")
-    manual = root / "manual"
-    manual.mkdir()
-    rng = np.random.default_rng(0)
-    sizes = [(40, 60), (75, 50), (33, 33), (64, 96), (50, 41), (90, 70)]
-    with tarfile.open(manual / "ILSVRC2012_img_train.tar", "w") as outer:
-        for s, synset in enumerate(SYNSETS):
-            inner = io.BytesIO()
-            with tarfile.open(fileobj=inner, mode="w") as t:
-                for i, (h, w) in enumerate(sizes):
-                    add(t, f"{synset}_{i}.JPEG", jpeg(rng, h, w, grey=(s == 0 and i == 2)))
-            add(outer, f"{synset}.tar", inner.getvalue())
-    with tarfile.open(manual / "ILSVRC2012_img_val.tar", "w") as t:
-        for i, (h, w) in enumerate(sizes):
-            add(t, f"ILSVRC2012_val_{i + 1:08d}.JPEG", jpeg(rng, h, w, grey=(i == 1)))
-    data_dir = root / "tfds"
-    D.prepare("imagenet2012", data_dir=data_dir, manual_dir=manual)
-    return data_dir
-
 
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory):

@@ -1,0 +1,87 @@
+"""Train a ViT on ImageNet-1k with a big_vision recipe — any backend, optional mesh.
+
+    # once: build tfds imagenet2012 from the two official archives in MANUAL
+    python examples/train_imagenet.py --data-dir ~/tensorflow_datasets --manual-dir MANUAL --prepare-only
+    # ReLU/L ViT-S/16, "Better plain ViT baselines" (90 epochs, batch 1024)
+    KERAS_BACKEND=jax python examples/train_imagenet.py --data-dir ~/tensorflow_datasets \\
+        --model S/16 --attention relu --recipe s16_i1k_90ep --output runs/s16_relu
+    # the same on 8 accelerators, sharded (JAX): fsdp over "batch", or data / tensor
+    KERAS_BACKEND=jax python examples/train_imagenet.py ... --mesh batch=8 --sharding fsdp
+
+A smaller `--batch-size` scales the recipe's learning rate linearly and keeps
+its warmup in examples (see `keras_reluvit.recipes`). Rerunning a killed
+command resumes at its last finished epoch (`BackupAndRestore`).
+"""
+
+import argparse
+import json
+import os
+
+import keras
+
+import keras_reluvit as kr
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", required=True, help="tfds data_dir holding imagenet2012")
+    p.add_argument("--manual-dir", help="folder with ILSVRC2012_img_{train,val}.tar (first run)")
+    p.add_argument("--prepare-only", action="store_true", help="build the tfds data set and exit")
+    p.add_argument("--model", default="S/16", help="ViT variant, e.g. S/16, B/16, L/16")
+    p.add_argument("--attention", default="relu", help="attention preset, e.g. relu, softmax")
+    p.add_argument("--recipe", default="s16_i1k_90ep", choices=["s16_i1k_90ep", "augreg_i1k"])
+    p.add_argument("--batch-size", type=int, help="global batch (default: the recipe's)")
+    p.add_argument("--epochs", type=int, help="default: the recipe's")
+    p.add_argument("--image-size", type=int, help="default: the recipe's (224)")
+    p.add_argument("--output", default="runs/imagenet")
+    p.add_argument("--mesh", help="device mesh (JAX), e.g. batch=8 or batch=2,model=4")
+    p.add_argument("--sharding", default="fsdp", choices=["data", "fsdp", "tensor"])
+    return p.parse_args(argv)
+
+
+def set_mesh(spec, sharding):
+    """`batch=2,model=4` -> a `keras.distribution` over all devices."""
+    axes = dict(item.split("=") for item in spec.split(","))
+    mesh = keras.distribution.DeviceMesh(tuple(int(n) for n in axes.values()), list(axes),
+                                         keras.distribution.list_devices())
+    keras.distribution.set_distribution(kr.distribution.model_parallel(mesh, sharding))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.manual_dir:
+        kr.data.prepare("imagenet2012", data_dir=args.data_dir, manual_dir=args.manual_dir)
+    if args.prepare_only:
+        return
+    recipe = kr.recipes.get(args.recipe, args.model)
+    batch_size = args.batch_size or recipe["batch_size"]
+    epochs = args.epochs or recipe["epochs"]
+    image_size = args.image_size or recipe["image_size"]
+    if args.mesh:
+        set_mesh(args.mesh, args.sharding)
+
+    train, val, info = kr.data.imagenet(batch_size, data_dir=args.data_dir, image_size=image_size,
+                                        augment=kr.data.Augment(**recipe["augment"]))
+    model = kr.ViT(**dict(recipe["model"], variant=args.model), attention=args.attention,
+                   image_size=image_size, num_classes=info.num_classes,
+                   head_bias_init=recipe["head_bias_init"])
+    kr.recipes.compile(model, recipe, steps_per_epoch=len(train), batch_size=batch_size,
+                       epochs=epochs)
+    print(f"{model.name}: {model.count_params():,} parameters, {len(train)} steps per epoch, "
+          f"backend {keras.backend.backend()}")
+
+    probe = next(iter(val))[0][:16]
+    callbacks = [kr.callbacks.AttentionStats(probe, every=5)] + kr.callbacks.default(args.output)
+    model.fit(train, validation_data=val, epochs=epochs, callbacks=callbacks, verbose=2)
+    model.save(os.path.join(args.output, "model.keras"))
+    final = model.evaluate(val, return_dict=True, verbose=0)
+    with open(os.path.join(args.output, "metrics.json"), "w") as f:
+        json.dump({k: float(v) for k, v in final.items()}, f, indent=2)
+    kr.export.saved_model(model, os.path.join(args.output, "saved_model", "1"),
+                          label_names=info.label_names,
+                          activation="sigmoid" if recipe["loss"] == "sigmoid_xent" else "softmax")
+    print(json.dumps({"output": args.output, **{k: float(v) for k, v in final.items()}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The examples run as users run them: the notebook executed top to bottom
+(nbclient, JAX kernel), the alpha sweep on a tiny grid, the ImageNet script
+on a generated ImageNet through the real tfds builder, with a device mesh."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import subprocess_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def test_quickstart_notebook_is_saved_without_outputs_and_runs_on_jax(tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(os.path.join(EXAMPLES, "quickstart.ipynb"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    source = "\n".join(c.source for c in code)
+    for step in ('kr.ViT_S16(attention="relu"', ".summary()", ".fit(", ".evaluate(",
+                 ".intermediates(", "kr.export.saved_model", "tf.saved_model.load",
+                 "kr.data.imagenet("):
+        assert step in source, step
+    for key, value in subprocess_env("jax").items():
+        monkeypatch.setenv(key, value)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()  # raises CellExecutionError on any failing cell or assert
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs)
+    assert "on jax" in text
+    assert "served top-1" in text
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+              if "image/png" in o.get("data", {})]
+    assert len(images) == 1  # the attention maps figure
+    assert (tmp_path / "runs/quickstart/saved_model/1/saved_model.pb").exists()
+
+
+def run_example(args, backend="jax", extra_env=None, timeout=900):
+    env = subprocess_env(backend)
+    env.update(extra_env or {})
+    proc = subprocess.run([sys.executable] + args, env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_alpha_sweep_writes_csv_and_plot_and_resumes(tmp_path):
+    args = [os.path.join(EXAMPLES, "alpha_sweep.py"), "--out", str(tmp_path),
+            "--activations", "relu", "--alphas", "0,1", "--epochs", "1",
+            "--width", "16", "--depth", "1", "--heads", "2", "--batch-size", "128"]
+    out = run_example(args)
+    assert "64 tokens" in out
+    with open(tmp_path / "alpha_sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["activation"], r["alpha"]) for r in rows) == [
+        ("relu", "0.0"), ("relu", "1.0"), ("softmax", "")]
+    assert all(0.0 <= float(r["accuracy"]) <= 1.0 and r["tokens"] == "64" for r in rows)
+    assert (tmp_path / "alpha_sweep.png").stat().st_size > 10_000
+    out = run_example(args)  # everything is already there: nothing retrained
+    assert "3 runs, 3 already" in out
+    with open(tmp_path / "alpha_sweep.csv") as f:
+        assert len(list(csv.DictReader(f))) == 3
+    proc = subprocess.run([sys.executable, args[0], "--activations", "relu,tanh"],
+                          capture_output=True, text=True, env=subprocess_env("jax"))
+    assert proc.returncode != 0 and "tanh" in proc.stderr
+
+
+def test_train_imagenet_example_with_a_mesh(tmp_path, imagenet_manual):
+    out_dir = tmp_path / "run"
+    stdout = run_example(
+        [os.path.join(EXAMPLES, "train_imagenet.py"), "--data-dir", str(tmp_path / "tfds"),
+         "--manual-dir", str(imagenet_manual), "--model", "Ti/16", "--image-size", "32",
+         "--batch-size", "4", "--epochs", "1", "--output", str(out_dir),
+         "--mesh", "batch=2", "--sharding", "fsdp"],
+        extra_env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert 0.0 <= result["accuracy"] <= 1.0
+    assert (out_dir / "model.keras").exists()
+    assert (out_dir / "saved_model/1/saved_model.pb").exists()
+    assert "steps per epoch, backend jax" in stdout
