@@ -218,7 +218,7 @@ def long_table(lengths, chunk, dense_max):
     return rows
 
 
-def main(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="50,197,785,3137")
     p.add_argument("--reps", type=int, default=7)
@@ -229,7 +229,11 @@ def main(argv=None):
     p.add_argument("--dense-max", type=int, default=8192)
     p.add_argument("--all", action="store_true", help="run each backend in a subprocess")
     p.add_argument("--out", help="directory for results (markdown + json)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     if args.all:
         for backend in ("jax", "tensorflow", "torch"):
             env = dict(os.environ, KERAS_BACKEND=backend)

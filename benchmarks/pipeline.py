@@ -10,14 +10,18 @@ from keras_reluvit import bench
 from keras_reluvit import data
 
 
-def main(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="sklearn_digits")
     p.add_argument("--data-dir")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--steps", type=int, default=20)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     rows = []
     for label, aug in (("crop + flip", data.Augment()),
                        ("crop + flip + randaug(2,10)", data.Augment(randaug=(2, 10))),

@@ -95,6 +95,23 @@ def check_seq_len_exponent(seq_len_exponent):
     return float(seq_len_exponent)
 
 
+def check_attention_args(activation="relu", seq_len_exponent=1.0, gated=False,
+                         learned_scale=False, dropout=0.0):
+    """Validates the pointwise-attention arguments (as `PointwiseAttention`
+    and the ViT builders take them); returns `(name, fn, alpha)`."""
+    name, fn = get_activation(activation)
+    alpha = check_seq_len_exponent(seq_len_exponent)
+    if learned_scale and name == SOFTMAX:
+        raise ValueError(
+            "`learned_scale=True` scales pointwise attention weights; "
+            "softmax weights are normalised to sum to 1, so a learned "
+            "scale is not defined for activation='softmax'."
+        )
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}.")
+    return name, fn, alpha
+
+
 def check_chunk_size(chunk_size):
     if chunk_size not in (None, "auto") and (
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
@@ -292,17 +309,9 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
                 "kernels. Leave it unset."
             )
         kwargs.pop("flash_attention", None)
-        self._activation_name, self._activation_fn = get_activation(activation)
+        self._activation_name, self._activation_fn, self._seq_len_exponent = check_attention_args(
+            activation, seq_len_exponent, learned_scale=learned_scale, dropout=dropout)
         self._activation = activation
-        self._seq_len_exponent = check_seq_len_exponent(seq_len_exponent)
-        if learned_scale and self._activation_name == SOFTMAX:
-            raise ValueError(
-                "`learned_scale=True` scales pointwise attention weights; "
-                "softmax weights are normalised to sum to 1, so a learned "
-                "scale is not defined for activation='softmax'."
-            )
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}.")
         super().__init__(
             num_heads=num_heads,
             key_dim=key_dim,

@@ -12,6 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_reluvit.attention import PointwiseAttention
+from keras_reluvit.presets import deserialize_attention
 
 LN_EPS = 1e-6
 MLP_ACTIVATIONS = ("gelu_tanh", "gelu")
@@ -178,8 +179,45 @@ def _attention_layer(width, num_heads, attention, qk_norm, dtype, name):
     )
 
 
+class _AttentionOwner(keras.layers.Layer):
+    """What `EncoderBlock` and `MAPHead` share: the arguments of their
+    attention and MLP, the attention layer they build, and their config."""
+
+    def __init__(self, num_heads, mlp_dim, attention=None, qk_norm=True,
+                 mlp_activation="gelu_tanh", **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.attention = dict(attention or {"activation": "relu"})
+        self.qk_norm = bool(qk_norm)
+        self.mlp_activation = mlp_activation
+        self.attn = None
+
+    def _attention(self, width):
+        if width % self.num_heads:
+            raise ValueError(f"width {width} is not divisible by num_heads {self.num_heads}.")
+        return _attention_layer(width, self.num_heads, self.attention, self.qk_norm,
+                                self.dtype_policy, "attention")
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "attention": self.attention,
+            "qk_norm": self.qk_norm,
+            "mlp_activation": self.mlp_activation,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["attention"] = deserialize_attention(config.get("attention"))
+        return super().from_config(config)
+
+
 @keras.saving.register_keras_serializable(package="keras_reluvit")
-class EncoderBlock(keras.layers.Layer):
+class EncoderBlock(_AttentionOwner):
     """Pre-LN transformer block: `x + Attn(LN(x))`, then `x + MLP(LN(x))`.
 
     Args:
@@ -193,53 +231,27 @@ class EncoderBlock(keras.layers.Layer):
 
     Call `block(x, return_attention_scores=True)` to also get the
     `(B, H, T, T)` attention weights.
+
+    Example:
+
+    ```python
+    block = kr.EncoderBlock(num_heads=6, mlp_dim=1536, attention={"activation": "relu"})
+    y, weights = block(tokens, return_attention_scores=True)   # tokens: (B, T, 384)
+    ```
     """
 
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        attention=None,
-        qk_norm=True,
-        mlp_activation="gelu_tanh",
-        dropout=0.0,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.mlp_dim = int(mlp_dim)
-        self.attention = dict(attention or {"activation": "relu"})
-        self.qk_norm = bool(qk_norm)
-        self.mlp_activation = mlp_activation
+    def __init__(self, num_heads, mlp_dim, attention=None, qk_norm=True,
+                 mlp_activation="gelu_tanh", dropout=0.0, **kwargs):
+        super().__init__(num_heads, mlp_dim, attention, qk_norm, mlp_activation, **kwargs)
         self.dropout = float(dropout)
         policy = self.dtype_policy
-        self.norm1 = keras.layers.LayerNormalization(
-            epsilon=LN_EPS, name="norm1", dtype=policy
-        )
-        self.norm2 = keras.layers.LayerNormalization(
-            epsilon=LN_EPS, name="norm2", dtype=policy
-        )
-        self.mlp = MLPBlock(
-            mlp_dim, mlp_activation, self.dropout, name="mlp", dtype=policy
-        )
+        self.norm1 = keras.layers.LayerNormalization(epsilon=LN_EPS, name="norm1", dtype=policy)
+        self.norm2 = keras.layers.LayerNormalization(epsilon=LN_EPS, name="norm2", dtype=policy)
+        self.mlp = MLPBlock(mlp_dim, mlp_activation, self.dropout, name="mlp", dtype=policy)
         self.drop = keras.layers.Dropout(self.dropout, dtype=policy)
-        self.attn = None
 
     def build(self, input_shape):
-        width = input_shape[-1]
-        if width % self.num_heads:
-            raise ValueError(
-                f"width {width} is not divisible by num_heads "
-                f"{self.num_heads}."
-            )
-        self.attn = _attention_layer(
-            width,
-            self.num_heads,
-            self.attention,
-            self.qk_norm,
-            self.dtype_policy,
-            "attention",
-        )
+        self.attn = self._attention(input_shape[-1])
         self.norm1.build(input_shape)
         self.attn.build(input_shape, input_shape)
         self.norm2.build(input_shape)
@@ -249,9 +261,7 @@ class EncoderBlock(keras.layers.Layer):
         y = self.norm1(x)
         scores = None
         if return_attention_scores:
-            y, scores = self.attn(
-                y, y, training=training, return_attention_scores=True
-            )
+            y, scores = self.attn(y, y, training=training, return_attention_scores=True)
         else:
             y = self.attn(y, y, training=training)
         x = x + self.drop(y, training=training)
@@ -262,61 +272,29 @@ class EncoderBlock(keras.layers.Layer):
         return x
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "num_heads": self.num_heads,
-            "mlp_dim": self.mlp_dim,
-            "attention": self.attention,
-            "qk_norm": self.qk_norm,
-            "mlp_activation": self.mlp_activation,
-            "dropout": self.dropout,
-        }
+        return {**super().get_config(), "dropout": self.dropout}
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
-class MAPHead(keras.layers.Layer):
+class MAPHead(_AttentionOwner):
     """Multihead attention pooling (big_vision `MAPHead`).
 
     A learned probe attends over the tokens with the model's attention, then
-    a residual MLP; returns `(B, D)`.
+    a residual MLP; returns `(B, D)`. Arguments as `EncoderBlock` (no dropout).
     """
 
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        attention=None,
-        qk_norm=True,
-        mlp_activation="gelu_tanh",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.mlp_dim = int(mlp_dim)
-        self.attention = dict(attention or {"activation": "relu"})
-        self.qk_norm = bool(qk_norm)
-        self.mlp_activation = mlp_activation
-        self.norm = keras.layers.LayerNormalization(
-            epsilon=LN_EPS, name="norm", dtype=self.dtype_policy
-        )
-        self.mlp = MLPBlock(
-            mlp_dim, mlp_activation, name="mlp", dtype=self.dtype_policy
-        )
-        self.attn = None
+    def __init__(self, num_heads, mlp_dim, attention=None, qk_norm=True,
+                 mlp_activation="gelu_tanh", **kwargs):
+        super().__init__(num_heads, mlp_dim, attention, qk_norm, mlp_activation, **kwargs)
+        self.norm = keras.layers.LayerNormalization(epsilon=LN_EPS, name="norm",
+                                                    dtype=self.dtype_policy)
+        self.mlp = MLPBlock(mlp_dim, mlp_activation, name="mlp", dtype=self.dtype_policy)
 
     def build(self, input_shape):
         width = input_shape[-1]
-        self.probe = self.add_weight(
-            name="probe", shape=(1, 1, width), initializer="glorot_uniform"
-        )
-        self.attn = _attention_layer(
-            width,
-            self.num_heads,
-            self.attention,
-            self.qk_norm,
-            self.dtype_policy,
-            "attention",
-        )
+        self.probe = self.add_weight(name="probe", shape=(1, 1, width),
+                                     initializer="glorot_uniform")
+        self.attn = self._attention(width)
         self.attn.build((None, 1, width), input_shape)
         self.norm.build((None, 1, width))
         self.mlp.build((None, 1, width))
@@ -327,13 +305,3 @@ class MAPHead(keras.layers.Layer):
         y = self.attn(probe, x)
         y = y + self.mlp(self.norm(y))
         return y[:, 0]
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "num_heads": self.num_heads,
-            "mlp_dim": self.mlp_dim,
-            "attention": self.attention,
-            "qk_norm": self.qk_norm,
-            "mlp_activation": self.mlp_activation,
-        }

@@ -100,3 +100,15 @@ def resolve_attention(attention):
         f"{', '.join(_PRESETS)}) or a dict of PointwiseAttention arguments; "
         f"got {attention!r}."
     )
+
+
+def deserialize_attention(attention):
+    """An `attention` dict read back from a config: a registered custom
+    activation function was serialized to a dict; turn it back into the
+    function. Names and presets pass through."""
+    if isinstance(attention, dict) and isinstance(attention.get("activation"), dict):
+        import keras
+
+        return dict(attention,
+                    activation=keras.saving.deserialize_keras_object(attention["activation"]))
+    return attention

@@ -13,6 +13,8 @@ import keras
 import numpy as np
 
 from keras_reluvit import layers as L
+from keras_reluvit.attention import check_attention_args
+from keras_reluvit.presets import deserialize_attention
 from keras_reluvit.presets import resolve_attention
 
 # name: (width, depth, mlp_dim, num_heads) -- big_vision's `decode_variant`.
@@ -189,8 +191,7 @@ class ViT(keras.Model):
                 representation_size, "representation_size"
             )
         attention_args = resolve_attention(attention)
-        # Fail now, with the layer's own message, on bad attention arguments.
-        L._attention_layer(width, heads, attention_args, qk_norm, None, "x")
+        check_attention_args(**attention_args)  # fail now, with the layer's messages
 
         policy = keras.dtype_policies.get(dtype or keras.config.dtype_policy())
         grid = (image_size[0] // patch, image_size[1] // patch)
@@ -378,6 +379,7 @@ class ViT(keras.Model):
         config = dict(config)
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
+        config["attention"] = deserialize_attention(config.get("attention", "relu"))
         return cls(**config)
 
 

@@ -357,3 +357,24 @@ def test_bad_images_raise_clear_errors(shape, match):
     model = tiny()
     with pytest.raises(ValueError, match=match):
         model(np.zeros(shape, "float32"))
+
+
+@keras.saving.register_keras_serializable(package="tests")
+def squareplus(x):
+    return 0.5 * (x + keras.ops.sqrt(keras.ops.square(x) + 4.0))
+
+
+def test_custom_registered_activation_in_a_vit_round_trips(tmp_path):
+    """README 'How to add an activation': a registered function as the
+    attention activation of a ViT is used and survives a `.keras` file."""
+    model = kr.ViT("Ti/16", attention={"activation": squareplus, "seq_len_exponent": 1.0},
+                   image_size=32, depth=1, width=32, num_heads=2, mlp_dim=64, num_classes=3)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    maps = keras.ops.convert_to_numpy(model.intermediates(x)["attention_00"])
+    assert maps.min() > 0  # squareplus > 0 everywhere: no relu zeros
+    path = tmp_path / "custom.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.blocks[0].attn.activation is squareplus
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded.intermediates(x)["attention_00"]),
+                               maps, rtol=1e-5, atol=1e-7)

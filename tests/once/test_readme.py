@@ -1,0 +1,86 @@
+"""Every shell command in the README is a command that exists, with
+arguments its parser accepts (what the commands *do* is tested by the
+tests named next to each kind below)."""
+
+import importlib
+import importlib.util
+import os
+import re
+import shlex
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Commands that need something this machine cannot have, and why.
+NOT_RUNNABLE = {
+    "curl": "talks to a running TF Serving (the SavedModel it serves is tested in test_export.py)",
+    "pip": "installs packages (the pinned set is what scripts/env.sh installs)",
+    "jupyter": "interactive (the notebook is executed by test_examples.py)",
+}
+
+
+def readme_commands():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.strip()
+            if not line or line.startswith("#") or line.startswith("}") or line.startswith('"'):
+                continue
+            for part in line.split("&&"):
+                try:
+                    words = shlex.split(part, comments=True)
+                except ValueError:  # a quoted argument over several lines (curl -d '{...}')
+                    words = part.split()[:1]
+                while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+                    words = words[1:]  # KERAS_BACKEND=jax ...
+                if words:
+                    commands.append(words)
+    return commands
+
+
+def test_readme_has_the_tour_commands():
+    flat = [" ".join(c) for c in readme_commands()]
+    for expected in ("bash scripts/main.sh", "bash scripts/test.sh", "keras-reluvit train",
+                     "keras-reluvit export", "python examples/train_imagenet.py",
+                     "python examples/alpha_sweep.py", "python -m benchmarks.attention",
+                     "python -m benchmarks.vit", "jupyter lab examples/quickstart.ipynb"):
+        assert any(c.startswith(expected) for c in flat), expected
+
+
+def _load_example(path):
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("words", readme_commands(), ids=lambda w: " ".join(w)[:60])
+def test_readme_command_parses(words):
+    program, args = words[0], words[1:]
+    if program in NOT_RUNNABLE:
+        if program == "jupyter":
+            assert os.path.exists(os.path.join(ROOT, args[-1]))
+        return
+    if program in ("bash", "source"):
+        assert os.path.exists(os.path.join(ROOT, args[0])), args[0]
+        return
+    if program == "keras-reluvit":  # test_training / test_export run these
+        from keras_reluvit import cli
+
+        cli.parser().parse_args(args)
+        return
+    assert program == "python", f"README command {' '.join(words)!r} is not covered by this test"
+    if args[0] == "-m":  # benchmarks: their own parser
+        module = importlib.import_module(args[1])
+        module.parser().parse_args(args[2:])
+        return
+    path = os.path.join(ROOT, args[0])
+    assert os.path.exists(path), args[0]
+    module = _load_example(path)
+    if hasattr(module, "parse_args"):
+        module.parse_args(args[1:])
+    else:
+        assert args[1:] == [], f"{args[0]} takes no arguments"
