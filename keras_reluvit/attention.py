@@ -158,12 +158,14 @@ def pointwise_attention(
             size, summed: O(T * chunk) memory, rematerialised for training) or
             `"auto"` (chunk above 4096 x 4096 scores per head).
         implementation: force a path (`"generic"`, `"chunked"`,
-            `"torch_tiled"`, `"sequence_parallel"`); default: the dispatch rule.
+            `"torch_tiled"`, `"torch_fused"`, `"sequence_parallel"`); default:
+            the dispatch rule.
 
     Returns:
         `(B, T, H, Dv)` outputs, and the weights if `return_weights`.
     """
     from keras_reluvit import kernels
+    from keras_reluvit import torch_fused
 
     name, h = get_activation(activation)
     if h is None:
@@ -184,10 +186,12 @@ def pointwise_attention(
     factor = kernels.row_factor(mask, s, alpha, log_scale, query.dtype)
     backend = keras.backend.backend()
     sp = kernels.sequence_parallel_context()
+    recording = backend == "torch" and kernels.torch_recording(query, key, value)
     path = implementation or kernels.choose(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
-        recording=backend == "torch" and kernels.torch_recording(query, key, value),
-        sequence_parallel=sp is not None,
+        recording=recording, sequence_parallel=sp is not None,
+        fused=backend == "torch" and mask is None and not recording
+        and torch_fused.usable(query, name),
     )
     if path == "generic":
         out, weights = kernels.generic(query, key, value, h, mask, factor, dropout_fn)
@@ -208,6 +212,15 @@ def pointwise_attention(
         if mask is not None:
             raise ValueError("implementation='torch_tiled' takes no mask.")
         return kernels.torch_tiled(query, key, value, name, h, factor)
+    if path == "torch_fused":
+        if mask is not None or recording or not torch_fused.usable(query, name):
+            raise ValueError(
+                "implementation='torch_fused' needs PyTorch on CPU, float32, no mask, no "
+                f"gradient, an activation of {sorted(torch_fused.ACTIVATIONS)} and the kernel "
+                "built (see keras_reluvit.torch_fused).")
+        if isinstance(factor, float) or factor is None:
+            return torch_fused.attention(query, key, value, name, 1.0 if factor is None else factor)
+        return kernels._apply(torch_fused.attention(query, key, value, name), factor)
     if path == "sequence_parallel":
         if sp is None or mask is not None:
             raise ValueError(
@@ -217,7 +230,7 @@ def pointwise_attention(
             )
         return kernels.sequence_parallel(query, key, value, h, factor, *sp)
     raise ValueError(f"Unknown implementation {path!r}; valid: generic, chunked, torch_tiled, "
-                     "sequence_parallel.")
+                     "torch_fused, sequence_parallel.")
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")

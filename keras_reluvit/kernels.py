@@ -15,6 +15,10 @@ matmul, the activation (and mask) and the value matmul.
   applies the activation in place, and writes into a preallocated output
   when no gradient is recorded. XLA fuses the generic path on JAX and TF;
   eager PyTorch does not, hence this path.
+- `torch_fused`: PyTorch CPU inference, relu / relu2 / relu6 / identity:
+  the compiled kernel of `keras_reluvit.torch_fused` (per-(batch, head,
+  query-tile) BLAS calls in a `parallel_for`, activation in place in an
+  L2-sized buffer, `L^-alpha` folded into the second matmul).
 - `sequence_parallel`: JAX under a `kr.distribution.model_parallel(...,
   sequence_axis=...)` distribution: tokens sharded over that mesh axis; each
   device gathers the queries, computes the partial sum over *its* keys
@@ -211,14 +215,16 @@ def torch_recording(*tensors):
 
 
 def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_size,
-           recording=False, sequence_parallel=False):
+           recording=False, sequence_parallel=False, fused=False):
     """The dispatch rule: which path computes this call.
 
     Weights or dropout wanted -> generic. A sequence-parallel distribution
     (JAX) and no mask -> sequence_parallel. A chunk size (or "auto" above
     4096 x 4096 scores) -> chunked. PyTorch inference without a mask ->
     torch_tiled (under autograd, many small tiles cost more than they save:
-    generic). Otherwise generic (XLA fuses it on JAX and TF).
+    generic); `torch_fused` (the C++ kernel of `keras_reluvit.torch_fused`)
+    when `fused` says it is built and takes this activation, dtype and
+    device. Otherwise generic (XLA fuses it on JAX and TF).
     """
     if want_weights or dropout:
         return "generic"
@@ -229,5 +235,5 @@ def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_si
     if chunk_size:
         return "chunked"
     if backend == "torch" and mask is None and activation_name is not None and not recording:
-        return "torch_tiled"
+        return "torch_fused" if fused else "torch_tiled"
     return "generic"

@@ -65,6 +65,80 @@ if keras.backend.backend() == "torch":  # the torch-only no-grad buffer path
         _torch_tiled_without_autograd_writes_the_same_output)
 
 
+def _torch_fused_kernel_equals_generic_forward():
+    """The C++ kernel (torch CPU inference) against the generic path: each
+    activation it takes, alpha 0 and 1, a learned scale, odd shapes (T != S,
+    T not a multiple of the tile), and non-contiguous inputs."""
+    import torch
+
+    from keras_reluvit import torch_fused
+
+    rng = np.random.default_rng(3)
+    log_scale = torch.tensor([0.3, -0.7, 0.1])
+    for b, t, s, h, d in ((2, 7, 8, 3, 4), (1, 100, 333, 3, 16), (2, 70, 50, 3, 8)):
+        q, k, v = (torch.tensor(rng.normal(size=(b, n, h, d)).astype("float32"))
+                   for n in (t, s, s))
+        for act in sorted(torch_fused.ACTIVATIONS):
+            for alpha, scale in ((0.0, None), (1.0, None), (1.0, log_scale), (0.5, None)):
+                kw = dict(activation=act, seq_len_exponent=alpha, log_scale=scale)
+                ref = pointwise_attention(q, k, v, implementation="generic", **kw)
+                with torch.no_grad():
+                    got = pointwise_attention(q, k, v, implementation="torch_fused", **kw)
+                    tiny = torch_fused.attention(q, k, v, act, 1.0, tile_q=16)
+                np.testing.assert_allclose(got.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+                assert tiny.shape == ref.shape
+    # Non-contiguous views (a transposed tensor) are handled.
+    q, k, v = (torch.tensor(rng.normal(size=(2, 3, 9, 4)).astype("float32")).transpose(1, 2)
+               for _ in range(3))
+    with torch.no_grad():
+        got = pointwise_attention(q, k, v, implementation="torch_fused")
+    np.testing.assert_allclose(got.numpy(), pointwise_attention(
+        q, k, v, implementation="generic").numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _torch_dispatch_uses_the_fused_kernel_for_inference_only():
+    import torch
+
+    from keras_reluvit import torch_fused
+
+    calls = []
+    original = torch_fused.attention
+    torch_fused.attention = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        q, k, v, mask = inputs(4)
+        q, k, v = (torch.tensor(x) for x in (q, k, v))
+        with torch.no_grad():
+            pointwise_attention(q, k, v)                           # relu: fused
+            pointwise_attention(q, k, v, activation="gelu")        # not in the kernel: tiled
+            pointwise_attention(q, k, v, mask=torch.tensor(mask))  # mask: generic
+        assert len(calls) == 1
+        qg = q.clone().requires_grad_(True)
+        pointwise_attention(qg, k, v).sum().backward()             # training: generic
+        assert len(calls) == 1 and qg.grad is not None
+    finally:
+        torch_fused.attention = original
+    with pytest.raises(ValueError, match="torch_fused"):
+        pointwise_attention(q, k, v, activation="sigmoid", implementation="torch_fused")
+    # Where the kernel cannot be built, inference falls back to the tiled path.
+    saved = dict(torch_fused._state)
+    torch_fused._state["module"] = None
+    try:
+        assert not torch_fused.usable(q, "relu")
+        with torch.no_grad():
+            np.testing.assert_allclose(pointwise_attention(q, k, v).numpy(),
+                                       pointwise_attention(q, k, v, implementation="generic").numpy(),
+                                       rtol=1e-5, atol=1e-6)
+    finally:
+        torch_fused._state.clear()
+        torch_fused._state.update(saved)
+
+
+if keras.backend.backend() == "torch":
+    test_torch_fused_kernel_equals_generic_forward = _torch_fused_kernel_equals_generic_forward
+    test_torch_dispatch_uses_the_fused_kernel_for_inference_only = (
+        _torch_dispatch_uses_the_fused_kernel_for_inference_only)
+
+
 def test_dispatch_rule():
     c = kernels.choose
     assert c("torch", "relu", None, False, False, 197, 197, None) == "torch_tiled"
@@ -76,6 +150,8 @@ def test_dispatch_rule():
     assert c("tensorflow", "relu", None, False, False, 8192, 8192, "auto") == "chunked"
     assert c("torch", None, None, False, False, 197, 197, None) == "generic"  # callable
     assert c("torch", "relu", None, False, False, 197, 197, None, recording=True) == "generic"
+    assert c("torch", "relu", None, False, False, 197, 197, None, fused=True) == "torch_fused"
+    assert c("torch", "relu", "mask", False, False, 197, 197, None, fused=True) == "generic"
 
 
 def test_layer_with_chunks_equals_dense_layer_and_serializes():
