@@ -56,7 +56,7 @@ def test_alpha_sweep_writes_csv_and_plot_and_resumes(tmp_path):
     args = [os.path.join(EXAMPLES, "alpha_sweep.py"), "--out", str(tmp_path),
             "--activations", "relu", "--alphas", "0,1", "--epochs", "1",
             "--width", "16", "--depth", "1", "--heads", "2", "--batch-size", "128"]
-    out = run_example(args)
+    out = run_example(args, backend="torch")  # no compile step: the fastest here
     assert "64 tokens" in out
     with open(tmp_path / "alpha_sweep.csv") as f:
         rows = list(csv.DictReader(f))
@@ -64,7 +64,7 @@ def test_alpha_sweep_writes_csv_and_plot_and_resumes(tmp_path):
         ("relu", "0.0"), ("relu", "1.0"), ("softmax", "")]
     assert all(0.0 <= float(r["accuracy"]) <= 1.0 and r["tokens"] == "64" for r in rows)
     assert (tmp_path / "alpha_sweep.png").stat().st_size > 10_000
-    out = run_example(args)  # everything is already there: nothing retrained
+    out = run_example(args, backend="torch")  # everything is already there: nothing retrained
     assert "3 runs, 3 already" in out
     with open(tmp_path / "alpha_sweep.csv") as f:
         assert len(list(csv.DictReader(f))) == 3
