@@ -11,7 +11,8 @@ eager path is shown beside it), our softmax
 `MultiHeadAttention` run), the backend's best softmax (torch
 `scaled_dot_product_attention`, `jax.nn.dot_product_attention`, TF XLA
 softmax attention) and the bare two matmuls of the same shapes (QK^T and AV:
-the compute limit for exact attention). JAX and TF functions are compiled
+the compute limit for exact attention), repetitions taken round-robin over
+the cases. JAX and TF functions are compiled
 (jit / XLA); torch runs eagerly. Ratios > 1 mean ours is faster.
 
 `--long` adds batch-1 long sequences (L = 4096, 16384): dense vs chunked
@@ -30,17 +31,6 @@ import time
 from benchmarks import common
 
 B, H, D = 8, 6, 64
-
-
-def _timer(fn, reps):
-    fn()  # compile / warm up
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        out = fn()
-        _block(out)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _block(out):
@@ -156,6 +146,21 @@ def functions(L, backward):
     return out
 
 
+def _interleaved(fns, reps):
+    """Median seconds of each function, the repetitions taken round-robin
+    (case A, B, C, A, B, C, ...) so that a slow spell of a shared machine
+    falls on every case alike instead of on whichever ran then."""
+    for f in fns.values():
+        _block(f())  # compile / warm up
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, f in fns.items():
+            start = time.perf_counter()
+            _block(f())
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def op_table(lengths, reps):
     import keras
 
@@ -164,7 +169,7 @@ def op_table(lengths, reps):
         for L in lengths:
             fns = functions(L, backward)
             r = reps if L < 3000 else max(2, reps // 3)
-            times = {name: _timer(f, r) for name, f in fns.items()}
+            times = _interleaved(fns, r)
             rows.append(dict(backend=keras.backend.backend(), L=L,
                              mode="fwd+bwd" if backward else "fwd", times_ms={
                                  k: round(v * 1e3, 2) for k, v in times.items()}))

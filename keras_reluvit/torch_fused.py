@@ -3,10 +3,11 @@
 Eager PyTorch runs `bmm -> relu -> bmm` as three passes over a T x S score
 tensor, with BLAS threads that fight the caller's; torch's own softmax SDPA
 is a fused C++ loop. This is the same structure for pointwise attention: a
-`parallel_for` over (batch, head, query tile); per tile, one BLAS call for
-the scores `q k^T / sqrt(d)` into a cache-sized buffer, the activation in
-place, one BLAS call for `w v` scaled by `L^-alpha` straight into the
-output. No softmax, no running max, no rescaling. It reads the `(B, T, H,
+`parallel_for` over (batch, head, query tile); per tile and block of keys,
+one BLAS call for the scores `q k^T / sqrt(d)` into a cache-sized buffer,
+the activation in place, one BLAS call adding `w v` scaled by `L^-alpha`
+straight into the output. Key blocks are combined by that plain sum: no
+softmax, no running max, no rescaling. It reads the `(B, T, H,
 D)` projections in place (strided BLAS), so there are no transposes either.
 
 Built once with `torch.utils.cpp_extension.load_inline` on first use (a C++
@@ -22,7 +23,7 @@ import warnings
 
 # Activations the kernel computes in its loop (code passed to C++).
 ACTIVATIONS = {"relu": 0, "relu2": 1, "relu6": 2, "identity": 3}
-TILE_BYTES = 2**18  # the score tile of one worker: ~256 KiB, L2-sized
+TILE_Q, TILE_K = 64, 512  # a worker's score tile: 64 x 512 floats = 128 KiB, as K/V blocks
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -38,7 +39,8 @@ extern "C" int MKL_Set_Num_Threads_Local(int);
 
 // out[b, t, h] = out_scale * sum_s act(q[b, t, h] . k[b, s, h] / sqrt(d)) v[b, s, h]
 torch::Tensor pointwise_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                                  int64_t act, double out_scale, int64_t tile_q) {
+                                  int64_t act, double out_scale, int64_t tile_q,
+                                  int64_t tile_k) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
               v.scalar_type() == torch::kFloat32, "float32 only");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "contiguous only");
@@ -53,30 +55,36 @@ torch::Tensor pointwise_attention(torch::Tensor q, torch::Tensor k, torch::Tenso
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float oscale = static_cast<float>(out_scale);
   at::parallel_for(0, B * H * tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> w(tile_q * S);
+    std::vector<float> w(tile_q * tile_k);
     const int saved = MKL_Set_Num_Threads_Local(1);  // this worker's BLAS: one thread
-    const int iS = S, id = d, idv = dv, lq = H * d, lv = H * dv;
-    const float zero = 0.0f;
+    const int id = d, idv = dv, lq = H * d, lv = H * dv;
+    const float zero = 0.0f, one = 1.0f;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t bh = i / tiles, b = bh / H, h = bh % H, start = (i % tiles) * tile_q;
       const int rows = static_cast<int>(std::min(tile_q, T - start));
       const float* qi = qp + ((b * T + start) * H + h) * d;
-      const float* kb = kp + (b * S * H + h) * d;
-      const float* vb = vp + (b * S * H + h) * dv;
       float* oi = op + ((b * T + start) * H + h) * dv;
       float* wp = w.data();
-      // Column-major BLAS on row-major data: W^T (S x rows) = K (d x S)^T Q^T (d x rows).
-      sgemm_("T", "N", &iS, &rows, &id, &scale, kb, &lq, qi, &lq, &zero, wp, &iS);
-      const int64_t n = static_cast<int64_t>(rows) * S;
-      if (act == 0) {
-        for (int64_t j = 0; j < n; ++j) wp[j] = wp[j] > 0.0f ? wp[j] : 0.0f;
-      } else if (act == 1) {
-        for (int64_t j = 0; j < n; ++j) wp[j] = wp[j] > 0.0f ? wp[j] * wp[j] : 0.0f;
-      } else if (act == 2) {
-        for (int64_t j = 0; j < n; ++j) wp[j] = std::min(std::max(wp[j], 0.0f), 6.0f);
+      // Key blocks: partial outputs are simply summed into the output (no running
+      // max, no rescaling), so each block of K and V stays in cache.
+      for (int64_t k0 = 0; k0 < S; k0 += tile_k) {
+        const int cols = static_cast<int>(std::min(tile_k, S - k0));
+        const float* kb = kp + ((b * S + k0) * H + h) * d;
+        const float* vb = vp + ((b * S + k0) * H + h) * dv;
+        // Column-major BLAS on row-major data: W^T (cols x rows) = K (d x cols)^T Q^T (d x rows).
+        sgemm_("T", "N", &cols, &rows, &id, &scale, kb, &lq, qi, &lq, &zero, wp, &cols);
+        const int64_t n = static_cast<int64_t>(rows) * cols;
+        if (act == 0) {
+          for (int64_t j = 0; j < n; ++j) wp[j] = wp[j] > 0.0f ? wp[j] : 0.0f;
+        } else if (act == 1) {
+          for (int64_t j = 0; j < n; ++j) wp[j] = wp[j] > 0.0f ? wp[j] * wp[j] : 0.0f;
+        } else if (act == 2) {
+          for (int64_t j = 0; j < n; ++j) wp[j] = std::min(std::max(wp[j], 0.0f), 6.0f);
+        }
+        // O^T (dv x rows) (+)= out_scale * V^T (dv x cols) W^T (cols x rows).
+        sgemm_("N", "N", &idv, &rows, &cols, &oscale, vb, &lv, wp, &cols,
+               k0 == 0 ? &zero : &one, oi, &lv);
       }
-      // O^T (dv x rows) = V^T (dv x S) W^T (S x rows), times out_scale.
-      sgemm_("N", "N", &idv, &rows, &iS, &oscale, vb, &lv, wp, &iS, &zero, oi, &lv);
     }
     MKL_Set_Num_Threads_Local(saved);
   });
@@ -99,7 +107,7 @@ def load():
                 try:
                     from torch.utils.cpp_extension import load_inline
 
-                    module = load_inline("keras_reluvit_fused_v1", cpp_sources=_SOURCE,
+                    module = load_inline("keras_reluvit_fused_v2", cpp_sources=_SOURCE,
                                          functions=["pointwise_attention"],
                                          extra_cflags=["-O3"], verbose=False)
                 except Exception as e:  # no compiler, no MKL symbols, ...
@@ -119,15 +127,11 @@ def usable(query, activation_name):
     return load() is not None
 
 
-def tile_rows(num_keys):
-    return int(min(64, max(16, TILE_BYTES // (4 * num_keys))))
-
-
-def attention(query, key, value, activation_name, out_scale=1.0, tile_q=None):
+def attention(query, key, value, activation_name, out_scale=1.0, tile_q=TILE_Q, tile_k=TILE_K):
     """`out_scale * sum_j h(q_i . k_j / sqrt(d)) v_j`; `(B, T, H, D)` in and out."""
     module = load()
     if module is None:
         raise RuntimeError("the fused PyTorch kernel is not available on this machine.")
-    tile_q = tile_q or tile_rows(key.shape[1])
     return module.pointwise_attention(query.contiguous(), key.contiguous(), value.contiguous(),
-                                      ACTIVATIONS[activation_name], float(out_scale), int(tile_q))
+                                      ACTIVATIONS[activation_name], float(out_scale), int(tile_q),
+                                      int(tile_k))

@@ -84,9 +84,11 @@ def _torch_fused_kernel_equals_generic_forward():
                 ref = pointwise_attention(q, k, v, implementation="generic", **kw)
                 with torch.no_grad():
                     got = pointwise_attention(q, k, v, implementation="torch_fused", **kw)
-                    tiny = torch_fused.attention(q, k, v, act, 1.0, tile_q=16)
+                    tiny = torch_fused.attention(q, k, v, act, 1.0, tile_q=16, tile_k=24)
                 np.testing.assert_allclose(got.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
-                assert tiny.shape == ref.shape
+                if alpha == 0.0:  # out_scale 1: the small tiles give the same sums
+                    np.testing.assert_allclose(tiny.numpy(), ref.detach().numpy(), rtol=1e-4,
+                                               atol=1e-4)  # other summation order, unscaled sums
     # Non-contiguous views (a transposed tensor) are handled.
     q, k, v = (torch.tensor(rng.normal(size=(2, 3, 9, 4)).astype("float32")).transpose(1, 2)
                for _ in range(3))
