@@ -10,8 +10,9 @@ straight into the output. Key blocks are combined by that plain sum: no
 softmax, no running max, no rescaling. It reads the `(B, T, H,
 D)` projections in place (strided BLAS), so there are no transposes either.
 
-Built once with `torch.utils.cpp_extension.load_inline` on first use (a C++
-compiler and ninja are needed; ~1 minute, cached under
+Built once with `torch.utils.cpp_extension.load_inline` on first use, with
+OpenMP so that `at::parallel_for` really runs on every core (a C++ compiler
+and ninja are needed; ~1 minute, cached under
 `~/.cache/torch_extensions`), against the MKL BLAS of PyTorch's x86 CPU
 builds. Where it cannot be built the dispatch point uses the `torch_tiled`
 path instead (a warning says why); `KERAS_RELUVIT_TORCH_FUSED=0` turns it off.
@@ -23,7 +24,12 @@ import warnings
 
 # Activations the kernel computes in its loop (code passed to C++).
 ACTIVATIONS = {"relu": 0, "relu2": 1, "relu6": 2, "identity": 3}
-TILE_Q, TILE_K = 64, 512  # a worker's score tile: 64 x 512 floats = 128 KiB, as K/V blocks
+TILE_K = 512  # keys per block: K and V blocks of 512 x 64 floats (128 KiB each)
+
+
+def tile_rows(num_queries):
+    """Query rows per tile (as torch's CPU flash attention splits queries)."""
+    return 256 if num_queries >= 768 else 128
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -107,9 +113,10 @@ def load():
                 try:
                     from torch.utils.cpp_extension import load_inline
 
-                    module = load_inline("keras_reluvit_fused_v2", cpp_sources=_SOURCE,
+                    module = load_inline("keras_reluvit_fused_v3", cpp_sources=_SOURCE,
                                          functions=["pointwise_attention"],
-                                         extra_cflags=["-O3"], verbose=False)
+                                         extra_cflags=["-O3", "-fopenmp"],
+                                         extra_ldflags=["-fopenmp"], verbose=False)
                 except Exception as e:  # no compiler, no MKL symbols, ...
                     warnings.warn(f"keras_reluvit: the fused PyTorch CPU attention kernel "
                                   f"could not be built ({type(e).__name__}: {e}); using the "
@@ -127,11 +134,12 @@ def usable(query, activation_name):
     return load() is not None
 
 
-def attention(query, key, value, activation_name, out_scale=1.0, tile_q=TILE_Q, tile_k=TILE_K):
+def attention(query, key, value, activation_name, out_scale=1.0, tile_q=None, tile_k=TILE_K):
     """`out_scale * sum_j h(q_i . k_j / sqrt(d)) v_j`; `(B, T, H, D)` in and out."""
     module = load()
     if module is None:
         raise RuntimeError("the fused PyTorch kernel is not available on this machine.")
+    tile_q = tile_q or tile_rows(query.shape[1])
     return module.pointwise_attention(query.contiguous(), key.contiguous(), value.contiguous(),
                                       ACTIVATIONS[activation_name], float(out_scale), int(tile_q),
                                       int(tile_k))
