@@ -476,7 +476,8 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             query,
             key,
             value,
-            activation=self._activation_fn,
+            # The name where there is one: the dispatch rule picks paths by name.
+            activation=self._activation_name or self._activation_fn,
             seq_len_exponent=self._seq_len_exponent,
             mask=attention_mask,
             log_scale=self.log_scale if self._learned_scale else None,

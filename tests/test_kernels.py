@@ -171,3 +171,16 @@ def test_layer_with_chunks_equals_dense_layer_and_serializes():
     assert PointwiseAttention.from_config(chunked.get_config())._chunk_size == 4
     with pytest.raises(ValueError, match="chunk_size"):
         PointwiseAttention(2, 4, chunk_size=0)
+
+
+def test_layer_passes_the_activation_name_to_the_dispatch_rule(monkeypatch):
+    """The backend fast paths are chosen by activation name: the layer (and so
+    every ViT) must hand the name, not only the function, to the dispatch point."""
+    seen = []
+    original = kernels.choose
+    monkeypatch.setattr(kernels, "choose",
+                        lambda *a, **k: seen.append(a[1]) or original(*a, **k))
+    x = np.random.default_rng(5).normal(size=(2, 5, 8)).astype("float32")
+    for act in ("relu", "relu2", "sigmoid"):
+        PointwiseAttention(num_heads=2, key_dim=4, activation=act)(x, x)
+    assert seen[-3:] == ["relu", "relu2", "sigmoid"]
