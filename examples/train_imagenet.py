@@ -39,14 +39,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def set_mesh(spec, sharding):
-    """`batch=2,model=4` -> a `keras.distribution` over all devices."""
-    axes = dict(item.split("=") for item in spec.split(","))
-    mesh = keras.distribution.DeviceMesh(tuple(int(n) for n in axes.values()), list(axes),
-                                         keras.distribution.list_devices())
-    keras.distribution.set_distribution(kr.distribution.model_parallel(mesh, sharding))
-
-
 def main(argv=None):
     args = parse_args(argv)
     if args.manual_dir:
@@ -57,8 +49,9 @@ def main(argv=None):
     batch_size = args.batch_size or recipe["batch_size"]
     epochs = args.epochs or recipe["epochs"]
     image_size = args.image_size or recipe["image_size"]
-    if args.mesh:
-        set_mesh(args.mesh, args.sharding)
+    if args.mesh:  # e.g. batch=2,model=4 over all devices
+        mesh = kr.distribution.mesh_from_spec(args.mesh)
+        keras.distribution.set_distribution(kr.distribution.model_parallel(mesh, args.sharding))
 
     train, val, info = kr.data.imagenet(batch_size, data_dir=args.data_dir, image_size=image_size,
                                         augment=kr.data.Augment(**recipe["augment"]))

@@ -50,13 +50,7 @@ def _set_mesh(spec, strategy):
 
     from keras_reluvit import distribution
 
-    try:
-        axes = [(k.strip(), int(v)) for k, v in (p.split("=") for p in spec.split(","))]
-    except ValueError:
-        raise ValueError(f"--mesh must look like batch=2,model=4; got {spec!r}.")
-    mesh = keras.distribution.DeviceMesh(
-        tuple(n for _, n in axes), [k for k, _ in axes], keras.distribution.list_devices()
-    )
+    mesh = distribution.mesh_from_spec(spec)
     keras.distribution.set_distribution(distribution.model_parallel(mesh, strategy))
 
 

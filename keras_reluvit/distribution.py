@@ -172,6 +172,17 @@ def model_parallel(mesh, strategy="fsdp", batch_axis="batch", model_axis="model"
     return dist
 
 
+def mesh_from_spec(spec, devices=None):
+    """`"batch=2,model=4"` -> a `keras.distribution.DeviceMesh` of shape (2, 4)
+    with those axis names over `devices` (default: all)."""
+    try:
+        axes = [(k.strip(), int(v)) for k, v in (p.split("=") for p in spec.split(","))]
+    except ValueError:
+        raise ValueError(f"--mesh must look like batch=2,model=4; got {spec!r}.")
+    return keras.distribution.DeviceMesh(tuple(n for _, n in axes), [k for k, _ in axes],
+                                         devices or keras.distribution.list_devices())
+
+
 def data_parallel(devices=None):
     """`keras.distribution.DataParallel` over `devices` (default: all)."""
     _check_backend()

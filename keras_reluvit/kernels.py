@@ -16,9 +16,10 @@ matmul, the activation (and mask) and the value matmul.
   when no gradient is recorded. XLA fuses the generic path on JAX and TF;
   eager PyTorch does not, hence this path.
 - `torch_fused`: PyTorch CPU inference, relu / relu2 / relu6 / identity:
-  the compiled kernel of `keras_reluvit.torch_fused` (per-(batch, head,
-  query-tile) BLAS calls in a `parallel_for`, activation in place in an
-  L2-sized buffer, `L^-alpha` folded into the second matmul).
+  the compiled kernel of `keras_reluvit.torch_fused` (BLAS calls per (batch,
+  head, query tile) and key block in a `parallel_for`, key blocks summed, the
+  activation in place in a cache-sized buffer, `L^-alpha` folded into the
+  second matmul).
 - `sequence_parallel`: JAX under a `kr.distribution.model_parallel(...,
   sequence_axis=...)` distribution: tokens sharded over that mesh axis; each
   device gathers the queries, computes the partial sum over *its* keys
