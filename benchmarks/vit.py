@@ -14,7 +14,7 @@ learned position embedding, no qk-layernorm, exact GELU): ours is
 `ViT(variant, attention="softmax", pool="tok", qk_norm=False,
 mlp_activation="gelu", include_top=False)`. Ratio: keras-hub time / ours.
 keras-hub is not a test dependency; install it beside the pinned stack with
-`pip install --no-deps -r benchmarks/requirements-keras-hub.txt`.
+`pip install --no-deps -r requirements/keras-hub.txt`.
 """
 
 import argparse

@@ -4,6 +4,7 @@ attention, for Keras 3 on JAX, TensorFlow and PyTorch."""
 from keras_reluvit.attention import ACTIVATION_NAMES
 from keras_reluvit.attention import PointwiseAttention
 from keras_reluvit.attention import pointwise_attention
+from keras_reluvit.checkpoints import load_checkpoint
 from keras_reluvit.layers import ClassToken
 from keras_reluvit.layers import EncoderBlock
 from keras_reluvit.layers import MAPHead

@@ -112,6 +112,24 @@ def check_attention_args(activation="relu", seq_len_exponent=1.0, gated=False,
     return name, fn, alpha
 
 
+QK_NORMS = (False, True, "scale", "affine")
+
+
+def check_qk_norm(qk_norm):
+    """`qk_norm` as stored: False, True (LayerNorm without bias, as Flax's
+    `normalize_qk`; `"scale"` is an alias) or `"affine"` (with bias, timm)."""
+    if qk_norm is None or qk_norm is False:
+        return False
+    if qk_norm is True or qk_norm == "scale":
+        return True
+    if qk_norm == "affine":
+        return "affine"
+    raise ValueError(
+        f"`qk_norm` must be one of {QK_NORMS} (True: LayerNorm without bias on "
+        f"per-head q and k; 'affine': with bias, as timm), got {qk_norm!r}."
+    )
+
+
 def check_chunk_size(chunk_size):
     if chunk_size not in (None, "auto") and (
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
@@ -259,8 +277,11 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             `"identity"`, `"relu6"`, `"sigmoid"`, or any callable.
         seq_len_exponent: alpha >= 0 in `L^-alpha`. Default 1.0 (the paper's
             ReLU/L); 0 is the unscaled "prior work" variant.
-        qk_norm: LayerNorm without bias (epsilon 1e-6) over the head dimension
-            of the projected queries and keys (ViT-22B; Flax `normalize_qk`).
+        qk_norm: LayerNorm over the head dimension of the projected queries
+            and keys: `True` (or `"scale"`) without bias (ViT-22B; Flax
+            `normalize_qk`), `"affine"` with a bias too (timm's `q_norm` /
+            `k_norm`), `False` for none.
+        qk_norm_epsilon: epsilon of those LayerNorms (default 1e-6).
         gated: the paper's Figure 4 gate: the attention output is multiplied by
             `sigmoid(W_g x + b_g)` (per head) before the output projection.
             `use_gate` (the `MultiHeadAttention` name) is an alias.
@@ -302,6 +323,7 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         learned_scale=False,
         dropout=0.0,
         use_bias=True,
+        qk_norm_epsilon=1e-6,
         output_shape=None,
         chunk_size=None,
         **kwargs,
@@ -338,7 +360,8 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         )
         # MultiHeadAttention reads the global flash switch; we decide here.
         self._flash_attention = False
-        self._qk_norm = bool(qk_norm)
+        self._qk_norm = check_qk_norm(qk_norm)
+        self._qk_norm_epsilon = float(qk_norm_epsilon)
         self._gated = gated
         self._learned_scale = bool(learned_scale)
 
@@ -380,7 +403,10 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         super().build(query_shape, value_shape, key_shape)
         if self._qk_norm:
             norm_kwargs = dict(
-                axis=-1, epsilon=1e-6, center=False, dtype=self.dtype_policy
+                axis=-1,
+                epsilon=self._qk_norm_epsilon,
+                center=self._qk_norm == "affine",
+                dtype=self.dtype_policy,
             )
             self._query_norm = keras.layers.LayerNormalization(
                 name="query_norm", **norm_kwargs
@@ -514,6 +540,7 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             activation=activation,
             seq_len_exponent=self._seq_len_exponent,
             qk_norm=self._qk_norm,
+            qk_norm_epsilon=self._qk_norm_epsilon,
             gated=self._gated,
             learned_scale=self._learned_scale,
             chunk_size=self._chunk_size,

@@ -162,3 +162,20 @@ def _write_saved_model(model, path, label_names=None, activation="softmax", top_
                          [tf.TensorSpec([None, *size, 3], tf.float32, name="images")])
     archive.write_out(path, verbose=False)
     return path
+
+
+def timm_state_dict(model, path=None, strict=True):
+    """Writes / returns the ViT in timm's `VisionTransformer` layout; see
+    `keras_reluvit.checkpoints.timm_state_dict`."""
+    from keras_reluvit import checkpoints
+
+    return checkpoints.timm_state_dict(model, path, strict=strict)
+
+
+def big_vision_npz(model, path=None):
+    """Writes / returns the ViT in big_vision's `.npz` naming; see
+    `keras_reluvit.checkpoints.big_vision_npz`."""
+    from keras_reluvit import checkpoints
+
+    return checkpoints.big_vision_npz(model, path)
+

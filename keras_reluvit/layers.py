@@ -12,6 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_reluvit.attention import PointwiseAttention
+from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.presets import deserialize_attention
 
 LN_EPS = 1e-6
@@ -96,17 +97,28 @@ class PositionEmbedding(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
 class ClassToken(keras.layers.Layer):
-    """Prepends a learned token (zero-initialised, as big_vision)."""
+    """Prepends `num_tokens` learned tokens (zero-initialised, as big_vision):
+    the class token, or register tokens (Darcet et al. 2023; timm `reg_token`).
+    """
+
+    def __init__(self, num_tokens=1, **kwargs):
+        super().__init__(**kwargs)
+        self.num_tokens = int(num_tokens)
 
     def build(self, input_shape):
         self.token = self.add_weight(
-            name="token", shape=(1, 1, input_shape[-1]), initializer="zeros"
+            name="token",
+            shape=(1, self.num_tokens, input_shape[-1]),
+            initializer="zeros",
         )
 
     def call(self, x):
         token = ops.cast(self.token, x.dtype)
-        token = ops.broadcast_to(token, (ops.shape(x)[0], 1, ops.shape(x)[2]))
-        return ops.concatenate([token, x], axis=1)
+        shape = (ops.shape(x)[0], self.num_tokens, ops.shape(x)[2])
+        return ops.concatenate([ops.broadcast_to(token, shape), x], axis=1)
+
+    def get_config(self):
+        return {**super().get_config(), "num_tokens": self.num_tokens}
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
@@ -162,11 +174,12 @@ class MLPBlock(keras.layers.Layer):
         }
 
 
-def _attention_layer(width, num_heads, attention, qk_norm, dtype, name):
+def _attention_layer(width, num_heads, attention, qk_norm, dtype, name, eps=LN_EPS):
     return PointwiseAttention(
         num_heads=num_heads,
         key_dim=width // num_heads,
         qk_norm=qk_norm,
+        qk_norm_epsilon=eps,
         # xavier-uniform with Flax DenseGeneral fans: the (D, H, Dh) kernel
         # is a (D, H * Dh) matrix, not a convolution (Keras' rank-3 default).
         kernel_initializer=keras.initializers.GlorotUniform(
@@ -184,20 +197,25 @@ class _AttentionOwner(keras.layers.Layer):
     attention and MLP, the attention layer they build, and their config."""
 
     def __init__(self, num_heads, mlp_dim, attention=None, qk_norm=True,
-                 mlp_activation="gelu_tanh", **kwargs):
+                 mlp_activation="gelu_tanh", layer_norm_epsilon=LN_EPS, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.attention = dict(attention or {"activation": "relu"})
-        self.qk_norm = bool(qk_norm)
+        self.qk_norm = check_qk_norm(qk_norm)
         self.mlp_activation = mlp_activation
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.attn = None
+
+    def _norm(self, name):
+        return keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, name=name, dtype=self.dtype_policy)
 
     def _attention(self, width):
         if width % self.num_heads:
             raise ValueError(f"width {width} is not divisible by num_heads {self.num_heads}.")
         return _attention_layer(width, self.num_heads, self.attention, self.qk_norm,
-                                self.dtype_policy, "attention")
+                                self.dtype_policy, "attention", self.layer_norm_epsilon)
 
     def get_config(self):
         return {
@@ -207,6 +225,7 @@ class _AttentionOwner(keras.layers.Layer):
             "attention": self.attention,
             "qk_norm": self.qk_norm,
             "mlp_activation": self.mlp_activation,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
         }
 
     @classmethod
@@ -225,9 +244,13 @@ class EncoderBlock(_AttentionOwner):
         mlp_dim: MLP hidden size.
         attention: dict of `PointwiseAttention` arguments (activation,
             seq_len_exponent, gated, learned_scale).
-        qk_norm: LayerNorm on per-head queries and keys.
+        qk_norm: LayerNorm on per-head queries and keys (True: without bias,
+            `"affine"`: with bias, as timm).
         mlp_activation: `"gelu_tanh"` or `"gelu"`.
         dropout: rate after attention, inside and after the MLP.
+        layer_scale: None, or the initial value of per-channel scales on the
+            two residual branches (LayerScale, CaiT / DeiT-3; timm `ls1`/`ls2`).
+        layer_norm_epsilon: epsilon of the block's LayerNorms (1e-6).
 
     Call `block(x, return_attention_scores=True)` to also get the
     `(B, H, T, T)` attention weights.
@@ -241,12 +264,15 @@ class EncoderBlock(_AttentionOwner):
     """
 
     def __init__(self, num_heads, mlp_dim, attention=None, qk_norm=True,
-                 mlp_activation="gelu_tanh", dropout=0.0, **kwargs):
-        super().__init__(num_heads, mlp_dim, attention, qk_norm, mlp_activation, **kwargs)
+                 mlp_activation="gelu_tanh", dropout=0.0, layer_scale=None,
+                 layer_norm_epsilon=LN_EPS, **kwargs):
+        super().__init__(num_heads, mlp_dim, attention, qk_norm, mlp_activation,
+                         layer_norm_epsilon, **kwargs)
         self.dropout = float(dropout)
+        self.layer_scale = None if layer_scale is None else float(layer_scale)
         policy = self.dtype_policy
-        self.norm1 = keras.layers.LayerNormalization(epsilon=LN_EPS, name="norm1", dtype=policy)
-        self.norm2 = keras.layers.LayerNormalization(epsilon=LN_EPS, name="norm2", dtype=policy)
+        self.norm1 = self._norm("norm1")
+        self.norm2 = self._norm("norm2")
         self.mlp = MLPBlock(mlp_dim, mlp_activation, self.dropout, name="mlp", dtype=policy)
         self.drop = keras.layers.Dropout(self.dropout, dtype=policy)
 
@@ -256,6 +282,15 @@ class EncoderBlock(_AttentionOwner):
         self.attn.build(input_shape, input_shape)
         self.norm2.build(input_shape)
         self.mlp.build(input_shape)
+        if self.layer_scale is not None:
+            init = keras.initializers.Constant(self.layer_scale)
+            self.ls1 = self.add_weight(name="ls1", shape=(input_shape[-1],), initializer=init)
+            self.ls2 = self.add_weight(name="ls2", shape=(input_shape[-1],), initializer=init)
+
+    def _scale(self, y, which):
+        if self.layer_scale is None:
+            return y
+        return y * ops.cast(getattr(self, which), y.dtype)
 
     def call(self, x, training=None, return_attention_scores=False):
         y = self.norm1(x)
@@ -264,15 +299,16 @@ class EncoderBlock(_AttentionOwner):
             y, scores = self.attn(y, y, training=training, return_attention_scores=True)
         else:
             y = self.attn(y, y, training=training)
-        x = x + self.drop(y, training=training)
+        x = x + self.drop(self._scale(y, "ls1"), training=training)
         y = self.mlp(self.norm2(x), training=training)
-        x = x + self.drop(y, training=training)
+        x = x + self.drop(self._scale(y, "ls2"), training=training)
         if return_attention_scores:
             return x, scores
         return x
 
     def get_config(self):
-        return {**super().get_config(), "dropout": self.dropout}
+        return {**super().get_config(), "dropout": self.dropout,
+                "layer_scale": self.layer_scale}
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
@@ -284,10 +320,10 @@ class MAPHead(_AttentionOwner):
     """
 
     def __init__(self, num_heads, mlp_dim, attention=None, qk_norm=True,
-                 mlp_activation="gelu_tanh", **kwargs):
-        super().__init__(num_heads, mlp_dim, attention, qk_norm, mlp_activation, **kwargs)
-        self.norm = keras.layers.LayerNormalization(epsilon=LN_EPS, name="norm",
-                                                    dtype=self.dtype_policy)
+                 mlp_activation="gelu_tanh", layer_norm_epsilon=LN_EPS, **kwargs):
+        super().__init__(num_heads, mlp_dim, attention, qk_norm, mlp_activation,
+                         layer_norm_epsilon, **kwargs)
+        self.norm = self._norm("norm")
         self.mlp = MLPBlock(mlp_dim, mlp_activation, name="mlp", dtype=self.dtype_policy)
 
     def build(self, input_shape):

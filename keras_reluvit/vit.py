@@ -14,6 +14,7 @@ import numpy as np
 
 from keras_reluvit import layers as L
 from keras_reluvit.attention import check_attention_args
+from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.presets import deserialize_attention
 from keras_reluvit.presets import resolve_attention
 
@@ -91,11 +92,11 @@ class ViT(keras.Model):
             `{"activation": "relu", "seq_len_exponent": 0.5}`.
         num_classes: classifier outputs (with `include_top=True`).
         image_size: int or `(height, width)`, divisible by the patch size.
-        pool: `"gap"` (mean of tokens), `"tok"` (class token) or `"map"`
-            (attention-pooling probe).
-        posemb: `"learn"` or `"sincos2d"` (fixed). With `pool="tok"` a learned
-            embedding covers the class token too (original ViT / timm layout).
-        qk_norm: LayerNorm on per-head q and k (default True, as the paper).
+        pool: `"gap"` (mean of the patch tokens), `"tok"` (class token) or
+            `"map"` (attention-pooling probe over the patch tokens).
+        posemb: `"learn"` or `"sincos2d"` (fixed).
+        qk_norm: LayerNorm on per-head q and k (default True, as the paper;
+            `"affine"` adds a bias, as timm's `qk_norm=True`).
         representation_size: if set, a Dense + tanh pre-logits layer.
         dropout: dropout rate after posemb, attention and in the MLPs.
         include_top: False returns the pooled (pre-logits) features.
@@ -103,6 +104,20 @@ class ViT(keras.Model):
             `"gelu"` (exact, timm and keras-hub checkpoints).
         head_bias_init: initial head bias (big_vision uses -6.9 / -10 with a
             sigmoid cross-entropy); the head kernel is zero-initialised.
+        class_token: prepend a learned class token (default: `pool == "tok"`;
+            timm/MAE models also pair one with `"gap"`, which then skips it).
+        num_register_tokens: learned register tokens after the class token
+            (Darcet et al. 2023; timm `reg_tokens`), skipped by the pooling.
+        posemb_prefix: whether a learned position embedding has rows for the
+            class/register tokens (original ViT, AugReg, timm's default) or is
+            added to the patches only, before those tokens are prepended
+            (big_vision, DeiT-3, timm `no_embed_class=True`).
+        fc_norm: the final LayerNorm after pooling instead of before (timm's
+            `fc_norm`, MAE / BEiT-style `"gap"` models).
+        layer_scale: None, or the initial value of per-channel LayerScale on
+            each residual branch (CaiT / DeiT-3; timm `init_values`).
+        layer_norm_epsilon: epsilon of every LayerNorm (1e-6 as big_vision,
+            timm and keras-hub).
         dtype: a Keras dtype policy, e.g. `"float32"`, `"mixed_bfloat16"`.
             Logits are float32 under mixed policies.
 
@@ -138,6 +153,12 @@ class ViT(keras.Model):
         mlp_dim=None,
         num_heads=None,
         patch_size=None,
+        class_token=None,
+        num_register_tokens=0,
+        posemb_prefix=True,
+        fc_norm=False,
+        layer_scale=None,
+        layer_norm_epsilon=L.LN_EPS,
         dtype=None,
         name=None,
         **kwargs,
@@ -192,10 +213,26 @@ class ViT(keras.Model):
             )
         attention_args = resolve_attention(attention)
         check_attention_args(**attention_args)  # fail now, with the layer's messages
+        qk_norm = check_qk_norm(qk_norm)
+        class_token = pool == "tok" if class_token is None else bool(class_token)
+        if pool == "tok" and not class_token:
+            raise ValueError('pool="tok" pools the class token; it needs class_token=True.')
+        num_register_tokens = (
+            _positive_int(num_register_tokens, "num_register_tokens")
+            if num_register_tokens else 0
+        )
+        if layer_scale is not None:
+            layer_scale = float(layer_scale)
+        layer_norm_epsilon = float(layer_norm_epsilon)
+        if not layer_norm_epsilon > 0:
+            raise ValueError(
+                f"`layer_norm_epsilon` must be > 0, got {layer_norm_epsilon!r}.")
 
         policy = keras.dtype_policies.get(dtype or keras.config.dtype_policy())
         grid = (image_size[0] // patch, image_size[1] // patch)
-        prefix = 1 if pool == "tok" else 0
+        prefix = int(class_token) + num_register_tokens
+        posemb_prefix = bool(posemb_prefix)
+        ln = dict(epsilon=layer_norm_epsilon, dtype=policy)
 
         stem = keras.layers.Conv2D(
             width,
@@ -207,9 +244,18 @@ class ViT(keras.Model):
             dtype=policy,
         )
         to_tokens = keras.layers.Reshape((grid[0] * grid[1], width))
-        cls = ClassToken(name="cls", dtype=policy) if prefix else None
+        cls = ClassToken(name="cls", dtype=policy) if class_token else None
+        reg = (
+            ClassToken(num_register_tokens, name="reg", dtype=policy)
+            if num_register_tokens
+            else None
+        )
         pos = L.PositionEmbedding(
-            grid, posemb, prefix, name="pos_embedding", dtype=policy
+            grid,
+            posemb,
+            prefix if posemb_prefix else 0,
+            name="pos_embedding",
+            dtype=policy,
         )
         drop = keras.layers.Dropout(dropout, dtype=policy)
         blocks = [
@@ -220,14 +266,14 @@ class ViT(keras.Model):
                 qk_norm,
                 mlp_activation,
                 dropout,
+                layer_scale=layer_scale,
+                layer_norm_epsilon=layer_norm_epsilon,
                 name=f"block_{i:02d}",
                 dtype=policy,
             )
             for i in range(dims["depth"])
         ]
-        norm = keras.layers.LayerNormalization(
-            epsilon=L.LN_EPS, name="encoder_norm", dtype=policy
-        )
+        norm = keras.layers.LayerNormalization(name="encoder_norm", **ln)
         map_head = (
             L.MAPHead(
                 heads,
@@ -235,6 +281,7 @@ class ViT(keras.Model):
                 attention_args,
                 qk_norm,
                 mlp_activation,
+                layer_norm_epsilon=layer_norm_epsilon,
                 name="map_head",
                 dtype=policy,
             )
@@ -267,7 +314,11 @@ class ViT(keras.Model):
             stem=stem,
             to_tokens=to_tokens,
             cls=cls,
+            reg=reg,
             pos=pos,
+            posemb_prefix=posemb_prefix,
+            num_prefix_tokens=prefix,
+            fc_norm=fc_norm,
             drop=drop,
             blocks=blocks,
             norm=norm,
@@ -299,6 +350,12 @@ class ViT(keras.Model):
             mlp_activation=mlp_activation,
             head_bias_init=float(head_bias_init),
             **dims,
+            class_token=class_token,
+            num_register_tokens=num_register_tokens,
+            posemb_prefix=posemb_prefix,
+            fc_norm=bool(fc_norm),
+            layer_scale=layer_scale,
+            layer_norm_epsilon=layer_norm_epsilon,
             dtype=dtype,
         )
 
@@ -314,6 +371,16 @@ class ViT(keras.Model):
     @property
     def grid_size(self):
         return tuple(s // self.patch_size for s in self.image_size)
+
+    @property
+    def num_prefix_tokens(self):
+        """Class + register tokens before the patch tokens."""
+        return self._parts["num_prefix_tokens"]
+
+    @property
+    def posemb_prefix_tokens(self):
+        """Rows of the position embedding before the patch grid."""
+        return self.num_prefix_tokens if self._parts["posemb_prefix"] else 0
 
     @property
     def blocks(self):
@@ -374,6 +441,32 @@ class ViT(keras.Model):
     def get_config(self):
         return {"name": self.name, "trainable": self.trainable, **self._config}
 
+    # ---- presets (keras-hub's convention) ----------------------------------
+    @classmethod
+    def from_preset(cls, preset, **overrides):
+        """Loads a preset directory: one written by `save_to_preset` or a
+        keras-hub `ViTBackbone` / `ViTImageClassifier` preset. Overrides
+        (`attention`, `num_classes`, `image_size`, ...) as
+        `keras_reluvit.load_checkpoint`.
+
+        Example:
+
+        ```python
+        model = keras_reluvit.ViT.from_preset("presets/vit_s16_augreg", attention="relu")
+        ```
+        """
+        from keras_reluvit import checkpoints
+
+        return checkpoints.from_preset(preset, **overrides)
+
+    def save_to_preset(self, preset_dir):
+        """Writes `config.json` (the full config), `model.weights.h5` and
+        `metadata.json` (versions, parameter count, source) to `preset_dir`,
+        loadable with `ViT.from_preset` on any backend."""
+        from keras_reluvit import checkpoints
+
+        return checkpoints.save_to_preset(self, preset_dir)
+
     @classmethod
     def from_config(cls, config):
         config = dict(config)
@@ -401,9 +494,14 @@ def _forward(parts, images, collect=False, attention_weights=False):
     """The ViT graph, shared by the model and its intermediates model."""
     out = {}
     x = parts["to_tokens"](parts["stem"](images))
-    if parts["cls"] is not None:
-        x = parts["cls"](x)
-    x = parts["pos"](x)
+    if not parts["posemb_prefix"]:
+        x = parts["pos"](x)
+    # Prefix order as timm: [class, registers..., patches].
+    for name in ("reg", "cls"):
+        if parts[name] is not None:
+            x = parts[name](x)
+    if parts["posemb_prefix"]:
+        x = parts["pos"](x)
     out["tokens"] = x
     x = parts["drop"](x)
     for i, block in enumerate(parts["blocks"]):
@@ -415,15 +513,18 @@ def _forward(parts, images, collect=False, attention_weights=False):
         else:
             x = block(x)
         out[f"block_{i:02d}"] = x
-    x = parts["norm"](x)
+    if not parts["fc_norm"]:
+        x = parts["norm"](x)
     out["encoded"] = x
-    pool = parts["pool"]
+    pool, prefix = parts["pool"], parts["num_prefix_tokens"]
     if pool == "gap":
-        x = keras.ops.mean(x, axis=1)
+        x = keras.ops.mean(x[:, prefix:] if prefix else x, axis=1)
     elif pool == "tok":
         x = x[:, 0]
     else:
-        x = parts["map_head"](x)
+        x = parts["map_head"](x[:, prefix:] if prefix else x)
+    if parts["fc_norm"]:
+        x = parts["norm"](x)
     out["pooled"] = x
     if parts["pre_logits"] is not None:
         x = parts["pre_logits"](x)

@@ -59,7 +59,7 @@ def transfer_weights(source, target):
             "The two models have different architectures. Missing in the "
             f"source: {missing[:8]}; only in the source: {unexpected[:8]}."
         )
-    prefix = 1 if target.get_config()["pool"] == "tok" else 0
+    prefix = target.posemb_prefix_tokens
     skipped = []
     for path, var in dst.items():
         value = keras.ops.convert_to_numpy(src[path])
@@ -104,12 +104,39 @@ def resize_model(model, image_size):
     return new
 
 
+# Architecture choices that change what the weights compute without changing
+# their shapes: a checkpoint loaded into an existing model must agree on them.
+_SEMANTIC_KEYS = ("pool", "mlp_activation", "class_token", "num_register_tokens",
+                  "posemb_prefix", "fc_norm", "qk_norm", "layer_norm_epsilon",
+                  "representation_size", "posemb")
+
+
 def load_weights(model, path):
-    """Loads `path` (`.keras` or `.weights.h5`) into `model`, resampling the
-    position embedding when the file was saved at another image size."""
+    """Loads `path` into `model`: a `.keras` / `.weights.h5` file (the
+    position embedding resampled when saved at another image size) or any
+    checkpoint `keras_reluvit.load_checkpoint` reads (timm, big_vision /
+    AugReg, keras-hub, presets), which must then match the model's
+    architecture; use `load_checkpoint` to build the model from the
+    checkpoint instead."""
+    from keras_reluvit import checkpoints
+
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"No weights file at {path!r}.")
+    fmt = checkpoints.detect_format(path)
+    if fmt in ("timm", "big_vision", "keras_hub", "preset"):
+        config = model.get_config()
+        arch, weights, _ = checkpoints.read_checkpoint(path, num_heads=config["num_heads"])
+        differ = {k: (arch[k], config[k]) for k in _SEMANTIC_KEYS
+                  if k in arch and arch[k] != config[k]}
+        if differ:
+            raise ValueError(
+                f"{path} was trained with other architecture choices than {model.name}: "
+                + ", ".join(f"{k}={a!r} (model: {b!r})" for k, (a, b) in differ.items())
+                + ". Use keras_reluvit.load_checkpoint(path) to build the model the "
+                "checkpoint describes.")
+        checkpoints.assign(model, weights, path)
+        return model
     if path.endswith(".keras"):
         source = keras.saving.load_model(path, compile=False)
         if not isinstance(source, ViT):
@@ -121,7 +148,7 @@ def load_weights(model, path):
     if path.endswith(".weights.h5"):
         old = _h5_posemb_tokens(path)
         config = model.get_config()
-        prefix = 1 if config["pool"] == "tok" else 0
+        prefix = model.posemb_prefix_tokens
         if old is not None and old - prefix != math.prod(model.grid_size):
             side = int(round(math.sqrt(old - prefix)))
             if side * side != old - prefix:
@@ -163,6 +190,8 @@ def _builder(variant):
     size, patch = variant.split("/")
 
     def build(weights=None, **kwargs):
+        if weights is not None and _foreign(weights):
+            return _from_checkpoint(variant, weights, kwargs)
         model = ViT(variant=variant, **kwargs)
         if weights is not None:
             load_weights(model, weights)
@@ -174,8 +203,14 @@ def _builder(variant):
 
     Args:
         weights: optional path of a `.keras` / `.weights.h5` file of the same
-            architecture; saved at another image size, its position embedding
-            is resampled bilinearly to this model's `image_size`.
+            architecture (saved at another image size, its position embedding
+            is resampled bilinearly to this model's `image_size`), or a
+            pretrained ViT-{variant} checkpoint (timm `.safetensors`/`.pth`,
+            big_vision / AugReg `.npz`, keras-hub or keras_reluvit preset
+            directory): pooling, qk-norm, GELU etc. are then read from it, as
+            `keras_reluvit.load_checkpoint` does, while the attention stays
+            this builder's (`"relu"` unless given; pass `attention="softmax"`
+            to run the checkpoint as it was trained).
         **kwargs: any `keras_reluvit.ViT` argument (`attention`,
             `num_classes`, `image_size`, `pool`, `posemb`, `qk_norm`, ...).
 
@@ -185,6 +220,34 @@ def _builder(variant):
     >>> model = keras_reluvit.{build.__name__}(attention="relu", num_classes=10)
     """
     return build
+
+
+def _foreign(path):
+    from keras_reluvit import checkpoints
+
+    try:
+        return checkpoints.detect_format(path) in ("timm", "big_vision", "keras_hub", "preset")
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+def _from_checkpoint(variant, path, kwargs):
+    from keras_reluvit import checkpoints
+    from keras_reluvit.vit import parse_variant
+
+    want = parse_variant(variant)
+    kwargs = dict(kwargs)
+    kwargs.setdefault("attention", "relu")
+    heads = kwargs.pop("num_heads", want["num_heads"])
+    model = checkpoints.load_checkpoint(path, num_heads=heads, **kwargs)
+    cfg = model.get_config()
+    differ = {k: (cfg[k], v) for k, v in want.items() if cfg[k] != v}
+    if differ:
+        raise ValueError(
+            f"{path} holds a ViT with " + ", ".join(f"{k}={a}" for k, (a, _) in differ.items())
+            + f", not ViT-{variant} (" + ", ".join(f"{k}={b}" for k, (_, b) in differ.items())
+            + "); use keras_reluvit.load_checkpoint(path).")
+    return model
 
 
 ViT_Ti8 = _builder("Ti/8")

@@ -12,6 +12,8 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
   "$VENV/bin/pip" install -q -r "$ROOT/requirements/test.txt"
+  # keras-hub without its dependencies (they pull tensorflow-text).
+  "$VENV/bin/pip" install -q --no-deps -r "$ROOT/requirements/keras-hub.txt"
   touch "$VENV/.complete"
 fi
 # The package itself, from this checkout (cheap; no dependencies re-resolved).
