@@ -1,4 +1,4 @@
-"""`keras-reluvit train | eval | export | bench | recipes | presets`.
+"""`keras-reluvit train | eval | export | convert | bench | recipes | presets`.
 
 Examples:
 
@@ -9,6 +9,7 @@ Examples:
     keras-reluvit export runs/s16_relu/model.keras serving/vit_s16_relu/1
     keras-reluvit bench --dataset imagenet2012 --data-dir ~/tensorflow_datasets
     keras-reluvit recipes s16_i1k_90ep
+    keras-reluvit convert vit_small_patch16_224.safetensors vit_s16.keras --attention relu
 
 The backend is Keras' (`KERAS_BACKEND=jax|tensorflow|torch`).
 """
@@ -34,6 +35,7 @@ def _train(args):
         seed=args.seed,
         pool=args.pool,
         posemb=args.posemb,
+        init=args.init,
     )
     if args.mesh:
         _set_mesh(args.mesh, args.sharding)
@@ -117,6 +119,31 @@ def _bench(args):
               f"({res['relu'] / res['softmax']:.2f}x)")
 
 
+def _convert(args):
+    from keras_reluvit import checkpoints
+
+    overrides = {k: v for k, v in dict(num_heads=args.num_heads,
+                                       mlp_activation=args.mlp_activation).items()
+                 if v is not None}
+    model = checkpoints.load_checkpoint(args.source, attention=args.attention,
+                                        num_classes=args.num_classes,
+                                        image_size=args.image_size, **overrides)
+    out = args.output
+    if out.endswith(".keras"):
+        model.save(out)
+    elif out.endswith((".safetensors", ".pth", ".bin")):
+        checkpoints.timm_state_dict(model, out)
+    elif out.endswith(".npz"):
+        checkpoints.big_vision_npz(model, out)
+    else:
+        model.save_to_preset(out)
+    cfg = model.get_config()
+    print(json.dumps({"output": out, "format": model.checkpoint_source["format"],
+                      "parameters": int(model.count_params()),
+                      **{k: cfg[k] for k in ("width", "depth", "num_heads", "patch_size",
+                                             "image_size", "pool", "attention")}}))
+
+
 def _recipes(args):
     from keras_reluvit import recipes
 
@@ -141,6 +168,8 @@ def parser():
     t.add_argument("--dataset", help="tfds name (default: the recipe's)")
     t.add_argument("--data-dir", help="tfds data_dir")
     t.add_argument("--recipe", default="digits", help="recipe name (see `recipes`)")
+    t.add_argument("--init", help="start from a pretrained checkpoint (timm, big_vision, "
+                   "keras-hub, preset, .keras); e.g. with --recipe relu_from_softmax")
     t.add_argument("--output", default="runs/default", help="run directory")
     t.add_argument("--epochs", type=int)
     t.add_argument("--batch-size", type=int)
@@ -176,6 +205,22 @@ def parser():
     b.add_argument("--steps", type=int, default=20)
     b.add_argument("--model", help="also time inference of this model, e.g. vit_s16")
     b.set_defaults(func=_bench)
+
+    c = sub.add_parser(
+        "convert", help="convert a timm / big_vision / keras-hub checkpoint",
+        description="Reads SRC (timm .safetensors/.pth/.bin, big_vision or AugReg .npz, "
+        "a keras-hub or keras_reluvit preset directory, a .keras file; the format is "
+        "detected) and writes OUT: a .keras file, a preset directory, or timm "
+        "(.safetensors/.pth) / big_vision (.npz) layouts.")
+    c.add_argument("source")
+    c.add_argument("output")
+    c.add_argument("--attention", help="attention of the result (default: the "
+                   "checkpoint's, softmax for timm/big_vision/keras-hub)")
+    c.add_argument("--image-size", type=int, help="resample the position embedding")
+    c.add_argument("--num-classes", type=int, help="new head size (0: features only)")
+    c.add_argument("--num-heads", type=int, help="heads, where the checkpoint has no count")
+    c.add_argument("--mlp-activation", choices=["gelu", "gelu_tanh"])
+    c.set_defaults(func=_convert)
 
     r = sub.add_parser("recipes", help="print the training recipes")
     r.add_argument("name", nargs="?")

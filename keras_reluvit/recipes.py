@@ -97,7 +97,27 @@ RECIPES = {
                    pool="gap", posemb="learn"),
         augment=dict(crop_area=(0.6, 1.0), crop_aspect=(0.85, 1.18), flip=False),
     ),
+    "relu_from_softmax": dict(
+        description="fine-tune a softmax checkpoint into ReLU/L attention: load it with "
+        "`--init CHECKPOINT --attention relu` (same weights, attention swapped), then a short "
+        "AdamW run at a tenth of the from-scratch peak lr with a short warmup (our choice; "
+        "the paper trains from scratch only)",
+        dataset="imagenet2012",
+        image_size=224,
+        epochs=10,
+        batch_size=1024,
+        lr=1e-4,
+        wd=1e-5,
+        warmup_steps=1_000,
+        grad_clip=1.0,
+        loss="softmax_xent",
+        head_bias_init=0.0,
+        init_required=True,
+        model=dict(attention="relu"),
+        augment=dict(randaug=(2, 10), mixup=0.2),
+    ),
 }
+
 
 def get(name, variant=None):
     """The recipe `name` as a dict; `variant` picks the augmentation row of

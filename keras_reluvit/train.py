@@ -25,22 +25,34 @@ from keras_reluvit.vit import ViT
 
 
 def build_config(recipe="digits", dataset=None, model=None, attention="relu", epochs=None,
-                 batch_size=None, image_size=None, data_dir=None, seed=0, **model_overrides):
-    """The full run config (a JSON-able dict) from a recipe and overrides."""
+                 batch_size=None, image_size=None, data_dir=None, seed=0, init=None,
+                 **model_overrides):
+    """The full run config (a JSON-able dict) from a recipe and overrides.
+
+    `init` is a pretrained checkpoint (anything `keras_reluvit.load_checkpoint`
+    reads) to start from: its architecture and weights, with `attention`
+    swapped in and a new head for the data set's classes when they differ.
+    """
+    if recipes.get(recipe).get("init_required") and not init:
+        raise ValueError(f"Recipe {recipe!r} fine-tunes a checkpoint: pass init= "
+                         "(keras-reluvit train --init CHECKPOINT).")
     variant = None
     if model:
         variant = _variant_from_name(model)
     r = recipes.get(recipe, variant)
-    model_cfg = dict(r["model"])
-    if variant:
+    model_cfg = {} if init else dict(r["model"])
+    if variant and not init:
         model_cfg["variant"] = variant
         if recipe == "digits":  # the tiny-model overrides belong to its default
             for k in ("width", "depth", "num_heads", "mlp_dim"):
                 model_cfg.pop(k, None)
-    model_cfg.update(attention=attention, head_bias_init=r["head_bias_init"])
+    model_cfg.update(attention=attention)
+    if not init:
+        model_cfg.update(head_bias_init=r["head_bias_init"])
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
     return dict(
         recipe=recipe,
+        init=os.fspath(init) if init else None,
         dataset=dataset or r["dataset"],
         data_dir=data_dir,
         epochs=epochs or r["epochs"],
@@ -79,9 +91,17 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         augment=kr_data.Augment(**config["augment"]),
         seed=config["seed"],
     )
-    model_cfg = dict(config["model"], num_classes=d.num_classes,
-                     image_size=config["image_size"])
-    model = ViT(**model_cfg)
+    if config.get("init"):
+        from keras_reluvit.checkpoints import load_checkpoint
+
+        model = load_checkpoint(config["init"], num_classes=d.num_classes,
+                                image_size=config["image_size"], **config["model"])
+        model_cfg = {k: v for k, v in model.get_config().items()
+                     if k not in ("name", "trainable")}
+    else:
+        model_cfg = dict(config["model"], num_classes=d.num_classes,
+                         image_size=config["image_size"])
+        model = ViT(**model_cfg)
     full = dict(config, model=model_cfg, num_classes=d.num_classes,
                 label_names=d.label_names, backend=keras.backend.backend(),
                 steps_per_epoch=d.steps_per_epoch)

@@ -584,3 +584,33 @@ def test_fold_input_normalization_matches_normalised_inputs():
     want = to_np(model(normalised))
     C.fold_input_normalization(model, mean, std)
     np.testing.assert_allclose(to_np(model(x)), want, atol=1e-4, rtol=1e-4)
+
+
+def test_cli_convert_writes_keras_preset_and_timm(tmp_path):
+    from keras_reluvit import cli
+
+    sd = timm_state_dict(RNG(13))
+    src = save_safetensors(sd, tmp_path / "vit.safetensors")
+    out = tmp_path / "relu48.keras"
+    assert cli.main(["convert", str(src), str(out), "--attention", "relu",
+                     "--image-size", "48", "--num-heads", "2"]) == 0
+    model = keras.saving.load_model(out, compile=False)
+    assert model.image_size == (48, 48) and model.attention_args["activation"] == "relu"
+    assert cli.main(["convert", str(src), str(tmp_path / "preset"), "--num-heads", "2"]) == 0
+    x = images(seed=9)
+    np.testing.assert_allclose(to_np(kr.ViT.from_preset(tmp_path / "preset")(x)),
+                               np_timm(sd, x, 2, "token"), atol=1e-4, rtol=1e-4)
+    assert cli.main(["convert", str(tmp_path / "preset"), str(tmp_path / "back.safetensors")]) == 0
+    back = C._read_timm_file(str(tmp_path / "back.safetensors"))
+    assert sorted(back) == sorted(sd)
+    # a bad source: a clear error, exit status 2
+    assert cli.main(["convert", str(tmp_path / "nope.npz"), str(out)]) == 2
+
+
+def test_relu_from_softmax_recipe_needs_a_checkpoint():
+    from keras_reluvit import train
+
+    with pytest.raises(ValueError, match="--init"):
+        train.build_config(recipe="relu_from_softmax")
+    cfg = train.build_config(recipe="relu_from_softmax", init="x.safetensors")
+    assert cfg["init"] == "x.safetensors" and cfg["model"] == {"attention": "relu"}

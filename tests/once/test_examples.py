@@ -86,3 +86,44 @@ def test_train_imagenet_example_with_a_mesh(tmp_path, imagenet_manual):
     assert (out_dir / "model.keras").exists()
     assert (out_dir / "saved_model/1/saved_model.pb").exists()
     assert "steps per epoch, backend jax" in stdout
+
+
+def test_relu_from_softmax_example_writes_every_arm_and_resumes(tmp_path):
+    args = [os.path.join(EXAMPLES, "relu_from_softmax.py"), "--out", str(tmp_path),
+            "--pretrain-epochs", "2", "--finetune-epochs", "1", "--seeds", "0",
+            "--width", "32", "--depth", "1", "--heads", "2", "--batch-size", "64"]
+    run_example(args, backend="torch")
+    with open(tmp_path / "relu_from_softmax.csv") as f:
+        rows = {r["arm"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["softmax_pretrain", "relu_swapped", "relu_finetuned",
+                          "relu_scratch", "softmax_scratch"]
+    assert [int(rows[a]["epochs"]) for a in rows] == [2, 2, 3, 3, 3]
+    # 10 classes: every trained arm is well above chance after 2-3 epochs.
+    for arm in ("softmax_pretrain", "relu_finetuned", "relu_scratch", "softmax_scratch"):
+        assert float(rows[arm]["accuracy"]) > 0.3, (arm, rows[arm]["accuracy"])
+    assert (tmp_path / "relu_from_softmax.png").stat().st_size > 10_000
+    out = run_example(args, backend="torch")  # all rows there: nothing retrained
+    assert "accuracy" not in out.split("softmax_pretrain")[0]
+    with open(tmp_path / "relu_from_softmax.csv") as f:
+        assert len(list(csv.DictReader(f))) == 5
+
+
+def test_cli_train_from_a_checkpoint_with_relu_from_softmax(tmp_path):
+    import keras
+
+    import keras_reluvit as kr
+    from keras_reluvit import cli
+
+    soft = kr.ViT("Ti/8", attention="softmax", width=32, depth=1, num_heads=2, mlp_dim=64,
+                  image_size=32, num_classes=3)
+    soft.save_to_preset(tmp_path / "soft")
+    out = tmp_path / "run"
+    assert cli.main(["train", "--recipe", "relu_from_softmax", "--init", str(tmp_path / "soft"),
+                     "--dataset", "sklearn_digits", "--data-dir", str(tmp_path / "tfds"),
+                     "--image-size", "32", "--epochs", "1", "--batch-size", "128",
+                     "--output", str(out), "--no-export", "--quiet"]) == 0
+    model = keras.saving.load_model(out / "model.keras", compile=False)
+    assert model.attention_args["activation"] == "relu"
+    assert model.output_shape[-1] == 10  # a new head for the data set's classes
+    config = json.loads((out / "config.json").read_text())
+    assert config["init"] == str(tmp_path / "soft") and config["model"]["width"] == 32
