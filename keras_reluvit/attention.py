@@ -25,11 +25,6 @@ import math
 import keras
 from keras import ops
 
-# Keras' own mask helpers (as MultiHeadAttention uses them); not re-exported
-# under a public name in Keras 3.15.
-from keras.src.backend import get_keras_mask, set_keras_mask
-
-
 
 def _relu2(x):
     return ops.square(ops.relu(x))
@@ -424,54 +419,6 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
                 trainable=True,
             )
 
-    def call(
-        self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-    ):
-        if key is None:
-            key = value
-        query_mask = get_keras_mask(query)
-        value_mask = get_keras_mask(value)
-        key_mask = get_keras_mask(key)
-        for t in (query, value, key):
-            set_keras_mask(t, None)
-        attention_mask = self._compute_attention_mask(
-            query,
-            value,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-        )
-        gate = self._gate_dense(query) if self._gated else None
-        q = self._query_dense(query)
-        k = self._key_dense(key)
-        v = self._value_dense(value)
-        if self._qk_norm:
-            q = self._query_norm(q)
-            k = self._key_norm(k)
-        out, scores = self._compute_attention(
-            q, k, v, attention_mask, training, return_attention_scores
-        )
-        if gate is not None:
-            out = ops.multiply(out, gate)
-        out = self._output_dense(out)
-        if query_mask is not None:
-            set_keras_mask(out, query_mask)
-        if return_attention_scores:
-            return out, scores
-        return out
-
     def _compute_attention(
         self,
         query,
@@ -482,6 +429,12 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         return_attention_scores=False,
         use_causal_mask=False,
     ):
+        # The one hook MultiHeadAttention.call offers after the projections:
+        # masks (explicit, causal, Keras masks), the gate and the output
+        # projection stay MultiHeadAttention's own code.
+        if self._qk_norm:
+            query = self._query_norm(query)
+            key = self._key_norm(key)
         if self.is_softmax:
             return super()._compute_attention(
                 query,

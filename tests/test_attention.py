@@ -340,3 +340,51 @@ def test_wrong_rank_input_raises():
     layer = PointwiseAttention(2, 4)
     with pytest.raises(ValueError, match="rank 3"):
         layer(np.zeros((1, 2, 3, 8), "float32"), np.zeros((1, 2, 3, 8), "float32"))
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_softmax_is_a_drop_in_for_mha_under_every_mask_combination(gated):
+    """Random explicit query/value/key/attention masks and causal masking,
+    and Keras masks from Embedding(mask_zero=True): the softmax preset gives
+    MultiHeadAttention's outputs and scores with copied weights."""
+    rng = np.random.default_rng(11 + gated)
+    S = T + 2
+    ref = keras.layers.MultiHeadAttention(num_heads=H, key_dim=DH, use_gate=gated)
+    ours = PointwiseAttention(num_heads=H, key_dim=DH, activation="softmax", gated=gated)
+    xq = rng.normal(size=(B, T, D)).astype("float32")
+    xv = rng.normal(size=(B, S, D)).astype("float32")
+    xk = rng.normal(size=(B, S, D)).astype("float32")
+    ref(xq, xv, xk)
+    ours(xq, xv, xk)
+    ours.set_weights(ref.get_weights())
+    names = ("query_mask", "value_mask", "key_mask", "attention_mask", "use_causal_mask")
+    for trial in range(12):
+        pick = rng.random(5) < 0.5
+        kw = {}
+        if pick[0]:
+            kw["query_mask"] = rng.random((B, T)) < 0.8
+        if pick[1]:
+            kw["value_mask"] = rng.random((B, S)) < 0.8
+        if pick[2]:
+            kw["key_mask"] = rng.random((B, S)) < 0.8
+        if pick[3]:
+            kw["attention_mask"] = rng.random((B, T, S)) < 0.7
+        if pick[4]:
+            kw["use_causal_mask"] = True
+        want, want_w = ref(xq, xv, xk, return_attention_scores=True, **kw)
+        got, got_w = ours(xq, xv, xk, return_attention_scores=True, **kw)
+        label = [n for n, p in zip(names, pick) if p]
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got),
+                                   keras.ops.convert_to_numpy(want), atol=1e-5, err_msg=str(label))
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got_w),
+                                   keras.ops.convert_to_numpy(want_w), atol=1e-6, err_msg=str(label))
+    # Keras masks of the inputs, as a functional model passes them.
+    tokens_q = np.array([[3, 5, 7, 0, 0, 0], [2, 9, 4, 6, 1, 8]])[:, :T]
+    tokens_v = np.array([[1, 2, 0, 0, 0, 0, 0, 0], [4, 4, 4, 4, 4, 4, 0, 0]])[:, :S]
+    emb = keras.layers.Embedding(10, D, mask_zero=True)
+    q_in = keras.Input((T,), dtype="int32")
+    v_in = keras.Input((S,), dtype="int32")
+    outs = [layer(emb(q_in), emb(v_in)) for layer in (ref, ours)]
+    model = keras.Model([q_in, v_in], outs)
+    want, got = model.predict([tokens_q, tokens_v], verbose=0)
+    np.testing.assert_allclose(got, want, atol=1e-5)
