@@ -1,4 +1,4 @@
-"""`keras-reluvit train | eval | export | convert | bench | recipes | presets`.
+"""`keras-reluvit train | eval | export | convert | prepare | bench | recipes | presets`.
 
 Examples:
 
@@ -8,6 +8,7 @@ Examples:
     keras-reluvit eval runs/s16_relu/model.keras --dataset imagenet2012 --data-dir ...
     keras-reluvit export runs/s16_relu/model.keras serving/vit_s16_relu/1
     keras-reluvit bench --dataset imagenet2012 --data-dir ~/tensorflow_datasets
+    keras-reluvit prepare imagenet2012 --data-dir ~/tensorflow_datasets --manual-dir ~/ilsvrc
     keras-reluvit recipes s16_i1k_90ep
     keras-reluvit convert vit_small_patch16_224.safetensors vit_s16.keras --attention relu
 
@@ -37,6 +38,7 @@ def _train(args):
         posemb=args.posemb,
         init=args.init,
     )
+    _prepared(config["dataset"], config["data_dir"], args.manual_dir)
     if args.mesh:
         _set_mesh(args.mesh, args.sharding)
     _, metrics = kr_train.train(config, args.output, export=not args.no_export,
@@ -44,6 +46,22 @@ def _train(args):
     final = metrics["final"]
     print(json.dumps({"output": args.output, **final,
                       "train_seconds": round(metrics["train_seconds"], 1)}))
+
+
+def _prepared(dataset, data_dir, manual_dir):
+    """Builds the tfds data set on first use: from `--manual-dir`, or from the
+    archives in tfds' default `DATA_DIR/downloads/manual`."""
+    from keras_reluvit import data as kr_data
+
+    kr_data.builder(dataset, data_dir, manual_dir)
+
+
+def _prepare(args):
+    from keras_reluvit import data as kr_data
+
+    b = kr_data.prepare(args.name, args.data_dir, args.manual_dir)
+    splits = {k: v.num_examples for k, v in b.info.splits.items()}
+    print(json.dumps({"dataset": args.name, "data_dir": b.data_dir, "splits": splits}))
 
 
 def _set_mesh(spec, strategy):
@@ -63,6 +81,7 @@ def _eval(args):
     from keras_reluvit import recipes
 
     model = keras.saving.load_model(args.model, compile=False)
+    _prepared(args.dataset, args.data_dir, args.manual_dir)
     d = kr_data.load(args.dataset, args.batch_size, image_size=model.image_size,
                      data_dir=args.data_dir, train_split=None, val_split=args.split)
     recipes.compile(model, "digits", steps_per_epoch=1)
@@ -106,6 +125,7 @@ def _bench(args):
 
     from keras_reluvit import bench
 
+    _prepared(args.dataset, args.data_dir, args.manual_dir)
     ips = bench.pipeline_throughput(args.dataset, args.batch_size, args.image_size,
                                     args.data_dir, args.steps)
     print(f"train pipeline ({args.dataset}, {args.image_size}px, randaug(2,10) + mixup): "
@@ -166,6 +186,8 @@ def parser():
     t.add_argument("--model", help="vit_s16, vit_b32, ... (default: the recipe's)")
     t.add_argument("--attention", default="relu", help="attention preset (default relu)")
     t.add_argument("--dataset", help="tfds name (default: the recipe's)")
+    t.add_argument("--manual-dir", help="archives to prepare the data set from "
+                   "(default: DATA_DIR/downloads/manual)")
     t.add_argument("--data-dir", help="tfds data_dir")
     t.add_argument("--recipe", default="digits", help="recipe name (see `recipes`)")
     t.add_argument("--init", help="start from a pretrained checkpoint (timm, big_vision, "
@@ -187,6 +209,8 @@ def parser():
     e.add_argument("model")
     e.add_argument("--dataset", default="sklearn_digits")
     e.add_argument("--split", default=None)
+    e.add_argument("--manual-dir", help="archives to prepare the data set from "
+                   "(default: DATA_DIR/downloads/manual)")
     e.add_argument("--data-dir")
     e.add_argument("--batch-size", type=int, default=256)
     e.set_defaults(func=_eval)
@@ -199,6 +223,8 @@ def parser():
 
     b = sub.add_parser("bench", help="images/s of the train pipeline (and a model)")
     b.add_argument("--dataset", default="sklearn_digits")
+    b.add_argument("--manual-dir", help="archives to prepare the data set from "
+                   "(default: DATA_DIR/downloads/manual)")
     b.add_argument("--data-dir")
     b.add_argument("--batch-size", type=int, default=256)
     b.add_argument("--image-size", type=int, default=224)
@@ -221,6 +247,12 @@ def parser():
     c.add_argument("--num-heads", type=int, help="heads, where the checkpoint has no count")
     c.add_argument("--mlp-activation", choices=["gelu", "gelu_tanh"])
     c.set_defaults(func=_convert)
+
+    pr = sub.add_parser("prepare", help="build a tfds data set (ImageNet from its archives)")
+    pr.add_argument("name", help="tfds name, e.g. imagenet2012")
+    pr.add_argument("--data-dir", help="tfds data_dir (default ~/tensorflow_datasets)")
+    pr.add_argument("--manual-dir", help="the archives (default: DATA_DIR/downloads/manual)")
+    pr.set_defaults(func=_prepare)
 
     r = sub.add_parser("recipes", help="print the training recipes")
     r.add_argument("name", nargs="?")

@@ -97,7 +97,31 @@ def test_unprepared_imagenet_error_names_the_archives(tmp_path):
         D.imagenet(batch_size=8, data_dir=tmp_path)
     msg = str(e.value)
     assert "ILSVRC2012_img_train.tar" in msg and "ILSVRC2012_img_val.tar" in msg
-    assert str(tmp_path) in msg and "manual_dir" in msg
+    assert str(tmp_path / "downloads" / "manual") in msg
+    assert "keras-reluvit prepare imagenet2012" in msg
+
+
+def test_cli_prepares_imagenet_from_the_default_and_an_explicit_manual_dir(
+        tmp_path, imagenet_manual, capsys):
+    from keras_reluvit import cli
+
+    # The archives in tfds' default DATA_DIR/downloads/manual: the first
+    # `bench` (as `train` and `eval`) builds the data set, like tfds.load.
+    default = tmp_path / "a" / "downloads" / "manual"
+    default.mkdir(parents=True)
+    for f in ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar"):
+        (default / f).symlink_to(imagenet_manual / f)
+    assert cli.main(["bench", "--dataset", "imagenet2012", "--data-dir", str(tmp_path / "a"),
+                     "--batch-size", "4", "--image-size", "32", "--steps", "1"]) == 0
+    assert "preparing imagenet2012" in capsys.readouterr().out
+    assert D.builder("imagenet2012", tmp_path / "a").info.splits["train"].num_examples == 18
+    # `prepare` with the archives elsewhere.
+    assert cli.main(["prepare", "imagenet2012", "--data-dir", str(tmp_path / "b"),
+                     "--manual-dir", str(imagenet_manual)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["splits"] == {"train": 18, "validation": 6}
+    assert cli.main(["prepare", "imagenet2012", "--data-dir", str(tmp_path / "c"),
+                     "--manual-dir", str(tmp_path / "empty")]) != 0
 
 
 def test_weight_decay_reaches_kernels_only():
