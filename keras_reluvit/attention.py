@@ -204,8 +204,10 @@ def pointwise_attention(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
         recording=recording, sequence_parallel=sp is not None,
         fused=backend == "torch" and mask is None and not recording
-        and torch_fused.usable(query, name),
+        and torch_fused.eligible(query, name),
     )
+    if path == "torch_fused" and implementation is None and torch_fused.load() is None:
+        path = "torch_tiled"  # chosen, but not buildable here: the tiled path
     if path == "generic":
         out, weights = kernels.generic(query, key, value, h, mask, factor, dropout_fn)
         if not return_weights:

@@ -10,17 +10,32 @@ straight into the output. Key blocks are combined by that plain sum: no
 softmax, no running max, no rescaling. It reads the `(B, T, H,
 D)` projections in place (strided BLAS), so there are no transposes either.
 
-Built once with `torch.utils.cpp_extension.load_inline` on first use, with
-OpenMP so that `at::parallel_for` really runs on every core (a C++ compiler
-and ninja are needed; ~1 minute, cached under
-`~/.cache/torch_extensions`), against the MKL BLAS of PyTorch's x86 CPU
-builds. Where it cannot be built the dispatch point uses the `torch_tiled`
-path instead (a warning says why); `KERAS_RELUVIT_TORCH_FUSED=0` turns it off.
+Built once with `torch.utils.cpp_extension.load_inline` the first time the
+dispatch point chooses this path (never for calls that take another path),
+with OpenMP so that `at::parallel_for` really runs on every core (a C++
+compiler and ninja are needed; ~1 minute; one line on stderr says so and
+where it caches: `$TORCH_EXTENSIONS_DIR`, default
+`~/.cache/torch_extensions/<python>_cpu/`), against the MKL BLAS of PyTorch's
+x86 CPU builds. Where it cannot be built the dispatch point uses the
+`torch_tiled` path instead (a warning says why); `KERAS_RELUVIT_TORCH_FUSED=0`
+turns it off. CPU float32 tensors only: CUDA tensors never reach it.
+
+**Build locks.** torch guards a build with a `lock` file and waits, forever,
+while it exists, so a build killed half-way used to hang every later one.
+We record the building process in `keras_reluvit.owner` next to it: a lock
+whose owner is gone (or an unowned lock older than 10 minutes) is removed
+with a warning and the build goes on; a lock held by a live process makes
+this process use the tiled path (with a warning) instead of waiting.
 """
 
 import os
+import sys
 import threading
+import time
 import warnings
+
+NAME = "keras_reluvit_fused_v3"
+STALE_UNOWNED_SECONDS = 600
 
 # Activations the kernel computes in its loop (code passed to C++).
 ACTIVATIONS = {"relu": 0, "relu2": 1, "relu6": 2, "identity": 3}
@@ -102,6 +117,60 @@ _lock = threading.Lock()
 _state = {}
 
 
+def build_directory():
+    """Where torch builds and caches the extension (`TORCH_EXTENSIONS_DIR`)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return _get_build_directory(NAME, False)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _owner(path):
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def check_lock(directory):
+    """Clears a stale torch build lock in `directory`; returns False (after a
+    warning) when a live process holds it, True when building may go on."""
+    lock = os.path.join(directory, "lock")
+    owner_file = os.path.join(directory, "keras_reluvit.owner")
+    if not os.path.exists(lock):
+        return True
+    pid = _owner(owner_file)
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:
+        return True  # released meanwhile
+    if pid == os.getpid() or (pid is not None and not _alive(pid)) or (
+            pid is None and age > STALE_UNOWNED_SECONDS):
+        for f in (lock, owner_file):
+            try:
+                os.remove(f)
+            except FileNotFoundError:
+                pass
+        who = f"process {pid}, which is gone" if pid is not None else f"{age:.0f} s ago"
+        warnings.warn(f"keras_reluvit: removed a stale PyTorch build lock {lock} (left by {who}, "
+                      "a build killed half-way); building again.")
+        return True
+    warnings.warn(f"keras_reluvit: the fused PyTorch CPU kernel is being built by "
+                  f"{'process ' + str(pid) if pid else 'another process'} (lock {lock}); this "
+                  "process uses the tiled path instead of waiting.")
+    return False
+
+
 def load():
     """The compiled extension module, or None where it cannot be built."""
     if "module" in _state:
@@ -111,12 +180,7 @@ def load():
             module = None
             if os.environ.get("KERAS_RELUVIT_TORCH_FUSED", "1") != "0":
                 try:
-                    from torch.utils.cpp_extension import load_inline
-
-                    module = load_inline("keras_reluvit_fused_v3", cpp_sources=_SOURCE,
-                                         functions=["pointwise_attention"],
-                                         extra_cflags=["-O3", "-fopenmp"],
-                                         extra_ldflags=["-fopenmp"], verbose=False)
+                    module = _build()
                 except Exception as e:  # no compiler, no MKL symbols, ...
                     warnings.warn(f"keras_reluvit: the fused PyTorch CPU attention kernel "
                                   f"could not be built ({type(e).__name__}: {e}); using the "
@@ -125,13 +189,38 @@ def load():
     return _state["module"]
 
 
-def usable(query, activation_name):
-    """Whether the fused kernel can compute this call (and is built)."""
+def _build():
+    from torch.utils.cpp_extension import load_inline
+
+    directory = build_directory()
+    if not check_lock(directory):
+        return None
+    if not any(f.endswith(".so") for f in os.listdir(directory)):
+        print(f"keras_reluvit: building the fused PyTorch CPU attention kernel once (~1 min) in "
+              f"{directory} (KERAS_RELUVIT_TORCH_FUSED=0 skips it)", file=sys.stderr, flush=True)
+    owner_file = os.path.join(directory, "keras_reluvit.owner")
+    with open(owner_file, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    try:
+        return load_inline(NAME, cpp_sources=_SOURCE, functions=["pointwise_attention"],
+                           extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                           verbose=False)
+    finally:
+        if _owner(owner_file) == os.getpid():
+            os.remove(owner_file)
+
+
+def eligible(query, activation_name):
+    """Whether the fused kernel could compute this call (activation, CPU,
+    float32); builds nothing."""
     if activation_name not in ACTIVATIONS:
         return False
-    if query.device.type != "cpu" or str(query.dtype) != "torch.float32":
-        return False
-    return load() is not None
+    return query.device.type == "cpu" and str(query.dtype) == "torch.float32"
+
+
+def usable(query, activation_name):
+    """Whether the fused kernel can compute this call (builds it if needed)."""
+    return eligible(query, activation_name) and load() is not None
 
 
 def attention(query, key, value, activation_name, out_scale=1.0, tile_q=None, tile_k=TILE_K):
@@ -139,6 +228,9 @@ def attention(query, key, value, activation_name, out_scale=1.0, tile_q=None, ti
     module = load()
     if module is None:
         raise RuntimeError("the fused PyTorch kernel is not available on this machine.")
+    for t in (query, key, value):
+        if t.device.type != "cpu":
+            raise ValueError(f"the fused kernel runs on the CPU; got a {t.device} tensor.")
     tile_q = tile_q or tile_rows(query.shape[1])
     return module.pointwise_attention(query.contiguous(), key.contiguous(), value.contiguous(),
                                       ACTIVATIONS[activation_name], float(out_scale), int(tile_q),

@@ -135,10 +135,89 @@ def _torch_dispatch_uses_the_fused_kernel_for_inference_only():
         torch_fused._state.update(saved)
 
 
+def _fused_probe(tmp_path, code, extensions_dir=None, timeout=300):
+    """Runs `code` in a fresh torch process; returns (stdout, stderr)."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    env = subprocess_env("torch")
+    if extensions_dir:
+        env["TORCH_EXTENSIONS_DIR"] = str(extensions_dir)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, proc.stderr
+
+
+def _torch_fused_builds_only_when_chosen_and_only_for_cpu_tensors(tmp_path):
+    import torch
+
+    from keras_reluvit import torch_fused
+
+    code = (
+        "import numpy as np, torch\n"
+        "from keras_reluvit.attention import pointwise_attention\n"
+        "q = torch.tensor(np.random.default_rng(0).normal(size=(1, 64, 2, 8)).astype('float32'))\n"
+        "with torch.no_grad():\n"
+        "    pointwise_attention(q, q, q, chunk_size=16)\n"
+        "    pointwise_attention(q, q, q, mask=torch.ones(1, 64, 64, dtype=torch.bool))\n"
+        "    pointwise_attention(q, q, q, activation='gelu')\n"
+        "    pointwise_attention(q, q, q, return_weights=True)\n"
+        "pointwise_attention(q.requires_grad_(True), q, q)\n"
+        "print('ok')\n")
+    out, err = _fused_probe(tmp_path, code, extensions_dir=tmp_path / "ext")
+    assert "ok" in out and "building" not in err
+    assert not list((tmp_path / "ext").rglob("*.so"))  # nothing was compiled
+    meta = torch.empty(1, 4, 2, 8, device="meta")
+    assert not torch_fused.eligible(meta, "relu")
+    assert torch_fused.eligible(torch.empty(1, 4, 2, 8), "relu")
+
+
+def _torch_fused_recovers_a_stale_build_lock_and_never_waits(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from keras_reluvit import torch_fused
+
+    directory = torch_fused.build_directory()  # the real cache (built by the tests above)
+    lock = os.path.join(directory, "lock")
+    owner = os.path.join(directory, "keras_reluvit.owner")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "from keras_reluvit import torch_fused\n"
+            "print('built' if torch_fused.load() is not None else 'none')\n")
+    try:
+        # A build killed half-way: torch's lock file and a dead owner.
+        open(lock, "w").close()
+        with open(owner, "w") as f:
+            f.write(dead + "\n")
+        out, err = _fused_probe(tmp_path, code, timeout=300)
+        assert "built" in out and "removed a stale PyTorch build lock" in err
+        assert not os.path.exists(lock)
+        # A live owner (this test process): no waiting, the tiled path.
+        open(lock, "w").close()
+        with open(owner, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        out, err = _fused_probe(tmp_path, code, timeout=60)
+        assert "none" in out and "is being built by process" in err
+    finally:
+        for f in (lock, owner):
+            if os.path.exists(f):
+                os.remove(f)
+
+
 if keras.backend.backend() == "torch":
     test_torch_fused_kernel_equals_generic_forward = _torch_fused_kernel_equals_generic_forward
     test_torch_dispatch_uses_the_fused_kernel_for_inference_only = (
         _torch_dispatch_uses_the_fused_kernel_for_inference_only)
+    test_torch_fused_builds_only_when_chosen_and_only_for_cpu_tensors = (
+        _torch_fused_builds_only_when_chosen_and_only_for_cpu_tensors)
+    test_torch_fused_recovers_a_stale_build_lock_and_never_waits = (
+        _torch_fused_recovers_a_stale_build_lock_and_never_waits)
 
 
 def test_dispatch_rule():
