@@ -34,25 +34,77 @@ import tempfile
 import keras
 
 _CHILD = (
-    "import sys, json, keras, keras_reluvit\n"
+    "import sys, json, importlib, keras, keras_reluvit\n"
     "from keras_reluvit import export\n"
+    "for name in json.loads(sys.argv[5]):\n"
+    "    importlib.import_module(name)  # registers the model's custom objects\n"
     "model = keras.saving.load_model(sys.argv[1], compile=False)\n"
     "getattr(export, sys.argv[4])(model, sys.argv[2], **json.loads(sys.argv[3]))\n"
 )
 
 
-def _in_tensorflow(model, path, writer, options):
+def custom_modules(model):
+    """Modules the TensorFlow child process must import so that `.keras`
+    loading finds the model's custom objects: where each registered object
+    named in the model's serialized config was defined (its
+    `register_keras_serializable` runs on import), and of callables the
+    attention layers use. Raises for objects defined in `__main__`, which a
+    child process cannot import."""
+    modules, from_main = set(), []
+
+    def walk(node):
+        if isinstance(node, dict):
+            name = node.get("registered_name")
+            if isinstance(name, str):
+                obj = keras.saving.get_registered_object(name)
+                module = getattr(obj, "__module__", None) or ""
+                if module == "__main__":
+                    from_main.append(name)
+                elif module and not module.startswith(("keras_reluvit", "keras.")):
+                    modules.add(module)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(keras.saving.serialize_keras_object(model))
+    for layer in model._flatten_layers():
+        fn = getattr(layer, "activation", None)
+        if callable(fn) and type(layer).__name__ == "PointwiseAttention":
+            module = getattr(fn, "__module__", "")
+            if module == "__main__":
+                from_main.append(getattr(fn, "__name__", repr(fn)))
+            elif module and not module.startswith(("keras_reluvit", "keras.")):
+                modules.add(module)
+    if from_main:
+        raise ValueError(
+            f"Export runs in a TensorFlow child process, which cannot import {sorted(set(from_main))} "
+            "defined in __main__ (a notebook or script). Put them in an importable module "
+            "(a .py file on the path), register them there with "
+            "@keras.saving.register_keras_serializable(), import it, and export again; or "
+            "export under KERAS_BACKEND=tensorflow, which needs no child process.")
+    return sorted(modules)
+
+
+def _in_tensorflow(model, path, writer, options, modules=None):
     """Runs `writer(model, path, **options)` under the TensorFlow backend:
-    here if that is the backend, else in a child process on a `.keras` copy."""
+    here if that is the backend, else in a child process on a `.keras` copy
+    that first imports `modules` (default: `custom_modules(model)`)."""
     if keras.backend.backend() == "tensorflow":
         globals()[writer](model, path, **options)
         return path
+    modules = custom_modules(model) if modules is None else list(modules)
     with tempfile.TemporaryDirectory() as tmp:
         file = os.path.join(tmp, "model.keras")
         model.save(file)
-        env = dict(os.environ, KERAS_BACKEND="tensorflow")
+        # The child sees what this process imports from (custom modules
+        # next to a script or a test).
+        env = dict(os.environ, KERAS_BACKEND="tensorflow",
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, file, path, json.dumps(options), writer],
+            [sys.executable, "-c", _CHILD, file, path, json.dumps(options), writer,
+             json.dumps(modules)],
             env=env, capture_output=True, text=True,
         )
         if proc.returncode:
@@ -61,11 +113,15 @@ def _in_tensorflow(model, path, writer, options):
     return path
 
 
-def saved_model(model, path, label_names=None, activation="softmax", top_k=5):
+def saved_model(model, path, label_names=None, activation="softmax", top_k=5,
+                custom_modules=None):
     """Writes a TF-Serving SavedModel of a keras_reluvit ViT to `path`.
 
     Works for a model built and trained under any backend. `path` is the
     version directory TF Serving expects (e.g. `serving/vit_s16_relu/1`).
+    From JAX / PyTorch a TensorFlow child process writes it; it imports the
+    modules where the model's custom objects (e.g. a registered attention
+    activation) live, found automatically, or `custom_modules` (names).
 
     Example:
 
@@ -80,10 +136,10 @@ def saved_model(model, path, label_names=None, activation="softmax", top_k=5):
     options = dict(label_names=list(label_names) if label_names else None,
                    activation=activation, top_k=int(top_k))
     path = os.path.expanduser(os.fspath(path))
-    return _in_tensorflow(model, path, "_write_saved_model", options)
+    return _in_tensorflow(model, path, "_write_saved_model", options, custom_modules)
 
 
-def onnx(model, path):
+def onnx(model, path, custom_modules=None):
     """Writes an ONNX model of the classifier: float images `[N, res, res, 3]`
     in [-1, 1] -> `logits` (dynamic batch), via tf2onnx from any backend.
 
@@ -96,7 +152,7 @@ def onnx(model, path):
     if not hasattr(model, "image_size"):
         raise ValueError("onnx exports a keras_reluvit ViT.")
     path = os.path.expanduser(os.fspath(path))
-    return _in_tensorflow(model, path, "_write_onnx", {})
+    return _in_tensorflow(model, path, "_write_onnx", {}, custom_modules)
 
 
 def _write_onnx(model, path):

@@ -141,3 +141,35 @@ def test_onnx_matches_predict_with_dynamic_batch(tmp_path):
         x = rng.uniform(-1, 1, (n, 32, 32, 3)).astype("float32")
         got = session.run(None, {name: x})[0]
         np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)
+
+
+def test_export_of_a_model_with_a_custom_activation(tmp_path):
+    """The TensorFlow child (from JAX / PyTorch) imports the module that
+    registered the activation; one defined in __main__ gets a clear error."""
+    import tensorflow as tf
+
+    from custom_activation import squareplus
+
+    model = kr.ViT("Ti/16", attention={"activation": squareplus}, image_size=32, depth=1,
+                   width=32, num_heads=2, mlp_dim=64, num_classes=3)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    for v in model.weights:  # a non-zero head, so the logits say something
+        if v.path.startswith("head/"):
+            v.assign(np.random.default_rng(1).normal(0, 0.5, v.shape).astype("float32"))
+    if keras.backend.backend() != "tensorflow":
+        assert kr.export.custom_modules(model) == ["custom_activation"]
+    path = kr.export.saved_model(model, tmp_path / "sm" / "1")
+    served = tf.saved_model.load(str(path))
+    got = served.signatures["serve_preprocessed"](images=tf.constant(x))["logits"].numpy()
+    np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)
+
+    def in_main(x):
+        return keras.ops.relu(x) ** 3
+
+    in_main.__module__ = "__main__"
+    keras.saving.register_keras_serializable(package="notebook")(in_main)
+    model = kr.ViT("Ti/16", attention={"activation": in_main}, image_size=32, depth=1,
+                   width=32, num_heads=2, mlp_dim=64, num_classes=3)
+    if keras.backend.backend() != "tensorflow":
+        with pytest.raises(ValueError, match="__main__"):
+            kr.export.saved_model(model, tmp_path / "sm2" / "1")
