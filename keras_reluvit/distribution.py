@@ -142,9 +142,11 @@ def model_parallel(mesh, strategy="fsdp", batch_axis="batch", model_axis="model"
         sequence_axis: a mesh axis to split the *tokens* over (sequence
             parallelism): every block's output is sharded `(batch, tokens,
             -)` and pointwise attention runs the sequence-parallel path
-            (partial sums over each device's keys, one reduce-scatter). The
-            token count must be divisible by that axis. Softmax attention is
-            left to XLA's sharding propagation.
+            (partial sums over each device's keys, one reduce-scatter).
+            Token counts the axis does not divide (a class token: 197; the
+            MAP head's single probe query) are padded inside the attention
+            (padded keys carry zero values, so `L` stays the real count).
+            Softmax attention is left to XLA's sharding propagation.
 
     Example:
 

@@ -184,13 +184,16 @@ def sequence_parallel(query, key, value, h, factor, mesh, seq_axis, batch_axis=N
     n = sizes[seq_axis]
     b, t, nh, _ = query.shape
     s = key.shape[1]
-    for name, length in (("query", t), ("key", s)):
-        if length % n:
-            raise ValueError(
-                f"Sequence-parallel attention splits the {name} tokens over mesh axis "
-                f"{seq_axis!r} of size {n}, but there are {length} tokens (not divisible). "
-                "Choose an image size / patch size (or mesh) whose token count it divides."
-            )
+    # Token counts the axis does not divide (a class token: 197; the MAP
+    # head's one probe query) are padded to a multiple of it: padded queries
+    # are sliced off, padded keys get zero values, so they add nothing to any
+    # sum whatever h(0) is, and `factor` already holds the real L^-alpha.
+    pad_t, pad_s = (-t) % n, (-s) % n
+    if pad_t:
+        query = ops.pad(query, [[0, 0], [0, pad_t], [0, 0], [0, 0]])
+    if pad_s:
+        key = ops.pad(key, [[0, 0], [0, pad_s], [0, 0], [0, 0]])
+        value = ops.pad(value, [[0, 0], [0, pad_s], [0, 0], [0, 0]])
 
     def axis_if_divides(axis, size):
         return axis if axis in sizes and axis != seq_axis and size % sizes[axis] == 0 else None
@@ -205,6 +208,8 @@ def sequence_parallel(query, key, value, h, factor, mesh, seq_axis, batch_axis=N
 
     out = jax.shard_map(local, mesh=mesh.backend_mesh, in_specs=(spec, spec, spec),
                         out_specs=spec, check_vma=False)(query, key, value)
+    if pad_t:
+        out = out[:, :t]
     return _apply(out, factor)
 
 

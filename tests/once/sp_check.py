@@ -5,8 +5,11 @@ subprocess by test_distribution.py; prints one JSON line).
    (meshes (1, 8) and (2, 4) batch x seq) against the generic path with no
    distribution, forward and gradient, for several activations, alpha and a
    learned scale.
-2. A ViT under `kr.distribution.model_parallel(..., sequence_axis="seq")`:
-   the path is used, logits and three training steps equal one device.
+   Token counts the axis does not divide (60 keys; one query, as the MAP
+   head's probe) are padded, with the same results.
+2. ViTs with gap (64 tokens), a class token (65) and a MAP head under
+   `kr.distribution.model_parallel(..., sequence_axis="seq")`: the path is
+   used, logits and three training steps equal one device.
 """
 
 import json
@@ -47,6 +50,10 @@ def attention_fn(activation, alpha, log_scale):
     return jax.jit(f), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
+def rel(a, r):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(r))) / np.max(np.abs(np.asarray(r))))
+
+
 def kernel_errors():
     rng = np.random.default_rng(0)
     b, t, h, d = 2, 64, 2, 8
@@ -66,33 +73,40 @@ def kernel_errors():
                 out, grad = f(q, k, v), g(q, k, v, w)
             used = calls["sequence_parallel"] > before
             key = f"{'x'.join(map(str, mesh_shape))}/{activation}/{alpha}/{scale is not None}"
-            rel = lambda a, r: float(np.max(np.abs(np.asarray(a) - np.asarray(r)))
-                                     / np.max(np.abs(np.asarray(r))))
             errors[key] = dict(
                 used=used,
                 forward=rel(out, ref_out),
                 grad=max(rel(a, r) for a, r in zip(grad, ref_grad)),
                 out_sharding=str(out.sharding.spec),
             )
-    # Token count not divisible by the axis: a clear error.
+    # Token counts the axis does not divide (60 keys, 1 query: a MAP probe)
+    # are padded; sigmoid(0) != 0, so padded keys must add nothing.
     mesh = keras.distribution.DeviceMesh((1, 8), ["batch", "seq"], devices)
     dist = kr.distribution.model_parallel(mesh, "data", sequence_axis="seq")
-    bad = None
-    try:
+    for name, tq in (("uneven_60", 60), ("probe_1", 1)):
+        ref_f, ref_g = attention_fn("sigmoid", 1.0, None)
+        args = (q[:, :tq], k[:, :60], v[:, :60])
+        ref_out, ref_grad = ref_f(*args), ref_g(*args, w[:, :tq])
+        before = calls["sequence_parallel"]
         with dist.scope():
-            f, _ = attention_fn("relu", 1.0, None)
-            f(q[:, :60], k[:, :60], v[:, :60])
-    except ValueError as e:
-        bad = str(e)
-    return errors, bad
+            f, g = attention_fn("sigmoid", 1.0, None)
+            out, grad = f(*args), g(*args, w[:, :tq])
+        errors[name] = dict(
+            used=calls["sequence_parallel"] > before,
+            forward=rel(out, ref_out),
+            grad=max(rel(a, r) for a, r in zip(grad, ref_grad)),
+            out_sharding="'seq' (padded)",
+        )
+    return errors
 
 
-def vit_losses(distribution):
+def vit_losses(distribution, pool="gap"):
     keras.utils.set_random_seed(0)
     if distribution is not None:
         keras.distribution.set_distribution(distribution)
+    # gap: 64 tokens; tok: 65 (a class token); map: 64 keys, one probe query.
     model = kr.ViT("Ti/16", attention="relu", image_size=32, patch_size=4, width=32, depth=2,
-                   num_heads=2, mlp_dim=64, num_classes=5)
+                   num_heads=2, mlp_dim=64, num_classes=5, pool=pool)
     rng = np.random.default_rng(1)
     x = rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32")
     y = keras.utils.to_categorical(rng.integers(0, 5, 8), 5)
@@ -105,21 +119,22 @@ def vit_losses(distribution):
 
 
 def main():
-    errors, bad = kernel_errors()
-    ref_logits, ref_losses = vit_losses(None)
-    mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "seq"], devices)
-    before = calls["sequence_parallel"]
-    logits, losses = vit_losses(kr.distribution.model_parallel(mesh, "data", sequence_axis="seq"))
-    print(json.dumps(dict(
-        jax_devices=len(jax.devices()),
-        kernel=errors,
-        bad_error=bad,
-        vit_used=calls["sequence_parallel"] > before,
-        vit_logits_diff=float(np.max(np.abs(logits - ref_logits))),
-        vit_logits_scale=float(np.max(np.abs(ref_logits))),
-        vit_losses=losses,
-        vit_reference=ref_losses,
-    )))
+    errors = kernel_errors()
+    vits = {}
+    for pool, shape in (("gap", (2, 4)), ("tok", (1, 8)), ("map", (1, 8))):
+        ref_logits, ref_losses = vit_losses(None, pool)
+        mesh = keras.distribution.DeviceMesh(shape, ["batch", "seq"], devices)
+        before = calls["sequence_parallel"]
+        logits, losses = vit_losses(
+            kr.distribution.model_parallel(mesh, "data", sequence_axis="seq"), pool)
+        vits[pool] = dict(
+            used=calls["sequence_parallel"] > before,
+            logits_diff=float(np.max(np.abs(logits - ref_logits))),
+            logits_scale=float(np.max(np.abs(ref_logits))),
+            losses=losses,
+            reference=ref_losses,
+        )
+    print(json.dumps(dict(jax_devices=len(jax.devices()), kernel=errors, vits=vits)))
 
 
 if __name__ == "__main__":

@@ -138,15 +138,16 @@ def test_jax_sequence_parallel_attention_equals_dense_on_eight_devices():
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["jax_devices"] == 8
-    assert len(r["kernel"]) == 8
+    assert len(r["kernel"]) == 10                  # 8 + the padded uneven / one-probe cases
     for key, e in r["kernel"].items():
         assert e["used"], key                      # the sequence-parallel path ran
         assert e["forward"] <= 1e-5 and e["grad"] <= 1e-5, (key, e)
         assert "'seq'" in e["out_sharding"], (key, e)   # output stays token-sharded
-    assert "60 tokens" in r["bad_error"] and "'seq'" in r["bad_error"]
-    assert r["vit_used"]
-    assert r["vit_logits_scale"] > 1e-3            # a trained head, not all-zero logits
-    assert r["vit_logits_diff"] <= 1e-4 * max(1.0, r["vit_logits_scale"])
-    for a, b in zip(r["vit_losses"], r["vit_reference"]):
-        assert a == pytest.approx(b, rel=1e-4)
-    assert r["vit_losses"][-1] != r["vit_losses"][0]
+    assert sorted(r["vits"]) == ["gap", "map", "tok"]
+    for pool, v in r["vits"].items():
+        assert v["used"], pool
+        assert v["logits_scale"] > 1e-3, pool      # a trained head, not all-zero logits
+        assert v["logits_diff"] <= 1e-4 * max(1.0, v["logits_scale"]), (pool, v)
+        for a, b in zip(v["losses"], v["reference"]):
+            assert a == pytest.approx(b, rel=1e-4), (pool, v)
+        assert v["losses"][-1] != v["losses"][0]
