@@ -41,15 +41,37 @@ def test_real_imagenet_builder_pipeline_fit_and_eval(imagenet_dir):
     hist = model.fit(train, epochs=1, verbose=0)
     assert np.isfinite(hist.history["loss"][0])
     result = model.evaluate(val, return_dict=True, verbose=0)
-    assert 0.0 <= result["accuracy"] <= 1.0 and np.isfinite(result["loss"])
+    # The metric is the fraction of argmax hits over the 6 validation images
+    # (computed here from predict), the loss near ln(1000) for 1000 classes
+    # after one step on noise.
+    logits = model.predict(val, verbose=0)
+    labels = np.concatenate([np.asarray(b[1]) for b in val]).argmax(1)
+    assert result["accuracy"] == pytest.approx(np.mean(logits.argmax(1) == labels))
+    assert 5.0 < result["loss"] < 9.0
 
 
 def test_eval_pipeline_is_deterministic_and_center_crops(imagenet_dir):
+    import tensorflow as tf
+
     _, val, _ = D.imagenet(batch_size=4, data_dir=imagenet_dir, image_size=32)
-    a = [np.asarray(b[0]) for b in val]
-    b = [np.asarray(b[0]) for b in val]
-    for u, v in zip(a, b):
-        np.testing.assert_array_equal(u, v)
+    a = np.concatenate([np.asarray(b[0]) for b in val])
+    b = np.concatenate([np.asarray(b[0]) for b in val])
+    np.testing.assert_array_equal(a, b)
+    # Each image: shorter side resized to round(32 * 256 / 224) = 37 (area),
+    # then the central 32 x 32, in [-1, 1] -- spelled out here on the raw
+    # tfds images.
+    raw = D.builder("imagenet2012", imagenet_dir).as_dataset(split="validation",
+                                                             shuffle_files=False)
+    for got, ex in zip(a, raw):
+        img = tf.cast(ex["image"], tf.float32)
+        if img.shape[-1] == 1:
+            img = tf.repeat(img, 3, axis=-1)
+        h, w = img.shape[:2]
+        nh, nw = max(round(h * 37 / min(h, w)), 32), max(round(w * 37 / min(h, w)), 32)
+        small = tf.image.resize(img, (nh, nw), method="area").numpy()
+        top, left = (nh - 32) // 2, (nw - 32) // 2
+        want = np.clip(small[top:top + 32, left:left + 32], 0, 255) / 127.5 - 1.0
+        np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def test_resize_small_central_crop_geometry():
@@ -258,17 +280,3 @@ def test_cli_bench_reports_pipeline_throughput(digits_dir, capsys):
                      "--batch-size", "64", "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert float(re.search(r"([\d,.]+) images/s", out).group(1).replace(",", "")) > 0
-
-
-def test_switch_randaugment_applies_one_keras_op_per_draw():
-    import tensorflow as tf
-
-    layer = keras.layers.RandAugment(value_range=(0, 255), num_ops=2, factor=0.5, seed=3)
-    image = tf.constant(np.random.default_rng(0).uniform(0, 255, (24, 24, 3)).astype("float32"))
-    fn = tf.function(lambda im: D.switch_randaugment(layer, im))
-    outs = [fn(image).numpy() for _ in range(6)]
-    assert all(o.shape == (24, 24, 3) and np.isfinite(o).all() for o in outs)
-    assert all(-1e-3 <= o.min() and o.max() <= 255 + 1e-3 for o in outs)
-    changed = [float(np.abs(o - image.numpy()).mean()) for o in outs]
-    assert max(changed) > 1.0  # it augments
-    assert len({round(c, 3) for c in changed}) > 1  # with random ops/strengths

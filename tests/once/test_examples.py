@@ -54,15 +54,18 @@ def run_example(args, backend="jax", extra_env=None, timeout=900):
 
 def test_alpha_sweep_writes_csv_and_plot_and_resumes(tmp_path):
     args = [os.path.join(EXAMPLES, "alpha_sweep.py"), "--out", str(tmp_path),
-            "--activations", "relu", "--alphas", "0,1", "--epochs", "1",
-            "--width", "16", "--depth", "1", "--heads", "2", "--batch-size", "128"]
+            "--activations", "relu", "--alphas", "0,1", "--epochs", "2",
+            "--width", "16", "--depth", "1", "--heads", "2", "--batch-size", "64"]
     out = run_example(args, backend="torch")  # no compile step: the fastest here
     assert "64 tokens" in out
     with open(tmp_path / "alpha_sweep.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted((r["activation"], r["alpha"]) for r in rows) == [
         ("relu", "0.0"), ("relu", "1.0"), ("softmax", "")]
-    assert all(0.0 <= float(r["accuracy"]) <= 1.0 and r["tokens"] == "64" for r in rows)
+    assert all(r["tokens"] == "64" for r in rows)
+    # 10 digit classes: two epochs of a 1-block ViT are well above chance
+    # (0.30 / 0.47 / 0.31 measured on torch).
+    assert all(float(r["accuracy"]) > 0.2 for r in rows), rows
     assert (tmp_path / "alpha_sweep.png").stat().st_size > 10_000
     out = run_example(args, backend="torch")  # everything is already there: nothing retrained
     assert "3 runs, 3 already" in out
@@ -82,7 +85,10 @@ def test_train_imagenet_example_with_a_mesh(tmp_path, imagenet_manual):
          "--mesh", "batch=2", "--sharding", "fsdp"],
         extra_env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     result = json.loads(stdout.strip().splitlines()[-1])
-    assert 0.0 <= result["accuracy"] <= 1.0
+    # Noise images, 1000 classes, one epoch: the loss of a near-uniform
+    # 1000-way prediction, ln(1000) = 6.9 (a wrong head size or label
+    # encoding would be far off).
+    assert 5.0 < result["loss"] < 9.0, result
     assert (out_dir / "model.keras").exists()
     assert (out_dir / "saved_model/1/saved_model.pb").exists()
     assert "steps per epoch, backend jax" in stdout
