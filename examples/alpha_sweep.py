@@ -13,7 +13,8 @@ softmax baseline, on a tfds data set (default: the embedded `sklearn_digits`,
 Ablations behind flags: `--qk-norm both` adds runs without qk-layernorm
 (Figure 3), `--gated both` adds the sigmoid-gated attention (Figure 4).
 
-    KERAS_BACKEND=jax python examples/alpha_sweep.py --out examples/results
+    KERAS_BACKEND=jax python examples/alpha_sweep.py                     # -> runs/alpha_sweep
+    KERAS_BACKEND=jax python examples/alpha_sweep.py --out examples/results   # the committed run
     KERAS_BACKEND=jax python examples/alpha_sweep.py --qk-norm both --activations relu
 """
 
@@ -31,7 +32,8 @@ FIELDS = ("dataset", "tokens", "activation", "alpha", "qk_norm", "gated", "seed"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="examples/results", help="output folder")
+    p.add_argument("--out", default="runs/alpha_sweep",
+                   help="output folder (the committed run is examples/results)")
     p.add_argument("--dataset", default="sklearn_digits", help="any tfds image classification set")
     p.add_argument("--data-dir", default=None, help="tfds data_dir")
     p.add_argument("--image-size", type=int, default=32)

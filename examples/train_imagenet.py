@@ -72,7 +72,7 @@ def main(argv=None):
         json.dump({k: float(v) for k, v in final.items()}, f, indent=2)
     kr.export.saved_model(model, os.path.join(args.output, "saved_model", "1"),
                           label_names=info.label_names,
-                          activation="sigmoid" if recipe["loss"] == "sigmoid_xent" else "softmax")
+                          activation=kr.recipes.probability(recipe))
     print(json.dumps({"output": args.output, **{k: float(v) for k, v in final.items()}}))
 
 

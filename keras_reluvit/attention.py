@@ -102,9 +102,28 @@ def check_attention_args(activation="relu", seq_len_exponent=1.0, gated=False,
             "softmax weights are normalised to sum to 1, so a learned "
             "scale is not defined for activation='softmax'."
         )
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}.")
+    check_rate(dropout, "dropout")
     return name, fn, alpha
+
+
+def check_rate(value, what):
+    """A dropout rate in [0, 1) (ViT, blocks and attention share it)."""
+    try:
+        ok = 0.0 <= float(value) < 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"`{what}` must be in [0, 1), got {value!r}.")
+    return float(value)
+
+
+def check_heads(width, num_heads):
+    """`width` must split into `num_heads` heads of integer size."""
+    if width % num_heads:
+        raise ValueError(
+            f"width {width} is not divisible by num_heads {num_heads} "
+            "(key_dim = width / num_heads must be an integer).")
+    return width // num_heads
 
 
 QK_NORMS = (False, True, "scale", "affine")

@@ -44,7 +44,9 @@ def _train(args):
     _, metrics = kr_train.train(config, args.output, export=not args.no_export,
                                 verbose=2 if args.quiet else 1)
     final = metrics["final"]
-    print(json.dumps({"output": args.output, **final,
+    import keras
+
+    print(json.dumps({"output": args.output, "backend": keras.backend.backend(), **final,
                       "train_seconds": round(metrics["train_seconds"], 1)}))
 
 
@@ -102,8 +104,7 @@ def _export(args):
         with open(config) as f:
             run = json.load(f)
         label_names = run.get("label_names")
-        if recipes_loss(run.get("recipe")) == "sigmoid_xent":
-            activation = "sigmoid"
+        activation = recipes_probability(run.get("recipe"))
     if args.format == "onnx":
         print(kr_export.onnx(model, args.path))
         return
@@ -111,13 +112,13 @@ def _export(args):
                                 activation=activation))
 
 
-def recipes_loss(name):
+def recipes_probability(name):
     from keras_reluvit import recipes
 
     try:
-        return recipes.get(name)["loss"] if name else None
-    except ValueError:
-        return None
+        return recipes.probability(name)
+    except ValueError:  # an unknown (renamed) recipe: the common case
+        return "softmax"
 
 
 def _bench(args):

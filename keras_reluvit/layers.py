@@ -12,11 +12,20 @@ import numpy as np
 from keras import ops
 
 from keras_reluvit.attention import PointwiseAttention
+from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
+from keras_reluvit.attention import check_rate
 from keras_reluvit.presets import deserialize_attention
 
 LN_EPS = 1e-6
 MLP_ACTIVATIONS = ("gelu_tanh", "gelu")
+
+
+def check_mlp_activation(activation):
+    if activation not in MLP_ACTIVATIONS:
+        raise ValueError(
+            f"Unknown mlp_activation {activation!r}; valid: {', '.join(MLP_ACTIVATIONS)}.")
+    return activation
 
 
 def sincos2d_posemb(grid_h, grid_w, width, temperature=10000.0):
@@ -134,14 +143,9 @@ class MLPBlock(keras.layers.Layer):
 
     def __init__(self, mlp_dim, activation="gelu_tanh", dropout=0.0, **kw):
         super().__init__(**kw)
-        if activation not in MLP_ACTIVATIONS:
-            raise ValueError(
-                f"Unknown mlp_activation {activation!r}; valid: "
-                f"{', '.join(MLP_ACTIVATIONS)}."
-            )
         self.mlp_dim = int(mlp_dim)
-        self.activation = activation
-        self.dropout = float(dropout)
+        self.activation = check_mlp_activation(activation)
+        self.dropout = check_rate(dropout, "dropout")
         dense = dict(
             kernel_initializer="glorot_uniform",
             bias_initializer=keras.initializers.RandomNormal(stddev=1e-6),
@@ -212,8 +216,7 @@ class _AttentionOwner(keras.layers.Layer):
             epsilon=self.layer_norm_epsilon, name=name, dtype=self.dtype_policy)
 
     def _attention(self, width):
-        if width % self.num_heads:
-            raise ValueError(f"width {width} is not divisible by num_heads {self.num_heads}.")
+        check_heads(width, self.num_heads)
         return _attention_layer(width, self.num_heads, self.attention, self.qk_norm,
                                 self.dtype_policy, "attention", self.layer_norm_epsilon)
 
@@ -268,7 +271,7 @@ class EncoderBlock(_AttentionOwner):
                  layer_norm_epsilon=LN_EPS, **kwargs):
         super().__init__(num_heads, mlp_dim, attention, qk_norm, mlp_activation,
                          layer_norm_epsilon, **kwargs)
-        self.dropout = float(dropout)
+        self.dropout = check_rate(dropout, "dropout")
         self.layer_scale = None if layer_scale is None else float(layer_scale)
         policy = self.dtype_policy
         self.norm1 = self._norm("norm1")

@@ -140,6 +140,21 @@ def get(name, variant=None):
     return recipe
 
 
+def probability(recipe):
+    """The probability function that matches a recipe's loss (a recipe name,
+    dict or loss name): `"sigmoid"` for `sigmoid_xent`, else `"softmax"`. The
+    one place serving exports and runs decide it."""
+    if isinstance(recipe, dict):
+        loss = recipe.get("loss")
+    elif recipe in RECIPES:
+        loss = RECIPES[recipe]["loss"]
+    else:
+        loss = recipe
+    if loss not in (None, "softmax_xent", "sigmoid_xent"):
+        raise ValueError(f"Unknown loss {loss!r}: softmax_xent or sigmoid_xent.")
+    return "sigmoid" if loss == "sigmoid_xent" else "softmax"
+
+
 def describe(name=None):
     """Printable text of one recipe (or all)."""
     names = [name] if name else list(RECIPES)

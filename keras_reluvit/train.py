@@ -65,17 +65,13 @@ def build_config(recipe="digits", dataset=None, model=None, attention="relu", ep
 
 
 def _variant_from_name(name):
-    """"vit_s16" / "ViT_S16" / "S/16" -> "S/16"."""
-    import re
+    """"vit_s16" / "ViT_S16" / "S/16" -> "S/16" (`vit.canonical_variant`)."""
+    from keras_reluvit.vit import canonical_variant
 
-    m = re.fullmatch(r"(?:vit_)?([a-z0-9]+?)/?(\d+)", name.strip(), flags=re.IGNORECASE)
-    if not m:
-        raise ValueError(f"Cannot read a ViT variant from {name!r}; use e.g. vit_s16 or S/16.")
-    size = {"ti": "Ti", "s": "S", "m": "M", "b": "B", "l": "L", "h": "H", "g": "g",
-            "so400m": "So400m"}.get(m.group(1).lower())
-    if size is None:
-        raise ValueError(f"Unknown ViT size in {name!r}.")
-    return f"{size}/{m.group(2)}"
+    variant = canonical_variant(name)
+    if "/" not in variant:
+        raise ValueError(f"{name!r} names no patch size; use e.g. vit_s16 or S/16.")
+    return variant
 
 
 def train(config, output, export=True, verbose=2, extra_callbacks=()):
@@ -131,12 +127,9 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
 
         kr_export.saved_model(model, os.path.join(output, "saved_model"),
                               label_names=d.label_names,
-                              activation=_probability(recipe["loss"]))
+                              activation=recipes.probability(recipe))
     return model, metrics
 
-
-def _probability(loss):
-    return "sigmoid" if loss == "sigmoid_xent" else "softmax"
 
 
 def plot_curves(history, path):

@@ -14,7 +14,9 @@ import numpy as np
 
 from keras_reluvit import layers as L
 from keras_reluvit.attention import check_attention_args
+from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
+from keras_reluvit.attention import check_rate
 from keras_reluvit.presets import deserialize_attention
 from keras_reluvit.presets import resolve_attention
 
@@ -33,18 +35,30 @@ POOLS = ("gap", "tok", "map")
 POSEMBS = ("learn", "sincos2d")
 
 
-def parse_variant(variant):
-    """`"S/16"` -> dict(width, depth, mlp_dim, num_heads, patch_size)."""
-    m = re.fullmatch(r"(\w+?)(?:/(\d+))?", str(variant))
-    if not m or m.group(1) not in VARIANTS:
+def canonical_variant(name):
+    """`"S/16"`, `"vit_s16"`, `"ViT_S16"`, `"s16"` -> `"S/16"` (`"S"` stays
+    `"S"`): the one parser of variant names (builders, CLI, recipes)."""
+    text = str(name).strip()
+    m = re.fullmatch(r"(?:vit_)?([A-Za-z][A-Za-z0-9]*?)(?:/?(\d+))?", text, flags=re.IGNORECASE)
+    sizes = {k.lower(): k for k in VARIANTS}
+    if not m or m.group(1).lower() not in sizes:
         raise ValueError(
-            f"Unknown ViT variant {variant!r}; use '<size>/<patch>' with size "
-            f"one of {', '.join(VARIANTS)} (e.g. 'S/16')."
+            f"Unknown ViT variant {name!r}; use '<size>/<patch>' (or vit_<size><patch>) with "
+            f"size one of {', '.join(VARIANTS)} (e.g. 'S/16' or vit_s16)."
         )
-    width, depth, mlp_dim, heads = VARIANTS[m.group(1)]
+    size = sizes[m.group(1).lower()]
+    return f"{size}/{m.group(2)}" if m.group(2) else size
+
+
+def parse_variant(variant):
+    """`"S/16"` (or `"vit_s16"`) -> dict(width, depth, mlp_dim, num_heads,
+    patch_size) -- big_vision's `decode_variant`."""
+    canonical = canonical_variant(variant)
+    size, _, patch = canonical.partition("/")
+    width, depth, mlp_dim, heads = VARIANTS[size]
     out = dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads)
-    if m.group(2):
-        out["patch_size"] = int(m.group(2))
+    if patch:
+        out["patch_size"] = int(patch)
     return out
 
 
@@ -181,11 +195,7 @@ class ViT(keras.Model):
         for key in dims:
             dims[key] = _positive_int(dims[key], key)
         width, heads = dims["width"], dims["num_heads"]
-        if width % heads:
-            raise ValueError(
-                f"width {width} is not divisible by num_heads {heads} "
-                "(key_dim = width / num_heads must be an integer)."
-            )
+        check_heads(width, heads)
         image_size = _pair(image_size, "image_size")
         patch = dims["patch_size"]
         if image_size[0] % patch or image_size[1] % patch:
@@ -198,13 +208,8 @@ class ViT(keras.Model):
             raise ValueError(f"Unknown pool {pool!r}; valid: {POOLS}.")
         if posemb not in POSEMBS:
             raise ValueError(f"Unknown posemb {posemb!r}; valid: {POSEMBS}.")
-        if mlp_activation not in L.MLP_ACTIVATIONS:
-            raise ValueError(
-                f"Unknown mlp_activation {mlp_activation!r}; valid: "
-                f"{L.MLP_ACTIVATIONS}."
-            )
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}.")
+        L.check_mlp_activation(mlp_activation)
+        dropout = check_rate(dropout, "dropout")
         if include_top:
             num_classes = _positive_int(num_classes, "num_classes")
         if representation_size is not None:

@@ -378,3 +378,21 @@ def test_custom_registered_activation_in_a_vit_round_trips(tmp_path):
     assert loaded.blocks[0].attn.activation is squareplus
     np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded.intermediates(x)["attention_00"]),
                                maps, rtol=1e-5, atol=1e-7)
+
+
+def test_one_variant_parser_and_one_probability_choice():
+    from keras_reluvit import recipes, train
+    from keras_reluvit.vit import canonical_variant
+
+    for name in ("S/16", "vit_s16", "ViT_S16", "s16"):
+        assert canonical_variant(name) == "S/16"
+    assert canonical_variant("so400m/14") == "So400m/14" and canonical_variant("B") == "B"
+    assert train._variant_from_name("ViT_L32") == "L/32"
+    with pytest.raises(ValueError, match="Unknown ViT variant"):
+        canonical_variant("Q/16")
+    with pytest.raises(ValueError, match="no patch size"):
+        train._variant_from_name("vit_s")
+    assert recipes.probability("augreg_i1k") == "sigmoid"
+    assert recipes.probability("s16_i1k_90ep") == recipes.probability({"loss": "softmax_xent"})
+    with pytest.raises(ValueError, match="Unknown loss"):
+        recipes.probability("hinge")
