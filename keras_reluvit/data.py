@@ -197,28 +197,68 @@ def to_rgb(image):
     )
 
 
-def switch_randaugment(layer, image):
+class _KeyedSeed:
+    """Stands in for a `keras.random.SeedGenerator` inside tf.data: each
+    `next()` is a stateless seed derived from a key tensor, so the draws of
+    Keras' augmentation layers depend on (seed, epoch, example) only, never
+    on the order in which parallel map calls advance a shared state."""
+
+    def __init__(self, key):
+        self.key, self.count = key, 0
+
+    def next(self, ordered=True):
+        tf = _tf()
+        self.count += 1
+        return tf.random.experimental.stateless_fold_in(self.key, self.count)
+
+
+def _keyed(key):
+    from keras.random import SeedGenerator
+
+    seed = object.__new__(type("KeyedSeedGenerator", (_KeyedSeed, SeedGenerator), {}))
+    _KeyedSeed.__init__(seed, key)
+    return seed
+
+
+def switch_randaugment(layer, image, key=None):
     """Applies a `keras.layers.RandAugment` to one image, running only the
     chosen ops.
 
     Keras 3.15's `RandAugment.transform_images` computes every one of its
     ops on the whole batch `num_ops` times and keeps one with `where()`
-    (~14 images/s at 224 px on 2 CPU cores). Here each op is drawn per image
-    with the layer's own `get_random_transformation` and dispatched with
-    `tf.switch_case`, so one op runs per draw: the same augmentation
-    distribution, ~10x the throughput.
+    (~14 images/s at 224 px on 2 CPU cores). Here each of the `num_ops` ops
+    is drawn uniformly from the layer's `_AUGMENT_LAYERS` (as the layer
+    draws them), its strength with that op's own `get_random_transformation`,
+    and it is dispatched with `tf.switch_case`, so one op runs per draw: the
+    same augmentation distribution, ~10x the throughput. `key` (a stateless
+    seed, shape (2,)) makes every draw a function of it; without it the
+    layer's seed generator is used.
     """
     tf = _tf()
     shape = tuple(image.shape[:2]) + (3,)
     image = tf.ensure_shape(image, shape)
-    for _ in range(layer.num_ops):
-        t = layer.get_random_transformation(image[None], training=True)
-        branches = [
-            (lambda key=key, value=value: tf.cast(
-                getattr(layer, key).transform_images(image[None], value)[0], tf.float32))
-            for key, value in t["transforms"].items()
-        ]
-        image = tf.switch_case(tf.cast(t["layer_idxes"][0], tf.int32), branches)
+    names = list(layer._AUGMENT_LAYERS)
+    for name in names:  # in a tf.data graph, the layers compute with TF ops
+        getattr(layer, name).backend.set_backend("tensorflow")
+    for op in range(layer.num_ops):
+        if key is None:
+            t = layer.get_random_transformation(image[None], training=True)
+            index, seeds = t["layer_idxes"][0], None
+        else:
+            op_key = tf.random.experimental.stateless_fold_in(key, op)
+            index = tf.random.stateless_uniform([], op_key, 0, len(names), dtype=tf.int32)
+
+        def branch(name, current=image, op_key=None if key is None else op_key):
+            sub = getattr(layer, name)
+            if key is None:
+                transformation = t["transforms"][name]
+            else:
+                transformation = sub.get_random_transformation(
+                    current[None], training=True, seed=_keyed(op_key))
+            return tf.cast(sub.transform_images(current[None], transformation)[0], tf.float32)
+
+        image = tf.switch_case(tf.cast(index, tf.int32),
+                               [lambda n=n, im=image: branch(n, im) for n in names])
         image = tf.ensure_shape(image, shape)
     return image
 
@@ -280,8 +320,8 @@ def pipeline(
             image = tf.ensure_shape(image, (*size, 3))
             if aug.flip:
                 image = tf.image.stateless_random_flip_left_right(image, s2)
-            if randaug is not None:
-                image = switch_randaugment(randaug, image)
+            if randaug is not None:  # keyed by the example's own random draw
+                image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
         else:
             image = resize_small_central_crop(image, size)
         image = tf.ensure_shape(tf.clip_by_value(image, 0.0, 255.0), (*size, 3))

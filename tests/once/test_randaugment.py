@@ -38,8 +38,9 @@ def test_one_keras_op_per_draw_with_the_layers_distribution():
     image = tf.constant(np.random.default_rng(0).uniform(0, 255, (16, 16, 3)).astype("float32"))
     n_images = 330
     outs = []
-    for _ in range(n_images):  # eager: tf.switch_case runs the chosen branch only
-        outs.append(D.switch_randaugment(layer, image).numpy())
+    for i in range(n_images):  # eager: tf.switch_case runs the chosen branch only
+        key = tf.constant([7, i], tf.int64)  # the pipeline's per-example stateless key
+        outs.append(D.switch_randaugment(layer, image, key).numpy())
     assert sum(calls.values()) == 2 * n_images  # num_ops = 2: exactly two ops per image
     ok, stat, q = chi_square_uniform_ok(list(calls.values()), 2 * n_images)
     assert ok, (calls, stat, q)
@@ -53,3 +54,10 @@ def test_one_keras_op_per_draw_with_the_layers_distribution():
     assert all(-1e-3 <= o.min() and o.max() <= 255 + 1e-3 for o in outs)
     changed = [float(np.abs(o - image.numpy()).mean()) for o in outs]
     assert np.mean(changed) > 1.0  # it augments
+    # Keyed draws are a function of the key only (what makes a resumed epoch
+    # replay its augmentation), and differ between keys.
+    again = D.switch_randaugment(layer, image, tf.constant([7, 5], tf.int64)).numpy()
+    np.testing.assert_array_equal(again, outs[5])
+    assert len({o.tobytes() for o in outs[:40]}) > 30
+    # Without a key the layer's own seed generator draws (Keras' way).
+    assert D.switch_randaugment(layer, image).shape == (16, 16, 3)
