@@ -160,23 +160,29 @@ def _read_timm_file(path):
     return out
 
 
-def _timm(sd, path, overrides):
-    if "patch_embed.proj.weight" not in sd:
+def _require(keys, key, path, what):
+    """The format's tell-tale key, or an error saying the file is not one."""
+    if key not in keys:
+        raise CheckpointError(f"{path}: not a {what} (no {key!r}); its keys start "
+                              f"{sorted(keys)[:6]}.")
+
+
+def _refuse(path, keys, hint=""):
+    """Checkpoint keys the ViT cannot express: an error, never a partial load."""
+    if keys:
         raise CheckpointError(
-            f"{path}: not a timm VisionTransformer state dict (no "
-            f"'patch_embed.proj.weight'); its keys start {sorted(sd)[:6]}."
-        )
-    unsupported = sorted(
+            f"{path}: keys outside what keras_reluvit.ViT expresses: {sorted(keys)[:12]}"
+            f"{' ...' if len(keys) > 12 else ''}{hint}.")
+
+
+def _timm(sd, path, overrides):
+    _require(sd, "patch_embed.proj.weight", path, "timm VisionTransformer state dict")
+    _refuse(path, [
         k for k in sd
         if k not in _TIMM_TOP_KEYS
         and not (_TIMM_BLOCK.fullmatch(k) and _TIMM_BLOCK.fullmatch(k).group(2) in _TIMM_BLOCK_KEYS)
-    )
-    if unsupported:
-        raise CheckpointError(
-            f"{path}: keys outside what keras_reluvit.ViT expresses: {unsupported[:12]}"
-            f"{' ...' if len(unsupported) > 12 else ''} (e.g. norm_pre, patch_embed.norm, "
-            "SwiGLU MLPs, distillation tokens, RoPE are not supported)."
-        )
+    ], " (e.g. norm_pre, patch_embed.norm, SwiGLU MLPs, distillation tokens, RoPE are not "
+       "supported)")
     proj = sd["patch_embed.proj.weight"]
     if proj.ndim != 4 or proj.shape[1] != 3 or proj.shape[2] != proj.shape[3]:
         raise CheckpointError(
@@ -342,11 +348,7 @@ def _read_npz(path):
 
 
 def _big_vision(p, path, overrides):
-    if "embedding/kernel" not in p:
-        raise CheckpointError(
-            f"{path}: not a big_vision / ViT .npz (no 'embedding/kernel'); its keys "
-            f"start {sorted(p)[:6]}."
-        )
+    _require(p, "embedding/kernel", path, "big_vision / ViT .npz")
     used = set()
 
     def get(key, default=None):
@@ -466,12 +468,7 @@ def _big_vision(p, path, overrides):
         if f"{name}/kernel" in p:
             for part in ("kernel", "bias"):
                 w.put(f"{name}/{part}", get(f"{name}/{part}"), f"{name}/{part}")
-    unused = sorted(set(p) - used)
-    if unused:
-        raise CheckpointError(
-            f"{path}: keys outside what keras_reluvit.ViT expresses: {unused[:12]}"
-            f"{' ...' if len(unused) > 12 else ''}."
-        )
+    _refuse(path, set(p) - used)
     return arch, w
 
 
