@@ -219,7 +219,12 @@ def pointwise_attention(
     backend = keras.backend.backend()
     sp = kernels.sequence_parallel_context()
     recording = backend == "torch" and kernels.torch_recording(query, key, value)
-    path = implementation or kernels.choose(
+    # Keras' symbolic pass (building a functional model) runs torch ops on
+    # "meta" tensors: one generic einsum gives the shapes; the tile loops
+    # would cost minutes for a large model for nothing.
+    symbolic = backend == "torch" and getattr(query, "device", None) is not None \
+        and query.device.type == "meta"
+    path = "generic" if symbolic and implementation is None else implementation or kernels.choose(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
         recording=recording, sequence_parallel=sp is not None,
         fused=backend == "torch" and mask is None and not recording

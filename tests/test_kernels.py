@@ -210,7 +210,24 @@ def _torch_fused_recovers_a_stale_build_lock_and_never_waits(tmp_path):
                 os.remove(f)
 
 
+def _torch_symbolic_build_takes_the_generic_path(monkeypatch):
+    """Building a functional ViT runs torch ops on "meta" tensors: one
+    generic einsum, not the tile loops (ViT_L8 took 80 s to build before)."""
+    from keras_reluvit import kernels as K
+
+    def boom(*a, **k):
+        raise AssertionError("a tiled / fused path ran in the symbolic pass")
+
+    monkeypatch.setattr(K, "torch_tiled", boom)
+    import keras_reluvit as kr
+
+    with keras.StatelessScope():
+        model = kr.ViT("Ti/8", image_size=64, depth=1, width=32, num_heads=2, mlp_dim=64)
+    assert model.output_shape == (None, 1000)
+
+
 if keras.backend.backend() == "torch":
+    test_torch_symbolic_build_takes_the_generic_path = _torch_symbolic_build_takes_the_generic_path
     test_torch_fused_kernel_equals_generic_forward = _torch_fused_kernel_equals_generic_forward
     test_torch_dispatch_uses_the_fused_kernel_for_inference_only = (
         _torch_dispatch_uses_the_fused_kernel_for_inference_only)
