@@ -2,18 +2,38 @@
 # Runs the whole test suite: backend-independent tests once, then the
 # per-backend suite under JAX, TensorFlow and PyTorch. Fails if any fails.
 # Extra arguments go to every pytest call (e.g. -x, -k attention).
+#
+# Two lanes run side by side (one per core): `tests/once` (under torch) and
+# the three per-backend suites one after the other. Each lane's output is
+# printed when it ends; KRV_SERIAL=1 runs everything in one lane instead.
 source "$(dirname "$0")/env.sh"
-status=0
-summary=()
-run() {
+LOGS="$(mktemp -d)"
+suite() {  # label, then the command
   local label="$1"; shift
-  echo "=== $label ==="
-  if "$@"; then summary+=("$label: passed"); else summary+=("$label: FAILED"); status=1; fi
+  if "$@" > "$LOGS/$label.log" 2>&1; then echo passed > "$LOGS/$label.status"
+  else echo FAILED > "$LOGS/$label.status"; fi
+  echo "=== $label ===" ; cat "$LOGS/$label.log"
 }
-run "backend-independent (torch)" env KERAS_BACKEND=torch python -m pytest tests/once -q "$@"
-for backend in jax tensorflow torch; do
-  run "$backend" env KERAS_BACKEND="$backend" python -m pytest tests -q --ignore=tests/once "$@"
-done
+once() { suite "backend-independent (torch)" env KERAS_BACKEND=torch python -m pytest tests/once -q "$@"; }
+backends() {
+  for backend in jax tensorflow torch; do
+    suite "$backend" env KERAS_BACKEND="$backend" python -m pytest tests -q --ignore=tests/once "$@"
+  done
+}
+if [ "${KRV_SERIAL:-0}" = "1" ]; then
+  once "$@"
+  backends "$@"
+else
+  once "$@" &
+  backends "$@" &
+  wait
+fi
 echo "=== summary ==="
-printf '%s\n' "${summary[@]}"
+status=0
+for label in "backend-independent (torch)" jax tensorflow torch; do
+  result="$(cat "$LOGS/$label.status" 2>/dev/null || echo 'FAILED (no result)')"
+  echo "$label: $result"
+  [ "$result" = passed ] || status=1
+done
+rm -rf "$LOGS"
 exit $status
