@@ -427,7 +427,7 @@ def test_attention_num_classes_and_features_overrides(tmp_path):
 # ------------------------------------------------------------- keras-hub
 @pytest.mark.parametrize("intermediate_dim", [None, 12])
 def test_keras_hub_preset_logits_equal_keras_hub(intermediate_dim, tmp_path):
-    keras_hub = pytest.importorskip("keras_hub")  # requirements/keras-hub.txt
+    import keras_hub  # installed by scripts/env.sh (requirements/keras-hub.txt)
     backbone = keras_hub.models.ViTBackbone(
         image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
         mlp_dim=64, use_mha_bias=intermediate_dim is None)

@@ -1,0 +1,90 @@
+"""The README's Python blocks run, in order, on small data: each block is
+the README's own text, with only the sizes made small (named below per
+block) and files it names generated (tiny checkpoints in the formats it
+loads, a generated ImageNet through the real tfds builder)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import subprocess_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def blocks():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def small(code, replacements, label):
+    for old, new in replacements:
+        assert old in code, f"{label}: the README no longer has {old!r}; update this test"
+        code = code.replace(old, new)
+    return code
+
+
+def make_checkpoints(directory):
+    """The files the 'Pretrained weights' block names, tiny, in their formats."""
+    import keras_hub
+
+    import keras_reluvit as kr
+
+    sd_model = kr.ViT("S/16", depth=1, mlp_dim=64, image_size=32, pool="tok",
+                      qk_norm=False, mlp_activation="gelu", attention="softmax")
+    kr.export.timm_state_dict(
+        sd_model, os.path.join(directory, "vit_small_patch16_224.augreg_in21k_ft_in1k.safetensors"))
+    npz_model = kr.ViT("S/16", depth=1, mlp_dim=64, image_size=32, pool="tok",
+                       qk_norm=False, attention="softmax", posemb_prefix=True)
+    kr.export.big_vision_npz(
+        npz_model, os.path.join(directory, "S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0.npz"))
+    backbone = keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=16, num_layers=1,
+                                            num_heads=2, hidden_dim=32, mlp_dim=64)
+    backbone.save_to_preset(os.path.join(directory, "keras_hub_vit_base_patch16_224"))
+
+
+def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
+    code = blocks()
+    by_marker = {}
+    for i, block in enumerate(code):
+        for marker in ("y = layer(x, x)", "kr.load_checkpoint(", "kr.data.imagenet(",
+                       "kr.export.saved_model(", "sequence_axis=", "strategy=\"fsdp\"",
+                       "def squareplus"):
+            if marker in block:
+                by_marker.setdefault(marker, i)
+    assert len(by_marker) == 7, by_marker
+    monkeypatch.chdir(tmp_path)
+    make_checkpoints(str(tmp_path))
+    ns = {"x": np.random.default_rng(0).normal(size=(2, 197, 384)).astype("float32")}
+    run = [
+        (code[by_marker["y = layer(x, x)"]], []),
+        (code[by_marker["kr.load_checkpoint("]], []),
+        (code[by_marker["kr.data.imagenet("]], [
+            ("batch_size=1024", "batch_size=4, image_size=32"),
+            ('data_dir="~/tensorflow_datasets"', f'data_dir="{imagenet_dir}"'),
+            ("num_classes=info.num_classes)", "num_classes=info.num_classes, image_size=32, depth=1)"),
+            ("epochs=90", "epochs=1")]),
+        (code[by_marker["kr.export.saved_model("]], []),
+        (code[by_marker["def squareplus"]], []),
+    ]
+    for i, (block, replacements) in enumerate(run):
+        exec(compile(small(block, replacements, f"block {i}"), f"README python block {i}", "exec"),
+             ns)
+    assert tuple(ns["y"].shape) == (2, 197, 384)
+    assert ns["model"].name and os.path.exists("presets/vit_s16_augreg/config.json")
+    assert os.path.exists("serving/vit_s16_relu/1/saved_model.pb")
+    assert os.path.exists("vit_s16_relu.onnx")
+    # The multi-device blocks: JAX with 8 virtual devices, in a subprocess.
+    script = "import keras, keras_reluvit as kr\n" + "\n".join(
+        small(code[by_marker[m]], [("attention=\"relu\")", "attention=\"relu\", image_size=32, depth=1)")],
+              m) for m in ('strategy="fsdp"', "sequence_axis="))
+    script += "\nprint('shape', model.output_shape)\n"
+    env = subprocess_env("jax")
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "shape (None, 1000)" in proc.stdout
