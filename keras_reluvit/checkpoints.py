@@ -489,7 +489,7 @@ def _read_h5_vars(path):
     return out
 
 
-def _keras_hub(directory, config, path, overrides):
+def _keras_hub(directory, config, path):
     """A keras-hub ViTBackbone (+ ViTImageClassifier) preset directory.
 
     Variables are read from the `.weights.h5` files by the attribute paths of
@@ -584,19 +584,18 @@ def _keras_hub(directory, config, path, overrides):
 
 
 # ----------------------------------------------------------- our formats
-def _ours(model, source):
+def _ours(model):
     arch = model.get_config()
     arch.pop("name", None)
     arch.pop("trainable", None)
     w = _Weights()
-    for v in model.weights:
-        w.put(v.path, keras.ops.convert_to_numpy(v), v.path)
-    arch["_grid"] = math.prod(model.grid_size)
+    for key, value in _model_weights(model).items():
+        w.put(key, value, key)
     arch["_native_grid"] = model.grid_size
     return arch, w
 
 
-def _read_preset(directory, path, overrides):
+def _read_preset(directory, path):
     with open(os.path.join(directory, PRESET_CONFIG)) as f:
         config = json.load(f)
     registered = str(config.get("registered_name", ""))
@@ -604,7 +603,7 @@ def _read_preset(directory, path, overrides):
         if config.get("class_name") not in ("ViTBackbone",):
             raise CheckpointError(
                 f"{path}: a keras-hub {config.get('class_name')} preset, not a ViTBackbone.")
-        return _keras_hub(directory, config, path, overrides), "keras-hub ViT preset"
+        return _keras_hub(directory, config, path)
     if config.get("class_name") != "ViT":
         raise CheckpointError(f"{path}: {PRESET_CONFIG} describes a "
                               f"{config.get('class_name')!r}, not a ViT.")
@@ -614,7 +613,7 @@ def _read_preset(directory, path, overrides):
         model.load_weights(weights)
     except Exception as e:
         raise CheckpointError(f"{weights}: cannot load into the preset's ViT ({e}).") from e
-    return _ours(model, path), "keras_reluvit preset"
+    return _ours(model)
 
 
 def detect_format(path):
@@ -669,7 +668,7 @@ def read_checkpoint(path, **overrides):
     elif fmt == "big_vision":
         arch, w = _big_vision(_read_npz(path), path, overrides)
     elif fmt in ("keras_hub", "preset"):
-        (arch, w), _ = _read_preset(path, path, overrides)
+        arch, w = _read_preset(path, path)
     elif fmt == "keras":
         try:
             model = keras.saving.load_model(path, compile=False)
@@ -677,7 +676,7 @@ def read_checkpoint(path, **overrides):
             raise CheckpointError(f"{path}: cannot load the .keras file ({e}).") from e
         if not isinstance(model, V.ViT):
             raise CheckpointError(f"{path} does not hold a keras_reluvit ViT.")
-        arch, w = _ours(model, path)
+        arch, w = _ours(model)
     else:
         raise CheckpointError(
             f"{path}: a .weights.h5 file stores no architecture; build the model and "
