@@ -64,8 +64,11 @@ def main(argv=None):
           f"backend {keras.backend.backend()}")
 
     probe = next(iter(val))[0][:16]
-    callbacks = [kr.callbacks.AttentionStats(probe, every=5)] + kr.callbacks.default(args.output)
-    model.fit(train, validation_data=val, epochs=epochs, callbacks=callbacks, verbose=2)
+    callbacks = ([kr.callbacks.AttentionStats(probe, every=5)]
+                 + kr.callbacks.default(args.output, dataset=train))
+    # One pass per epoch of the repeated set: an exact resume after a kill.
+    model.fit(train.repeat(), steps_per_epoch=len(train), validation_data=val, epochs=epochs,
+              callbacks=callbacks, verbose=2)
     model.save(os.path.join(args.output, "model.keras"))
     final = model.evaluate(val, return_dict=True, verbose=0)
     with open(os.path.join(args.output, "metrics.json"), "w") as f:

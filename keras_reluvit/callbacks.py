@@ -5,16 +5,17 @@ import os
 import keras
 
 
-def default(output, checkpoint_every_epoch=True):
-    """`BackupAndRestore` (resume a killed run where it stopped),
+def default(output, checkpoint_every_epoch=True, dataset=None):
+    """`BackupAndRestore` (resume a killed run where it stopped; with
+    `dataset`, also the data stream: see `ResumeDataStream`),
     `TensorBoard` logs and a `ModelCheckpoint` of the last epoch, all under
     `output`.
 
     Example:
 
     ```python
-    model.fit(train, validation_data=val, epochs=90,
-              callbacks=kr.callbacks.default("runs/s16_relu"))
+    model.fit(train.repeat(), steps_per_epoch=len(train), validation_data=val, epochs=90,
+              callbacks=kr.callbacks.default("runs/s16_relu", dataset=train))
     ```
     """
     output = os.path.expanduser(os.fspath(output))
@@ -24,9 +25,55 @@ def default(output, checkpoint_every_epoch=True):
                                          delete_checkpoint=False),
         keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")),
     ]
+    if dataset is not None:
+        callbacks.insert(1, ResumeDataStream(dataset))
     if checkpoint_every_epoch:
         callbacks.append(keras.callbacks.ModelCheckpoint(os.path.join(output, "last.keras")))
     return callbacks
+
+
+class ResumeDataStream(keras.callbacks.Callback):
+    """Makes a resumed run read the data stream of the epoch it resumes.
+
+    A `kr.data` training set draws a new shuffle order and new augmentation
+    draws for each pass (each iterator created from it), seeded by the run's
+    seed. A rerun after a kill starts a fresh process at pass 0, so without
+    this callback epoch `k` would see epoch 0's crops, flips, RandAugment ops
+    and MixUp coefficients again. Placed *after* `BackupAndRestore`, it reads
+    the epoch the backup resumes at and creates that many iterators of
+    `dataset` without reading them (cheap: tf.data starts work on the first
+    read), so the next pass is the one the uninterrupted run had.
+
+    This is exact when `model.fit` gets `dataset.repeat()` with
+    `steps_per_epoch=len(dataset)`: then Keras keeps one iterator for the
+    whole run and each epoch is one new pass. (`keras-reluvit train` does
+    this; with `model.fit(dataset)` Keras creates a varying number of
+    iterators per epoch.)
+
+    Args:
+        dataset: the one-epoch training `tf.data.Dataset` (as returned by
+            `kr.data.load(...).train`) that `model.fit` repeats.
+
+    Example:
+
+    ```python
+    train, val, info = kr.data.load("sklearn_digits", 64, image_size=32)
+    callbacks = kr.callbacks.default("runs/x") + [kr.callbacks.ResumeDataStream(train)]
+    model.fit(train.repeat(), steps_per_epoch=len(train), epochs=30,
+              validation_data=val, callbacks=callbacks)
+    ```
+    """
+
+    def __init__(self, dataset):
+        super().__init__()
+        self.dataset = dataset
+        self.skipped = 0
+
+    def on_train_begin(self, logs=None):
+        epoch = int(getattr(self.model, "_initial_epoch", None) or 0)
+        for _ in range(epoch):
+            iter(self.dataset)
+        self.skipped = epoch
 
 
 class AttentionStats(keras.callbacks.Callback):

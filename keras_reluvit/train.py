@@ -78,7 +78,6 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     """Runs `config` (from `build_config`) and writes the artefacts to `output`."""
     output = os.path.expanduser(os.fspath(output))
     os.makedirs(output, exist_ok=True)
-    keras.utils.set_random_seed(config["seed"])
     d = kr_data.load(
         config["dataset"],
         config["batch_size"],
@@ -87,6 +86,9 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         augment=kr_data.Augment(**config["augment"]),
         seed=config["seed"],
     )
+    # Seeded after the data is loaded: preparing a data set on the first run
+    # draws from Python's RNG, and a rerun must initialise the same model.
+    keras.utils.set_random_seed(config["seed"])
     if config.get("init"):
         from keras_reluvit.checkpoints import load_checkpoint
 
@@ -107,8 +109,12 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
                     epochs=config["epochs"])
     start = time.time()
-    history = model.fit(d.train, validation_data=d.val, epochs=config["epochs"],
-                        callbacks=kr_callbacks.default(output) + list(extra_callbacks),
+    # One iterator for the whole run, one new pass per epoch: a resumed run
+    # fast-forwards to the pass of the epoch it resumes (ResumeDataStream).
+    history = model.fit(d.train.repeat(), steps_per_epoch=d.steps_per_epoch,
+                        validation_data=d.val, epochs=config["epochs"],
+                        callbacks=kr_callbacks.default(output, dataset=d.train)
+                        + list(extra_callbacks),
                         verbose=verbose)
     train_seconds = time.time() - start
     model.save(os.path.join(output, "model.keras"))
