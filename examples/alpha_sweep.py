@@ -19,6 +19,7 @@ Ablations behind flags: `--qk-norm both` adds runs without qk-layernorm
 """
 
 import argparse
+import contextlib
 import csv
 import os
 import time
@@ -38,12 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=None, help="tfds data_dir")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--patch", type=int, default=4, help="patch size (tokens = (size/patch)^2)")
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    add_training_args(p, depth=4, heads=4, epochs=10)
     p.add_argument("--activations", default=",".join(ACTIVATIONS),
                    help="comma-separated subset of " + ",".join(ACTIVATIONS))
     p.add_argument("--alphas", default=",".join(str(a) for a in ALPHAS))
@@ -62,6 +58,16 @@ def parse_args(argv=None):
     if args.image_size % args.patch:
         p.error(f"--image-size {args.image_size} is not divisible by --patch {args.patch}")
     return args
+
+
+def add_training_args(p, depth, heads, epochs):
+    """The model and optimisation flags the experiment scripts share."""
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--depth", type=int, default=depth)
+    p.add_argument("--heads", type=int, default=heads)
+    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
 
 
 def _names(text):
@@ -97,6 +103,23 @@ def _key(row):
     return (row["activation"], alpha, str(row["qk_norm"]), str(row["gated"]), str(row["seed"]))
 
 
+@contextlib.contextmanager
+def csv_appender(path, fields):
+    """A `write(row)` that appends to the CSV at `path` (header on a new
+    file) and flushes, so a killed run keeps every finished row."""
+    new_file = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        if new_file:
+            writer.writeheader()
+
+        def write(row):
+            writer.writerow(row)
+            f.flush()
+
+        yield write
+
+
 def read_rows(path):
     if not os.path.exists(path):
         return []
@@ -125,16 +148,20 @@ def load_arrays(args):
     return train, test, num_classes
 
 
-def train_one(run, args, data):
+def train_one(run, args, data, return_model=False):
+    """Trains one run (a `grid` dict; `learned_scale=True` adds the learned
+    per-head scale) and returns its test metrics (and the model)."""
     import keras
 
     import keras_reluvit as kr
 
     (x_train, y_train), (x_test, y_test), num_classes = data
     keras.utils.set_random_seed(run["seed"])
-    attention = {"activation": run["activation"], "gated": run["gated"]}
+    attention = {"activation": run["activation"], "gated": run.get("gated", False)}
     if run["alpha"] is not None:
         attention["seq_len_exponent"] = run["alpha"]
+    if run.get("learned_scale"):
+        attention["learned_scale"] = True
     model = kr.ViT(variant="Ti/16", attention=attention, qk_norm=run["qk_norm"],
                    image_size=args.image_size, patch_size=args.patch, width=args.width,
                    depth=args.depth, num_heads=args.heads, mlp_dim=2 * args.width,
@@ -147,8 +174,9 @@ def train_one(run, args, data):
                         verbose=0)
     seconds = time.time() - start
     result = model.evaluate(x_test, y_test, batch_size=256, return_dict=True, verbose=0)
-    return dict(accuracy=result["accuracy"], loss=result["loss"],
-                final_train_loss=history.history["loss"][-1], seconds=seconds)
+    metrics = dict(accuracy=result["accuracy"], loss=result["loss"],
+                   final_train_loss=history.history["loss"][-1], seconds=seconds)
+    return (metrics, model) if return_model else metrics
 
 
 def main(argv=None):
@@ -161,17 +189,12 @@ def main(argv=None):
     runs = grid(args)
     todo = [r for r in runs if _key(r) not in done]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already in {csv_path}; {tokens} tokens")
-    new_file = not os.path.exists(csv_path)
-    with open(csv_path, "a", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        if new_file:
-            writer.writeheader()
+    with csv_appender(csv_path, FIELDS) as write:
         for i, run in enumerate(todo):
             result = train_one(run, args, data)
             row = dict(run, dataset=args.dataset, tokens=tokens, epochs=args.epochs,
                        alpha="" if run["alpha"] is None else run["alpha"], **result)
-            writer.writerow(row)
-            f.flush()
+            write(row)
             print(f"[{i + 1}/{len(todo)}] {run['activation']:8s} alpha={row['alpha']!s:5s} "
                   f"qk_norm={run['qk_norm']} gated={run['gated']} seed={run['seed']}: "
                   f"accuracy {result['accuracy']:.4f} ({result['seconds']:.0f} s)", flush=True)
@@ -216,8 +239,15 @@ def plot(rows, path):
         ax.set_title(f"qk_norm={'on' if qk_norm else 'off'}, gate={'on' if gated else 'off'}")
         ax.set_xlabel("alpha (weights = L^-alpha h(.))")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"{dataset} test accuracy ({tokens} tokens)")
-    axes[0][-1].legend(fontsize=8, loc="lower right")
+    save_panels(fig, axes, f"{dataset} test accuracy ({tokens} tokens)", path)
+
+
+def save_panels(fig, axes, ylabel, path, legend_size=8):
+    """y label on the first panel, legend on the last, written to `path`."""
+    import matplotlib.pyplot as plt
+
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=legend_size, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -133,3 +133,64 @@ def test_cli_train_from_a_checkpoint_with_relu_from_softmax(tmp_path):
     assert model.output_shape[-1] == 10  # a new head for the data set's classes
     config = json.loads((out / "config.json").read_text())
     assert config["init"] == str(tmp_path / "soft") and config["model"]["width"] == 32
+
+
+def test_length_study_and_attention_scale_on_a_tiny_grid(tmp_path):
+    study = tmp_path / "study"
+    args = [os.path.join(EXAMPLES, "length_study.py"), "--out", str(study),
+            "--image-sizes", "8,16", "--alphas", "1", "--seeds", "0", "--qk-norm", "on",
+            "--epochs", "1", "--width", "16", "--depth", "1", "--heads", "2", "--save-models"]
+    run_example(args, backend="torch")
+    with open(study / "length_study.csv") as f:
+        rows = list(csv.DictReader(f))
+    # softmax, relu alpha=1 and relu_learned at 4 and 16 tokens
+    assert sorted((r["tokens"], r["activation"], r["learned_scale"]) for r in rows) == sorted(
+        (t, a, l) for t in ("4", "16")
+        for a, l in (("softmax", "False"), ("relu", "False"), ("relu", "True")))
+    assert all(float(r["accuracy"]) > 0.15 for r in rows), rows  # 10 classes, above chance
+    # The logged effective scale is exp(s_h) / L of the saved model.
+    import keras
+    import numpy as np
+
+    import keras_reluvit  # noqa: F401  (registers ViT for load_model)
+
+    for r in rows:
+        if r["learned_scale"] == "True":
+            model = keras.saving.load_model(
+                study / "models" / f"t{r['tokens']}_relu_learned_a1_qk1_s0.keras", compile=False)
+            expected = np.mean([np.exp(keras.ops.convert_to_numpy(b.attn.log_scale))
+                                for b in model.blocks]) / int(r["tokens"])
+            assert abs(float(r["effective_scale"]) - expected) < 1e-6 * expected
+            assert float(r["inverse_tokens"]) == 1 / int(r["tokens"])
+    assert (study / "length_study.png").stat().st_size > 10_000
+    assert "6 runs, 6 already" in run_example(args, backend="torch")
+
+    scale = tmp_path / "scale"
+    run_example([os.path.join(EXAMPLES, "attention_scale.py"), "--out", str(scale),
+                 "--tokens", "16,64,256", "--activations", "relu,sigmoid", "--width", "64",
+                 "--heads", "2", "--trained", str(study / "models")], backend="torch")
+    with open(scale / "attention_scale.csv") as f:
+        rows = list(csv.DictReader(f))
+    slopes = {(r["source"], r["activation"], r["alpha"], r["qk_norm"]): r
+              for r in rows if r["tokens"] == "slope"}
+    for qk in ("True", "False"):
+        # The paper's E_j[a_ij] = O(L^-alpha): row sums grow like L^(1 - alpha)
+        # for pointwise h with a non-zero mean on random scores.
+        for act in ("relu", "sigmoid"):
+            for alpha, expected in (("0.0", 1.0), ("0.5", 0.5), ("1.0", 0.0)):
+                s = slopes[("init", act, alpha, qk)]
+                assert abs(float(s["row_sum"]) - expected) < 0.1, s
+                assert abs(float(s["rms_shared"]) - expected) < 0.15, s
+                # independent values average out: ~sqrt(L) * L^-alpha (plus the
+                # query's own key, which matters at small L)
+                assert abs(float(s["rms_iid"]) - (expected - 0.5)) < 0.25, s
+                # same weights (same seed) at every alpha: exactly L^-alpha apart
+                s0 = slopes[("init", act, "0.0", qk)]
+                for k in ("row_sum", "rms_shared", "rms_iid"):
+                    assert abs(float(s0[k]) - float(s[k]) - float(alpha)) < 1e-3, (k, s)
+        soft = [r for r in rows if r["source"] == "init" and r["activation"] == "softmax"
+                and r["qk_norm"] == qk and r["tokens"] != "slope"]
+        assert len(soft) == 3 and all(abs(float(r["row_sum"]) - 1) < 1e-4 for r in soft)
+    trained = {r["source"] for r in rows if r["source"].startswith("t16_relu_learned")}
+    assert trained == {"t16_relu_learned_a1_qk1_s0/block0"}
+    assert (scale / "attention_scale.png").stat().st_size > 10_000
