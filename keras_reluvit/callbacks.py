@@ -5,7 +5,7 @@ import os
 import keras
 
 
-def default(output, checkpoint_every_epoch=True, dataset=None):
+def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1)):
     """`BackupAndRestore` (resume a killed run where it stopped; with
     `dataset`, also the data stream: see `ResumeDataStream`),
     `TensorBoard` logs and a `ModelCheckpoint` of the last epoch, all under
@@ -20,16 +20,70 @@ def default(output, checkpoint_every_epoch=True, dataset=None):
     """
     output = os.path.expanduser(os.fspath(output))
     os.makedirs(output, exist_ok=True)
-    callbacks = [
-        keras.callbacks.BackupAndRestore(os.path.join(output, "backup"), save_freq="epoch",
-                                         delete_checkpoint=False),
-        keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")),
-    ]
+    index, count = process
+    if count == 1:
+        callbacks = [
+            keras.callbacks.BackupAndRestore(os.path.join(output, "backup"), save_freq="epoch",
+                                             delete_checkpoint=False),
+            keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")),
+        ]
+        if checkpoint_every_epoch:
+            callbacks.append(keras.callbacks.ModelCheckpoint(os.path.join(output, "last.keras")))
+    else:  # a cluster: each process its own backup, process 0 the rest
+        callbacks = [ClusterBackupAndRestore(os.path.join(output, "backup", f"process_{index}"))]
+        if index == 0:
+            callbacks.append(keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")))
+        if checkpoint_every_epoch:
+            callbacks.append(ChiefCheckpoint(os.path.join(output, "last.keras")))
     if dataset is not None:
         callbacks.insert(1, ResumeDataStream(dataset))
-    if checkpoint_every_epoch:
-        callbacks.append(keras.callbacks.ModelCheckpoint(os.path.join(output, "last.keras")))
     return callbacks
+
+
+class ClusterBackupAndRestore(keras.callbacks.BackupAndRestore):
+    """`BackupAndRestore` for one process of a multi-process cluster: every
+    process saves (its own directory) from host-local copies of the weights
+    (sharded ones gathered: a collective all processes enter each epoch) and
+    restores from it; the weights are then laid out by the distribution
+    again."""
+
+    def __init__(self, backup_dir):
+        super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False)
+
+    def on_epoch_end(self, epoch, logs=None):
+        from keras_reluvit.distribution import chief_writes
+
+        with chief_writes(self.model):
+            super().on_epoch_end(epoch, logs)
+
+
+class ChiefCheckpoint(keras.callbacks.Callback):
+    """`ModelCheckpoint(path)` in a cluster: process 0 writes the model each
+    epoch; every process takes part in gathering sharded weights."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def on_epoch_end(self, epoch, logs=None):
+        from keras_reluvit.distribution import chief_writes
+
+        with chief_writes(self.model) as chief:
+            if chief:
+                self.model.save(self.path)
+
+
+class StepLosses(keras.callbacks.Callback):
+    """Records the training loss Keras reports after every step (the running
+    mean of the epoch so far) in `losses`, one list over the whole run."""
+
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
 
 
 class ResumeDataStream(keras.callbacks.Callback):

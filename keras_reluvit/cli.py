@@ -22,8 +22,10 @@ import sys
 
 
 def _train(args):
+    from keras_reluvit import distribution as kr_distribution
     from keras_reluvit import train as kr_train
 
+    cluster = _join_cluster(args)
     config = kr_train.build_config(
         recipe=args.recipe,
         dataset=args.dataset,
@@ -37,17 +39,38 @@ def _train(args):
         pool=args.pool,
         posemb=args.posemb,
         init=args.init,
+        data_shards=args.data_shards,
     )
-    _prepared(config["dataset"], config["data_dir"], args.manual_dir)
-    if args.mesh:
-        _set_mesh(args.mesh, args.sharding)
+    if kr_distribution.process_index() == 0:  # one process prepares, the others wait
+        _prepared(config["dataset"], config["data_dir"], args.manual_dir)
+    kr_distribution.barrier("data prepared")
+    if args.mesh or cluster:
+        import keras
+
+        mesh = args.mesh or f"batch={len(keras.distribution.list_devices())}"
+        _set_mesh(mesh, args.sharding, args.sequence_axis)
     _, metrics = kr_train.train(config, args.output, export=not args.no_export,
                                 verbose=2 if args.quiet else 1)
     final = metrics["final"]
     import keras
 
-    print(json.dumps({"output": args.output, "backend": keras.backend.backend(), **final,
+    print(json.dumps({"output": args.output, "backend": keras.backend.backend(),
+                      "process": kr_distribution.process_index(), **final,
                       "train_seconds": round(metrics["train_seconds"], 1)}))
+
+
+def _join_cluster(args):
+    """Joins a multi-process cluster when asked to; True if in one."""
+    from keras_reluvit import distribution as kr_distribution
+
+    explicit = (args.coordinator, args.num_processes, args.process_id)
+    if any(v is not None for v in explicit):
+        kr_distribution.initialize(*explicit, timeout=args.init_timeout)
+    elif args.distributed:
+        kr_distribution.initialize()
+    else:
+        return False
+    return kr_distribution.process_count() > 1
 
 
 def _prepared(dataset, data_dir, manual_dir):
@@ -66,14 +89,15 @@ def _prepare(args):
     print(json.dumps({"dataset": args.name, "data_dir": b.data_dir, "splits": splits}))
 
 
-def _set_mesh(spec, strategy):
+def _set_mesh(spec, strategy, sequence_axis=None):
     """"batch=2,model=4" -> keras.distribution with kr.distribution rules."""
     import keras
 
     from keras_reluvit import distribution
 
     mesh = distribution.mesh_from_spec(spec)
-    keras.distribution.set_distribution(distribution.model_parallel(mesh, strategy))
+    keras.distribution.set_distribution(
+        distribution.model_parallel(mesh, strategy, sequence_axis=sequence_axis))
 
 
 def _eval(args):
@@ -202,6 +226,18 @@ def parser():
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--mesh", help="device mesh, e.g. batch=2,model=4 (JAX)")
     t.add_argument("--sharding", choices=["data", "fsdp", "tensor"], default="fsdp")
+    t.add_argument("--sequence-axis", help="mesh axis to split the tokens over, e.g. seq "
+                   "with --mesh batch=2,seq=4 (sequence parallelism, JAX)")
+    t.add_argument("--coordinator", help="multi-process cluster: HOST:PORT of process 0, the "
+                   "same on every process (JAX; with --num-processes and --process-id)")
+    t.add_argument("--num-processes", type=int, help="processes in the cluster")
+    t.add_argument("--process-id", type=int, help="this process' index, 0 ... N-1")
+    t.add_argument("--distributed", action="store_true", help="join the cluster described "
+                   "by the environment (TPU pods; KERAS_DISTRIBUTION_* variables)")
+    t.add_argument("--data-shards", type=int, help="in one process: read the data as a "
+                   "cluster of this many processes would (the same global batches)")
+    t.add_argument("--init-timeout", type=int, default=120,
+                   help="seconds to wait for the cluster to form (default 120)")
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
     t.add_argument("--quiet", action="store_true", help="one line per epoch")
     t.set_defaults(func=_train)

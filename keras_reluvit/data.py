@@ -397,11 +397,23 @@ def load(
     eval_batch_size=None,
     cache=False,
     manual_dir=None,
+    process_index=0,
+    process_count=1,
 ):
     """Train and validation pipelines of a tfds dataset, by name.
 
     Returns a `Data`, which unpacks as `(train, val, info)`; `len(train)` is
     the number of steps of one epoch (one pass over the split).
+
+    In a cluster of `process_count` processes (hosts), process
+    `process_index` reads only its shard of the training split (tfds
+    `even_splits`, equal sizes) with its own shuffle and augmentation seed,
+    in batches of `batch_size // process_count`; `keras.distribution`
+    assembles the per-host batches into the global batch of `batch_size`.
+    `process_index=None` with `process_count > 1` builds the same global
+    batches in one process (host 0's batch, then host 1's, ...): a cluster's
+    run reproduced on one machine. Every process evaluates on the whole
+    validation split (so the metrics are those of one process).
     """
     tfds = _tfds()
     b = builder(name, data_dir, manual_dir)
@@ -412,17 +424,42 @@ def load(
     label_names = list(b.info.features["label"].names)
     train = val = None
     steps = None
-    read = tfds.ReadConfig(shuffle_seed=seed)
+    process_count = int(process_count)
+    if process_count < 1 or batch_size % process_count:
+        raise ValueError(f"batch_size {batch_size} must be a multiple of the number of "
+                         f"processes ({process_count}): each feeds batch_size / processes.")
+    if process_index is not None and not 0 <= int(process_index) < process_count:
+        raise ValueError(f"process_index {process_index} is out of range for {process_count} "
+                         "processes.")
+    local_batch = batch_size // process_count
     if train_split:
-        raw = b.as_dataset(split=train_split, shuffle_files=True, read_config=read)
-        n = b.info.splits[train_split].num_examples
-        steps = max(n // batch_size, 1)
-        train = pipeline(raw, num_classes, image_size, batch_size, True, augment, seed,
-                         cache=cache)
+        shards = (tfds.even_splits(train_split, n=process_count, drop_remainder=True)
+                  if process_count > 1 else [train_split])
+        n = b.info.splits[shards[0]].num_examples
+        if n < local_batch:
+            raise ValueError(f"{name} {shards[0]} has {n} examples, fewer than one batch "
+                             f"of {local_batch}.")
+        steps = n // local_batch
+
+        def shard_pipeline(i):
+            shard_seed = seed + 1_000_003 * i  # its own shuffle and augmentation
+            raw = b.as_dataset(split=shards[i], shuffle_files=True,
+                               read_config=tfds.ReadConfig(shuffle_seed=shard_seed))
+            return pipeline(raw, num_classes, image_size, local_batch, True, augment,
+                            shard_seed, cache=cache)
+
+        if process_index is not None:
+            train = shard_pipeline(int(process_index))
+        else:  # the global batches of the whole cluster, in one process
+            tf = _tf()
+            train = tf.data.Dataset.zip(tuple(shard_pipeline(i) for i in range(process_count)))
+            train = train.map(lambda *batches: tuple(
+                tf.concat([bt[k] for bt in batches], 0) for k in range(2)))
     if val_split:
         raw = b.as_dataset(split=val_split, shuffle_files=False)
-        val = pipeline(raw, num_classes, image_size, eval_batch_size or batch_size, False,
-                       cache=cache)
+        val = pipeline(raw, num_classes, image_size,
+                       eval_batch_size or (batch_size if process_index is None else local_batch),
+                       False, cache=cache)
     return Data(train, val, b.info, num_classes, steps, label_names)
 
 

@@ -33,6 +33,8 @@ building and `compile` (see the README); on PyTorch use torch's own
 on those backends.
 """
 
+import contextlib
+
 import keras
 
 STRATEGIES = ("data", "fsdp", "tensor")
@@ -169,6 +171,9 @@ def model_parallel(mesh, strategy="fsdp", batch_axis="batch", model_axis="model"
         for pattern in (r"block_\d+/output", r"pos_embedding/output"):
             layouts[pattern] = (batch, sequence_axis, None)
     dist = ViTModelParallel(layout_map=layouts, batch_dim_name=batch_axis)
+    if process_count() > 1:  # each host feeds its own shard (kr.data.load)
+        check_mesh(mesh, batch_axis)
+        dist.auto_shard_dataset = False
     dist.sequence_axis = sequence_axis
     dist.head_axis = model_axis if strategy == "tensor" else None
     return dist
@@ -189,3 +194,162 @@ def data_parallel(devices=None):
     """`keras.distribution.DataParallel` over `devices` (default: all)."""
     _check_backend()
     return keras.distribution.DataParallel(devices=devices)
+
+
+# --- multi-process (multi-host) clusters -------------------------------------
+
+
+def initialize(coordinator=None, num_processes=None, process_id=None, timeout=120):
+    """Joins a multi-process JAX cluster (one process per host, or several
+    per machine), before anything else touches JAX.
+
+    With `coordinator="HOST:PORT"`, `num_processes` and `process_id`, joins
+    the cluster whose process 0 listens at HOST:PORT (every process passes
+    the same address; CPU clusters talk over gloo). With no arguments it calls
+    `keras.distribution.initialize()`, which reads the cluster from the
+    environment (TPU pods; `KERAS_DISTRIBUTION_JOB_ADDRESSES`,
+    `KERAS_DISTRIBUTION_NUM_PROCESSES`, `KERAS_DISTRIBUTION_PROCESS_ID`).
+    Not joined within `timeout` seconds (a coordinator that is not there, a
+    process that never starts), it raises naming the address.
+
+    Example (two processes on one machine, 4 virtual CPU devices each):
+
+    ```python
+    kr.distribution.initialize("127.0.0.1:12345", num_processes=2, process_id=0)  # and 1
+    mesh = kr.distribution.mesh_from_spec("batch=8")  # all processes' devices
+    ```
+    """
+    _check_backend()
+    given = [coordinator is not None, num_processes is not None, process_id is not None]
+    if not any(given):
+        keras.distribution.initialize()
+        return
+    if not all(given):
+        raise ValueError("A cluster needs all of coordinator (HOST:PORT), num_processes and "
+                         "process_id, or none of them (TPU pods / environment variables).")
+    host, _, port = str(coordinator).rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"coordinator must be HOST:PORT, e.g. 10.0.0.1:12345; got {coordinator!r}.")
+    num_processes, process_id = int(num_processes), int(process_id)
+    if num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1; got {num_processes}.")
+    if not 0 <= process_id < num_processes:
+        raise ValueError(f"process_id {process_id} is out of range for {num_processes} "
+                         f"processes (0 ... {num_processes - 1}).")
+    if process_id > 0:  # JAX aborts the process when it cannot connect: look first
+        _wait_for(host, int(port), timeout, f"Process {process_id} of {num_processes}")
+    import jax
+
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                   process_id=process_id, initialization_timeout=int(timeout))
+    except Exception as e:  # jax raises XlaRuntimeError/RuntimeError variants
+        raise RuntimeError(
+            f"Process {process_id} of {num_processes} could not join the cluster at "
+            f"{coordinator} within {timeout} s: is process 0 running there, reachable and "
+            f"started with the same --num-processes? ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})") from e
+
+
+def _wait_for(host, port, timeout, who):
+    """Waits until HOST:PORT accepts TCP connections, at most `timeout` s."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{who} could not join the cluster at {host}:{port} within {timeout} s: "
+                    f"nothing accepts connections there ({e}). Start process 0 with the same "
+                    "--coordinator on that host, or check the address and firewall.") from None
+            time.sleep(0.5)
+
+
+def process_index():
+    """This process' index in the cluster (0 without one)."""
+    if keras.backend.backend() != "jax":
+        return 0
+    import jax
+
+    return jax.process_index()
+
+
+def process_count():
+    """The number of processes in the cluster (1 without one)."""
+    if keras.backend.backend() != "jax":
+        return 1
+    import jax
+
+    return jax.process_count()
+
+
+def check_mesh(mesh, batch_axis="batch"):
+    """Checks that `mesh` spans every process' devices and that each process
+    holds whole rows of the batch axis (its per-host batch)."""
+    count = process_count()
+    size = 1
+    for n in mesh.shape:
+        size *= n
+    total = len(keras.distribution.list_devices())
+    if size != total:
+        raise ValueError(f"The mesh {dict(zip(mesh.axis_names, mesh.shape))} has {size} devices; "
+                         f"the cluster has {total} ({count} processes). Use all of them.")
+    names = list(mesh.axis_names)
+    rows = mesh.shape[names.index(batch_axis)] if batch_axis in names else 1
+    if count > 1 and rows % count:
+        raise ValueError(
+            f"The mesh's {batch_axis!r} axis ({rows}) is not divisible by the {count} processes: "
+            f"each process feeds its own share of the batch, so it must hold whole "
+            f"{batch_axis!r} rows. Use e.g. --mesh {batch_axis}={count * max(rows // count, 1)},..."
+            " (the other axes within a host).")
+
+
+def barrier(name):
+    """Waits until every process of the cluster reaches `name`."""
+    if process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+@contextlib.contextmanager
+def chief_writes(model):
+    """`with chief_writes(model) as chief: if chief: model.save(...)`.
+
+    Every process enters (in a cluster it is a collective): variables sharded
+    over other hosts' devices (FSDP, tensor parallel) are gathered into
+    host-local copies and the distribution is unset, so that `model.save`,
+    `save_weights` and exports run on one process without cross-host
+    transfers. `chief` is True on process 0. Outside a cluster it only
+    yields True.
+    """
+    if process_count() == 1:
+        yield True
+        return
+    import jax
+    from jax.experimental import multihost_utils
+
+    swapped = []
+    variables = list(model.variables)
+    if getattr(model, "optimizer", None) is not None:
+        variables += list(model.optimizer.variables)
+    for v in variables:
+        value = v.value
+        if isinstance(value, jax.Array) and not value.is_fully_addressable:
+            full = multihost_utils.process_allgather(value, tiled=True)
+            swapped.append((v, v._value))
+            v._value = jax.numpy.asarray(full)
+    before = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield process_index() == 0
+    finally:
+        keras.distribution.set_distribution(before)
+        for v, value in swapped:
+            v._value = value
+        barrier("chief_writes")

@@ -20,13 +20,14 @@ import keras
 
 from keras_reluvit import callbacks as kr_callbacks
 from keras_reluvit import data as kr_data
+from keras_reluvit import distribution as kr_distribution
 from keras_reluvit import recipes
 from keras_reluvit.vit import ViT
 
 
 def build_config(recipe="digits", dataset=None, model=None, attention="relu", epochs=None,
                  batch_size=None, image_size=None, data_dir=None, seed=0, init=None,
-                 **model_overrides):
+                 data_shards=None, **model_overrides):
     """The full run config (a JSON-able dict) from a recipe and overrides.
 
     `init` is a pretrained checkpoint (anything `keras_reluvit.load_checkpoint`
@@ -60,6 +61,7 @@ def build_config(recipe="digits", dataset=None, model=None, attention="relu", ep
         image_size=image_size or r["image_size"],
         augment=r.get("augment", {}),
         seed=seed,
+        data_shards=data_shards,
         model=model_cfg,
     )
 
@@ -75,9 +77,23 @@ def _variant_from_name(name):
 
 
 def train(config, output, export=True, verbose=2, extra_callbacks=()):
-    """Runs `config` (from `build_config`) and writes the artefacts to `output`."""
+    """Runs `config` (from `build_config`) and writes the artefacts to `output`.
+
+    In a multi-process cluster (`kr.distribution.initialize`), every process
+    runs this with the same arguments: each trains on its shard of the data,
+    keeps its own `backup/process_<i>` (so a killed cluster resumes), and
+    only process 0 writes the other artefacts. `config["data_shards"]` set
+    in a single process reproduces the global batches of a cluster of that
+    many processes on one machine.
+    """
     output = os.path.expanduser(os.fspath(output))
     os.makedirs(output, exist_ok=True)
+    index, count = kr_distribution.process_index(), kr_distribution.process_count()
+    chief = index == 0
+    shards = int(config.get("data_shards") or count)
+    if count > 1 and shards != count:
+        raise ValueError(f"data_shards={shards} in a cluster of {count} processes: leave it "
+                         "unset (each process reads its own shard).")
     d = kr_data.load(
         config["dataset"],
         config["batch_size"],
@@ -85,6 +101,8 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         data_dir=config["data_dir"],
         augment=kr_data.Augment(**config["augment"]),
         seed=config["seed"],
+        process_index=index if count > 1 else (None if shards > 1 else 0),
+        process_count=shards,
     )
     # Seeded after the data is loaded: preparing a data set on the first run
     # draws from Python's RNG, and a rerun must initialise the same model.
@@ -102,38 +120,45 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         model = ViT(**model_cfg)
     full = dict(config, model=model_cfg, num_classes=d.num_classes,
                 label_names=d.label_names, backend=keras.backend.backend(),
-                steps_per_epoch=d.steps_per_epoch)
-    with open(os.path.join(output, "config.json"), "w") as f:
-        json.dump(full, f, indent=2, default=list)
+                steps_per_epoch=d.steps_per_epoch, processes=count)
+    if chief:
+        with open(os.path.join(output, "config.json"), "w") as f:
+            json.dump(full, f, indent=2, default=list)
     recipe = recipes.get(config["recipe"], model_cfg.get("variant"))
     recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
                     epochs=config["epochs"])
+    steps = kr_callbacks.StepLosses()
     start = time.time()
     # One iterator for the whole run, one new pass per epoch: a resumed run
     # fast-forwards to the pass of the epoch it resumes (ResumeDataStream).
     history = model.fit(d.train.repeat(), steps_per_epoch=d.steps_per_epoch,
                         validation_data=d.val, epochs=config["epochs"],
-                        callbacks=kr_callbacks.default(output, dataset=d.train)
-                        + list(extra_callbacks),
-                        verbose=verbose)
+                        callbacks=kr_callbacks.default(output, dataset=d.train,
+                                                       process=(index, count))
+                        + [steps] + list(extra_callbacks),
+                        verbose=verbose if chief else 0)
     train_seconds = time.time() - start
-    model.save(os.path.join(output, "model.keras"))
     final = model.evaluate(d.val, return_dict=True, verbose=0) if d.val is not None else {}
     metrics = dict(
         final={k: float(v) for k, v in final.items()},
         history={k: [float(x) for x in v] for k, v in history.history.items()},
+        step_loss=steps.losses,
         optimizer_steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
         train_seconds=train_seconds,
     )
-    with open(os.path.join(output, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
-    plot_curves(metrics["history"], os.path.join(output, "curves.png"))
-    if export:
-        from keras_reluvit import export as kr_export
+    # In a cluster: every process gathers the sharded weights, process 0 writes.
+    with kr_distribution.chief_writes(model) as writer:
+        if writer:
+            model.save(os.path.join(output, "model.keras"))
+            with open(os.path.join(output, "metrics.json"), "w") as f:
+                json.dump(metrics, f, indent=2)
+            plot_curves(metrics["history"], os.path.join(output, "curves.png"))
+            if export:
+                from keras_reluvit import export as kr_export
 
-        kr_export.saved_model(model, os.path.join(output, "saved_model"),
-                              label_names=d.label_names,
-                              activation=recipes.probability(recipe))
+                kr_export.saved_model(model, os.path.join(output, "saved_model"),
+                                      label_names=d.label_names,
+                                      activation=recipes.probability(recipe))
     return model, metrics
 
 

@@ -36,6 +36,8 @@ def readme_commands():
                     words = part.split()[:1]
                 while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
                     words = words[1:]  # KERAS_BACKEND=jax ...
+                if words and words[-1] == "&":  # started in the background
+                    words = words[:-1]
                 if words:
                     commands.append(words)
     return commands
