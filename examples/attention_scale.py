@@ -72,7 +72,7 @@ def parse_args(argv=None):
     return args
 
 
-def tokens(seed, length, width, shared, batch=2):
+def tokens(seed, length, width, shared, batch=1):
     """Unit-RMS tokens, `batch` independent draws; `shared` mixes in a common
     vector per draw (cosine ~0.5 between tokens), the same vector at every L
     so that only L changes along a curve."""

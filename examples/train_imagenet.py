@@ -7,6 +7,9 @@
         --model S/16 --attention relu --recipe s16_i1k_90ep --output runs/s16_relu
     # the same on 8 accelerators, sharded (JAX): fsdp over "batch", or data / tensor
     KERAS_BACKEND=jax python examples/train_imagenet.py ... --mesh batch=8 --sharding fsdp
+    # several hosts (JAX): the same command on each, its own --process-id
+    KERAS_BACKEND=jax python examples/train_imagenet.py ... --mesh batch=16 \\
+        --coordinator 10.0.0.1:12345 --num-processes 2 --process-id 0
 
 A smaller `--batch-size` scales the recipe's learning rate linearly and keeps
 its warmup in examples (see `keras_reluvit.recipes`). Rerunning a killed
@@ -36,25 +39,38 @@ def parse_args(argv=None):
     p.add_argument("--output", default="runs/imagenet")
     p.add_argument("--mesh", help="device mesh (JAX), e.g. batch=8 or batch=2,model=4")
     p.add_argument("--sharding", default="fsdp", choices=["data", "fsdp", "tensor"])
+    p.add_argument("--coordinator", help="multi-host (JAX): HOST:PORT of process 0")
+    p.add_argument("--num-processes", type=int)
+    p.add_argument("--process-id", type=int)
+    p.add_argument("--distributed", action="store_true",
+                   help="join the cluster the environment describes (TPU pods)")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.manual_dir:
+    cluster = (args.coordinator, args.num_processes, args.process_id)
+    if args.distributed or any(v is not None for v in cluster):
+        kr.distribution.initialize(*cluster)  # no arguments: from the environment
+    index, count = kr.distribution.process_index(), kr.distribution.process_count()
+    if args.manual_dir and index == 0:
         kr.data.prepare("imagenet2012", data_dir=args.data_dir, manual_dir=args.manual_dir)
+    kr.distribution.barrier("prepared")
     if args.prepare_only:
         return
     recipe = kr.recipes.get(args.recipe, args.model)
     batch_size = args.batch_size or recipe["batch_size"]
     epochs = args.epochs or recipe["epochs"]
     image_size = args.image_size or recipe["image_size"]
-    if args.mesh:  # e.g. batch=2,model=4 over all devices
-        mesh = kr.distribution.mesh_from_spec(args.mesh)
+    if args.mesh or count > 1:  # e.g. batch=2,model=4 over all processes' devices
+        mesh = kr.distribution.mesh_from_spec(
+            args.mesh or f"batch={len(keras.distribution.list_devices())}")
         keras.distribution.set_distribution(kr.distribution.model_parallel(mesh, args.sharding))
 
+    # each process reads its own shard, in batches of batch_size / processes
     train, val, info = kr.data.imagenet(batch_size, data_dir=args.data_dir, image_size=image_size,
-                                        augment=kr.data.Augment(**recipe["augment"]))
+                                        augment=kr.data.Augment(**recipe["augment"]),
+                                        process_index=index, process_count=count)
     model = kr.ViT(**dict(recipe["model"], variant=args.model), attention=args.attention,
                    image_size=image_size, num_classes=info.num_classes,
                    head_bias_init=recipe["head_bias_init"])
@@ -65,17 +81,19 @@ def main(argv=None):
 
     probe = next(iter(val))[0][:16]
     callbacks = ([kr.callbacks.AttentionStats(probe, every=5)]
-                 + kr.callbacks.default(args.output, dataset=train))
+                 + kr.callbacks.default(args.output, dataset=train, process=(index, count)))
     # One pass per epoch of the repeated set: an exact resume after a kill.
     model.fit(train.repeat(), steps_per_epoch=len(train), validation_data=val, epochs=epochs,
-              callbacks=callbacks, verbose=2)
-    model.save(os.path.join(args.output, "model.keras"))
+              callbacks=callbacks, verbose=2 if index == 0 else 0)
     final = model.evaluate(val, return_dict=True, verbose=0)
-    with open(os.path.join(args.output, "metrics.json"), "w") as f:
-        json.dump({k: float(v) for k, v in final.items()}, f, indent=2)
-    kr.export.saved_model(model, os.path.join(args.output, "saved_model", "1"),
-                          label_names=info.label_names,
-                          activation=kr.recipes.probability(recipe))
+    with kr.distribution.chief_writes(model) as chief:  # process 0 writes
+        if chief:
+            model.save(os.path.join(args.output, "model.keras"))
+            with open(os.path.join(args.output, "metrics.json"), "w") as f:
+                json.dump({k: float(v) for k, v in final.items()}, f, indent=2)
+            kr.export.saved_model(model, os.path.join(args.output, "saved_model", "1"),
+                                  label_names=info.label_names,
+                                  activation=kr.recipes.probability(recipe))
     print(json.dumps({"output": args.output, **{k: float(v) for k, v in final.items()}}))
 
 
