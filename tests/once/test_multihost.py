@@ -13,20 +13,14 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import subprocess_env
+from conftest import KILL_CALLBACK, subprocess_env
 
 # The CLI, optionally with a callback that SIGKILLs the process at (epoch, batch).
 RUN = r"""
-import json, os, signal, sys
-import keras
+import json, os, sys
 from keras_reluvit import cli, train as T
 kill_at = json.loads(os.environ.get("KILL_AT", "null"))
-class Kill(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-    def on_train_batch_end(self, batch, logs=None):
-        if [self.epoch, batch] == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
+""" + KILL_CALLBACK + r"""
 original = T.train
 T.train = lambda *a, **k: original(*a, extra_callbacks=[Kill()], **k)
 sys.exit(cli.main(sys.argv[1:]))

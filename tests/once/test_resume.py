@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from conftest import subprocess_env
+from conftest import KILL_CALLBACK, subprocess_env
 
 CHILD = r"""
 import json, os, signal, sys
@@ -24,14 +24,7 @@ cfg["model"].update(width=32, depth=1, num_heads=2, mlp_dim=64)
 # Crops, flips and MixUp draw from the per-pass streams (RandAugment is keyed
 # by the same per-example draw; left out here: tracing it costs ~20 s a run).
 cfg["augment"].update(mixup=0.2, flip=True)
-
-class Kill(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-    def on_train_batch_end(self, batch, logs=None):
-        if [self.epoch, batch] == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
+""" + KILL_CALLBACK + r"""
 model, metrics = T.train(cfg, out, export=False, verbose=0,
                          extra_callbacks=[Kill()] if kill_at else [])
 np.savez(os.path.join(out, "weights.npz"),
