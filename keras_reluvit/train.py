@@ -3,11 +3,13 @@
 `train(...)` is what `keras-reluvit train` runs. It writes into `output`:
 
 - `backup/` — `BackupAndRestore` state; rerunning the same command after a
-  kill resumes at the last finished epoch;
+  kill resumes at the last finished epoch, with that epoch's data stream
+  (in a multi-process cluster: `backup/process_<i>`, one per process);
 - `tensorboard/` — TensorBoard logs;
 - `config.json` — everything needed to rebuild the run and the model;
 - `last.keras` (each epoch) and `model.keras` (final);
-- `metrics.json` — final evaluation and the per-epoch history;
+- `metrics.json` — final evaluation, the per-epoch history and the loss
+  after every step (`step_loss`);
 - `curves.png` — loss and accuracy curves;
 - `saved_model/` — a TF SavedModel (with `export=True`).
 """
