@@ -174,9 +174,24 @@ def model_parallel(mesh, strategy="fsdp", batch_axis="batch", model_axis="model"
     if process_count() > 1:  # each host feeds its own shard (kr.data.load)
         check_mesh(mesh, batch_axis)
         dist.auto_shard_dataset = False
+    dist.strategy = strategy
     dist.sequence_axis = sequence_axis
     dist.head_axis = model_axis if strategy == "tensor" else None
     return dist
+
+
+def describe(dist=None):
+    """The active (or given) distribution as a JSON-able dict — the mesh's
+    axes and sizes, the strategy and the sequence axis — or None when none is
+    set. `train()` records it in `config.json`."""
+    dist = dist or keras.distribution.distribution()
+    if dist is None:
+        return None
+    mesh = dist.device_mesh
+    return {"type": type(dist).__name__,
+            "mesh": dict(zip(mesh.axis_names, (int(n) for n in mesh.shape))),
+            "strategy": getattr(dist, "strategy", "data"),
+            "sequence_axis": getattr(dist, "sequence_axis", None)}
 
 
 def mesh_from_spec(spec, devices=None):

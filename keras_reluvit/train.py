@@ -122,7 +122,8 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         model = ViT(**model_cfg)
     full = dict(config, model=model_cfg, num_classes=d.num_classes,
                 label_names=d.label_names, backend=keras.backend.backend(),
-                steps_per_epoch=d.steps_per_epoch, processes=count)
+                steps_per_epoch=d.steps_per_epoch, processes=count,
+                distribution=kr_distribution.describe())
     if chief:
         with open(os.path.join(output, "config.json"), "w") as f:
             json.dump(full, f, indent=2, default=list)

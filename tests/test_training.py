@@ -223,6 +223,7 @@ def test_interrupted_run_resumes_with_the_same_number_of_steps(tmp_path, digits_
     assert any((tmp_path / "full" / "tensorboard").rglob("*tfevents*"))
     cfg_back = json.loads((tmp_path / "full" / "config.json").read_text())
     rebuilt = kr.ViT(**cfg_back["model"])
+    assert cfg_back["distribution"] is None and cfg_back["processes"] == 1  # one device
     assert rebuilt.count_params() == keras.saving.load_model(tmp_path / "full" / "model.keras").count_params()
 
 

@@ -124,6 +124,10 @@ def test_cli_train_with_a_mesh_on_eight_jax_devices(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["optimizer_steps"] > 0 and "accuracy" in metrics["final"]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["distribution"] == {"type": "ViTModelParallel",
+                                      "mesh": {"batch": 2, "model": 4},
+                                      "strategy": "fsdp", "sequence_axis": None}
 
 
 def test_jax_sequence_parallel_attention_equals_dense_on_eight_devices():
