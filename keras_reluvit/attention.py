@@ -445,6 +445,21 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
                 trainable=True,
             )
 
+    def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
+             attention_mask=None, return_attention_scores=False, training=None,
+             use_causal_mask=False):
+        from keras_reluvit import torch_fast
+
+        if torch_fast.attention_eligible(
+                self, query, value, key, (query_mask, value_mask, key_mask, attention_mask),
+                return_attention_scores, training, use_causal_mask):
+            return torch_fast.self_attention(self, query, training=training)
+        return super().call(query, value, key=key, query_mask=query_mask,
+                            value_mask=value_mask, key_mask=key_mask,
+                            attention_mask=attention_mask,
+                            return_attention_scores=return_attention_scores,
+                            training=training, use_causal_mask=use_causal_mask)
+
     def _compute_attention(
         self,
         query,

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_reluvit import torch_fast
 from keras_reluvit.attention import PointwiseAttention
 from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
@@ -164,10 +165,11 @@ class MLPBlock(keras.layers.Layer):
         self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
     def call(self, x, training=None):
-        x = self.fc1(x)
+        fast = torch_fast.dense_eligible(self.fc1, x)  # PyTorch: bias fused into the GEMM
+        x = torch_fast.linear(self.fc1, x) if fast else self.fc1(x)
         x = ops.gelu(x, approximate=self.activation == "gelu_tanh")
         x = self.drop(x, training=training)
-        return self.fc2(x)
+        return torch_fast.linear(self.fc2, x) if fast else self.fc2(x)
 
     def get_config(self):
         return {

@@ -388,3 +388,45 @@ def test_softmax_is_a_drop_in_for_mha_under_every_mask_combination(gated):
     model = keras.Model([q_in, v_in], outs)
     want, got = model.predict([tokens_q, tokens_v], verbose=0)
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("act,alpha,qk_norm,learned", [
+    ("softmax", 1.0, False, False), ("softmax", 1.0, True, False), ("relu", 1.0, True, False),
+    ("relu", 0.5, False, True), ("gelu", 1.0, True, False), ("sigmoid", 0.0, False, False)])
+def test_self_attention_fast_path_matches_numpy_and_keras_own_path(act, alpha, qk_norm, learned,
+                                                                  monkeypatch):
+    """`layer(x, x)` without masks: on PyTorch the fused q/k/v projection of
+    `keras_reluvit.torch_fast` (asserted taken), elsewhere Keras' own call.
+    Checked against the NumPy reference, and — outputs, input and weight
+    gradients — against Keras' own call (`KERAS_RELUVIT_TORCH_FAST=0`)."""
+    from keras_reluvit import torch_fast
+
+    rng = np.random.default_rng(zlib.crc32(repr((act, alpha, qk_norm, learned)).encode()))
+    layer = build(act, alpha, qk_norm, False, learned_scale=learned)
+    randomize(layer, rng)
+    x = rng.normal(size=(B, S, D)).astype("float32")
+    taken = []
+    original = torch_fast.self_attention
+    monkeypatch.setattr(torch_fast, "self_attention",
+                        lambda *a, **k: taken.append(1) or original(*a, **k))
+    p64 = {k: np.asarray(keras.ops.convert_to_numpy(v), "float64")
+           for k, v in layer_params(layer).items()}
+    log_scale = keras.ops.convert_to_numpy(layer.log_scale) if learned else None
+    ref, _ = np_attention(p64, x.astype("float64"), x.astype("float64"), None, act, alpha,
+                          qk_norm, False, log_scale=log_scale)
+    names = list(layer_params(layer))
+    variables = [layer_params(layer)[n] for n in names] + ([layer.log_scale] if learned else [])
+    cot = keras.ops.convert_to_tensor(rng.normal(size=ref.shape).astype("float32"))
+    results = {}
+    for fast in ("1", "0"):
+        monkeypatch.setenv("KERAS_RELUVIT_TORCH_FAST", fast)
+        xt = keras.ops.convert_to_tensor(x)  # one tensor as query and value
+        y = keras.ops.convert_to_numpy(layer(xt, xt))
+        (gx,), gv = grads(lambda xs: keras.ops.sum(layer(xs, xs) * cot), variables, [x])
+        results[fast] = (y, gx, gv)
+    expected_calls = 2 if keras.backend.backend() == "torch" else 0  # forward + gradient
+    assert len(taken) == expected_calls
+    np.testing.assert_allclose(results["1"][0], ref, rtol=1e-3, atol=5e-4)
+    for a, b in zip(results["1"], results["0"]):
+        for u, v in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
+            np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-5)

@@ -396,3 +396,25 @@ def test_one_variant_parser_and_one_probability_choice():
     assert recipes.probability("s16_i1k_90ep") == recipes.probability({"loss": "softmax_xent"})
     with pytest.raises(ValueError, match="Unknown loss"):
         recipes.probability("hinge")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's fused layers")
+@pytest.mark.parametrize("attention", ["relu", "softmax"])
+def test_fused_torch_layers_give_keras_own_outputs_and_gradients(attention, monkeypatch):
+    """`keras_reluvit.torch_fast` (fused q/k/v projection, bias-fused GEMMs)
+    against Keras' own layer code, a whole ViT: logits and the gradient of
+    every weight."""
+    from conftest import grads
+
+    model = tiny(attention=attention, qk_norm=True)
+    randomize(model)
+    x = images()
+    cot = keras.ops.convert_to_tensor(np.random.default_rng(1).normal(size=(2, 5)).astype("float32"))
+    results = []
+    for fast in ("1", "0"):
+        monkeypatch.setenv("KERAS_RELUVIT_TORCH_FAST", fast)
+        (gx,), gv = grads(lambda xs: keras.ops.sum(model(xs) * cot), model.trainable_weights, [x])
+        results.append([to_np(model(x)), gx] + gv)
+    assert len(results[0]) == len(model.trainable_weights) + 2
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -1,0 +1,105 @@
+"""PyTorch fast paths for whole layers: fewer, larger kernels per block.
+
+The PyTorch backend runs every op eagerly, one kernel each: Keras' `Dense`
+is a matmul followed by a separate bias add, and `MultiHeadAttention`
+projects q, k and v with three einsums (batched matmuls with copies) and
+three bias adds. On PyTorch our layers instead call
+
+- `linear(dense, x)` for the MLP's `Dense` layers: one
+  `torch.nn.functional.linear` (an addmm, the bias fused; the `(in, out)`
+  Keras kernel passed transposed, no copy);
+- `self_attention(layer, x, training)` for `PointwiseAttention` used as
+  self-attention: q, k and v from *one* GEMM against the three kernels
+  concatenated at call time (the weights keep MultiHeadAttention's
+  `(D, H, Dh)` layout, so checkpoints, sharding rules and the other backends
+  see nothing; the concatenation copies 3 D^2 floats per call), heads as
+  views, qk-layernorm as in the layer, softmax through
+  `F.scaled_dot_product_attention` (what `MultiHeadAttention` computes:
+  scale `1/sqrt(Dh)`), a pointwise activation through `pointwise_attention`
+  (the same dispatch, `torch_fused` where eligible), and the output
+  projection as one GEMM.
+
+`PointwiseAttention.call` and `MLPBlock.call` take these paths when
+`enabled()` and the call is a plain one (self-attention, no mask of any kind,
+no gate, no attention dropout while training, no scores returned, no
+quantization or LoRA); every other call is Keras' own code. Both are tested
+against Keras' code, outputs and gradients (tests/test_attention.py).
+Set `KERAS_RELUVIT_TORCH_FAST=0` to switch them off.
+"""
+
+import os
+
+import keras
+
+
+def enabled():
+    return keras.backend.backend() == "torch" and os.environ.get(
+        "KERAS_RELUVIT_TORCH_FAST", "1") != "0"
+
+
+def _real(x):
+    """False for Keras' symbolic pass (torch "meta" tensors)."""
+    return getattr(getattr(x, "device", None), "type", "meta") != "meta"
+
+
+def _weight(variable, dtype):
+    w = variable.value
+    return w if w.dtype == dtype else w.to(dtype)
+
+
+def dense_eligible(dense, x):
+    return (enabled() and _real(x) and dense.activation in (None, keras.activations.linear)
+            and not getattr(dense, "lora_enabled", False)
+            and getattr(dense, "quantization_mode", None) is None)
+
+
+def linear(dense, x):
+    import torch.nn.functional as F
+
+    bias = None if dense.bias is None else _weight(dense.bias, x.dtype)
+    return F.linear(x, _weight(dense.kernel, x.dtype).t(), bias)
+
+
+def attention_eligible(layer, query, value, key, masks, return_scores, training,
+                       use_causal_mask):
+    return (enabled() and _real(query) and value is query and key in (None, query)
+            and not any(m is not None for m in masks) and not use_causal_mask
+            and getattr(query, "_keras_mask", None) is None
+            and not return_scores and not layer._use_gate
+            and getattr(layer, "_sliding_window", None) is None
+            and layer._output_shape is None
+            and layer._key_dim == layer._value_dim
+            and not (training and layer._dropout > 0.0))
+
+
+def self_attention(layer, x, training=None):
+    """What `layer(x, x)` computes, with fused projections (see the module)."""
+    import torch
+    import torch.nn.functional as F
+
+    from keras_reluvit.attention import pointwise_attention
+
+    b, t, d = x.shape
+    h, dh = layer._num_heads, layer._key_dim
+    denses = (layer._query_dense, layer._key_dense, layer._value_dense)
+    kernel = torch.cat([_weight(p.kernel, x.dtype).reshape(d, h * dh) for p in denses], 1)
+    bias = None
+    if layer._use_bias:
+        bias = torch.cat([_weight(p.bias, x.dtype).reshape(h * dh) for p in denses])
+    qkv = F.linear(x, kernel.t(), bias).view(b, t, 3, h, dh)
+    q, k, v = qkv.unbind(2)  # (B, T, H, Dh) views
+    if layer._qk_norm:
+        q, k = layer._query_norm(q), layer._key_norm(k)
+    if layer.is_softmax:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2)).transpose(1, 2)
+    else:
+        out = pointwise_attention(
+            q, k, v, activation=layer._activation_name or layer._activation_fn,
+            seq_len_exponent=layer._seq_len_exponent,
+            log_scale=layer.log_scale if layer._learned_scale else None,
+            chunk_size=layer._chunk_size)
+    proj = layer._output_dense
+    bias = _weight(proj.bias, x.dtype) if layer._use_bias else None
+    return F.linear(out.reshape(b, t, h * dh), _weight(proj.kernel, x.dtype).reshape(h * dh, d).t(),
+                    bias)
