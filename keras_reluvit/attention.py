@@ -227,8 +227,7 @@ def pointwise_attention(
     path = "generic" if symbolic and implementation is None else implementation or kernels.choose(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
         recording=recording, sequence_parallel=sp is not None,
-        fused=backend == "torch" and mask is None and not recording
-        and torch_fused.eligible(query, name),
+        fused=backend == "torch" and mask is None and torch_fused.eligible(query, name),
     )
     if path == "torch_fused" and implementation is None and torch_fused.load() is None:
         path = "torch_tiled"  # chosen, but not buildable here: the tiled path
@@ -252,14 +251,15 @@ def pointwise_attention(
             raise ValueError("implementation='torch_tiled' takes no mask.")
         return kernels.torch_tiled(query, key, value, name, h, factor)
     if path == "torch_fused":
-        if mask is not None or recording or not torch_fused.usable(query, name):
+        if mask is not None or not torch_fused.usable(query, name):
             raise ValueError(
-                "implementation='torch_fused' needs PyTorch on CPU, float32, no mask, no "
-                f"gradient, an activation of {sorted(torch_fused.ACTIVATIONS)} and the kernel "
+                "implementation='torch_fused' needs PyTorch on CPU, float32, no mask, "
+                f"an activation of {sorted(torch_fused.ACTIVATIONS)} and the kernel "
                 "built (see keras_reluvit.torch_fused).")
+        fn = torch_fused.trainable_attention if recording else torch_fused.attention
         if isinstance(factor, float) or factor is None:
-            return torch_fused.attention(query, key, value, name, 1.0 if factor is None else factor)
-        return kernels._apply(torch_fused.attention(query, key, value, name), factor)
+            return fn(query, key, value, name, 1.0 if factor is None else factor)
+        return kernels._apply(fn(query, key, value, name), factor)
     if path == "sequence_parallel":
         if sp is None or mask is not None:
             raise ValueError(

@@ -15,11 +15,13 @@ matmul, the activation (and mask) and the value matmul.
   applies the activation in place, and writes into a preallocated output
   when no gradient is recorded. XLA fuses the generic path on JAX and TF;
   eager PyTorch does not, hence this path.
-- `torch_fused`: PyTorch CPU inference, relu / relu2 / relu6 / identity:
-  the compiled kernel of `keras_reluvit.torch_fused` (BLAS calls per (batch,
-  head, query tile) and key block in a `parallel_for`, key blocks summed, the
-  activation in place in a cache-sized buffer, `L^-alpha` folded into the
-  second matmul).
+- `torch_fused`: PyTorch CPU, relu / relu2 / relu6 / identity: the compiled
+  kernel of `keras_reluvit.torch_fused` (BLAS calls per (batch, head, query
+  tile) and key block in a `parallel_for`, key blocks summed, the activation
+  in place in a cache-sized buffer, `L^-alpha` folded into the second
+  matmul). Under autograd the same forward in a `torch.autograd.Function`
+  whose backward recomputes the scores per query tile (blocked GEMMs; no
+  T x S tensor is kept between forward and backward).
 - `sequence_parallel`: JAX under a `kr.distribution.model_parallel(...,
   sequence_axis=...)` distribution: tokens sharded over that mesh axis; each
   device gathers the queries, computes the partial sum over *its* keys
@@ -226,11 +228,12 @@ def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_si
 
     Weights or dropout wanted -> generic. A sequence-parallel distribution
     (JAX) and no mask -> sequence_parallel. A chunk size (or "auto" above
-    4096 x 4096 scores) -> chunked. PyTorch inference without a mask ->
-    torch_tiled (under autograd, many small tiles cost more than they save:
-    generic); `torch_fused` (the C++ kernel of `keras_reluvit.torch_fused`)
-    when `fused` says it is built and takes this activation, dtype and
-    device. Otherwise generic (XLA fuses it on JAX and TF).
+    4096 x 4096 scores) -> chunked. PyTorch without a mask -> `torch_fused`
+    (the C++ kernel of `keras_reluvit.torch_fused`; under autograd with its
+    tiled backward) when `fused` says it takes this activation, dtype and
+    device; else, for inference, torch_tiled (under autograd many small
+    tiles cost more than they save: generic). Otherwise generic (XLA fuses
+    it on JAX and TF).
     """
     if want_weights or dropout:
         return "generic"
@@ -240,6 +243,9 @@ def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_si
         chunk_size = AUTO_CHUNK_SIZE if t * s > AUTO_CHUNK_SCORES else None
     if chunk_size:
         return "chunked"
-    if backend == "torch" and mask is None and activation_name is not None and not recording:
-        return "torch_fused" if fused else "torch_tiled"
+    if backend == "torch" and mask is None and activation_name is not None:
+        if fused:  # inference, or training with its tiled backward
+            return "torch_fused"
+        if not recording:
+            return "torch_tiled"
     return "generic"

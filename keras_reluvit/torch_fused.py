@@ -1,4 +1,6 @@
-"""A fused CPU kernel of pointwise attention for PyTorch inference.
+"""A fused CPU kernel of pointwise attention for PyTorch (inference, and
+training through `trainable_attention`: a tiled backward that recomputes the
+scores).
 
 Eager PyTorch runs `bmm -> relu -> bmm` as three passes over a T x S score
 tensor, with BLAS threads that fight the caller's; torch's own softmax SDPA
@@ -20,12 +22,14 @@ x86 CPU builds. Where it cannot be built the dispatch point uses the
 `torch_tiled` path instead (a warning says why); `KERAS_RELUVIT_TORCH_FUSED=0`
 turns it off. CPU float32 tensors only: CUDA tensors never reach it.
 
-**Build locks.** torch guards a build with a `lock` file and waits, forever,
-while it exists, so a build killed half-way used to hang every later one.
+**Build locks.** torch < 2.14 guards a build with a `lock` file and waits,
+forever, while it exists, so a build killed half-way used to hang every later one.
 We record the building process in `keras_reluvit.owner` next to it: a lock
 whose owner is gone (or an unowned lock older than 10 minutes) is removed
 with a warning and the build goes on; a lock held by a live process makes
 this process use the tiled path (with a warning) instead of waiting.
+torch >= 2.14 holds an OS-level advisory lock instead (the file stays, the
+kernel releases it when its holder dies): nothing to do there.
 """
 
 import os
@@ -145,6 +149,12 @@ def _owner(path):
 def check_lock(directory):
     """Clears a stale torch build lock in `directory`; returns False (after a
     warning) when a live process holds it, True when building may go on."""
+    import torch.utils.cpp_extension as cpp
+
+    if hasattr(cpp, "FileLock"):
+        # torch >= 2.14 holds an OS-level advisory lock: the file stays after
+        # every build, the kernel releases it when its holder dies.
+        return True
     lock = os.path.join(directory, "lock")
     owner_file = os.path.join(directory, "keras_reluvit.owner")
     if not os.path.exists(lock):
@@ -235,3 +245,92 @@ def attention(query, key, value, activation_name, out_scale=1.0, tile_q=None, ti
     return module.pointwise_attention(query.contiguous(), key.contiguous(), value.contiguous(),
                                       ACTIVATIONS[activation_name], float(out_scale), int(tile_q),
                                       int(tile_k))
+
+
+# ------------------------------------------------------------- training --
+
+# Score elements per backward tile (batch x head pairs x queries): 1 Mi floats
+# (4 MiB; measured best of 2^16 ... 2^22 at L = 785 on a 2-core CPU).
+GRAD_TILE_ELEMENTS = 2**20
+
+
+def _h_and_slope(s, name):
+    """`h(s)` and `h'(s)` for the kernel's activations."""
+    if name == "relu":
+        return s.clamp_min(0.0), (s > 0).to(s.dtype)
+    if name == "relu2":
+        r = s.clamp_min(0.0)
+        return r * r, 2.0 * r
+    if name == "relu6":
+        return s.clamp(0.0, 6.0), ((s > 0) & (s < 6)).to(s.dtype)
+    if name == "identity":
+        return s, None
+    raise KeyError(name)
+
+
+def _attention_backward(q, k, v, grad, name, out_scale):
+    """Gradients of `out_scale * sum_j h(q_i . k_j / sqrt(d)) v_j` for
+    `(B, T, H, D)` inputs: the scores recomputed per query tile (never the
+    whole T x S), as blocked GEMMs over all (batch, head) pairs:
+    `dV = c h(S)^T dO`, `dS = c (dO V^T) * h'(S)`, `dQ = dS K / sqrt(d)`,
+    `dK = dS^T Q / sqrt(d)`."""
+    import torch
+
+    b, t, nh, d = q.shape
+    s = k.shape[1]
+    sigma = d ** -0.5
+    as_bh = lambda x: x.permute(0, 2, 1, 3).reshape(b * nh, x.shape[1], x.shape[3])
+    qs, kk, vv = as_bh(q) * sigma, as_bh(k), as_bh(v)
+    go = as_bh(grad) * out_scale
+    dq, dk, dv = torch.empty_like(qs), torch.zeros_like(kk), torch.zeros_like(vv)
+    # Tiles of (batch x head) pairs and queries holding ~GRAD_TILE_ELEMENTS scores.
+    tile_bh = max(1, GRAD_TILE_ELEMENTS // (t * s))
+    tile_q = t if tile_bh > 1 else max(1, min(t, GRAD_TILE_ELEMENTS // s))
+    kt, vt = kk.transpose(1, 2), vv.transpose(1, 2)
+    for j in range(0, b * nh, tile_bh):
+        J = slice(j, j + tile_bh)
+        for i in range(0, t, tile_q):
+            I = slice(i, i + tile_q)
+            qi, gi = qs[J, I], go[J, I]
+            scores = torch.bmm(qi, kt[J])
+            weights, slope = _h_and_slope(scores, name)
+            dv[J].baddbmm_(weights.transpose(1, 2), gi)
+            ds = torch.bmm(gi, vt[J])
+            if slope is not None:
+                ds.mul_(slope)
+            torch.bmm(ds, kk[J], out=dq[J, I])
+            dk[J].baddbmm_(ds.transpose(1, 2), qi)
+    back = lambda x, n: x.reshape(b, nh, n, x.shape[-1]).permute(0, 2, 1, 3)
+    return back(dq * sigma, t), back(dk, s), back(dv, s)
+
+
+def _autograd_function():
+    import torch
+
+    class PointwiseAttentionFunction(torch.autograd.Function):
+        """Forward: the fused kernel (no T x S tensor kept); backward:
+        `_attention_backward` (scores recomputed per tile)."""
+
+        @staticmethod
+        def forward(ctx, query, key, value, name, out_scale):
+            ctx.save_for_backward(query, key, value)
+            ctx.name, ctx.out_scale = name, out_scale
+            return attention(query, key, value, name, out_scale)
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v = ctx.saved_tensors
+            dq, dk, dv = _attention_backward(q, k, v, grad, ctx.name, ctx.out_scale)
+            return dq, dk, dv, None, None
+
+    return PointwiseAttentionFunction
+
+
+_FUNCTION = []
+
+
+def trainable_attention(query, key, value, activation_name, out_scale=1.0):
+    """`attention(...)` that autograd can differentiate (training)."""
+    if not _FUNCTION:
+        _FUNCTION.append(_autograd_function())
+    return _FUNCTION[0].apply(query, key, value, activation_name, float(out_scale))

@@ -98,7 +98,39 @@ def _torch_fused_kernel_equals_generic_forward():
         q, k, v, implementation="generic").numpy(), rtol=1e-5, atol=1e-5)
 
 
-def _torch_dispatch_uses_the_fused_kernel_for_inference_only():
+def _torch_fused_backward_equals_generic_gradient(monkeypatch):
+    """Training through the fused kernel (`trainable_attention`: the forward
+    kernel, a backward that recomputes the scores per query tile) against
+    autograd of the generic path: dQ, dK, dV and the learned log-scale's
+    gradient, each activation, alpha 0 / 0.5 / 1, odd shapes, and tiles
+    forced small so that the tile loop runs many times."""
+    import torch
+
+    from keras_reluvit import torch_fused
+
+    rng = np.random.default_rng(5)
+    for b, t, s, h, d, tile in ((2, 7, 8, 3, 4, 2 * 7 * 8), (1, 100, 333, 3, 16, 333 * 7),
+                                (2, 70, 50, 3, 8, 1)):
+        monkeypatch.setattr(torch_fused, "GRAD_TILE_ELEMENTS", tile)
+        x = [rng.normal(size=(b, n, h, d)).astype("float32") for n in (t, s, s)]
+        cot = torch.tensor(rng.normal(size=(b, t, h, d)).astype("float32"))
+        for act in sorted(torch_fused.ACTIVATIONS):
+            for alpha, learned in ((0.0, False), (1.0, True), (0.5, False)):
+                results = []
+                for impl in ("generic", "torch_fused"):
+                    q, k, v = (torch.tensor(a, requires_grad=True) for a in x)
+                    log_scale = torch.tensor([0.3, -0.7, 0.1], requires_grad=True)
+                    out = pointwise_attention(q, k, v, activation=act, seq_len_exponent=alpha,
+                                              log_scale=log_scale if learned else None,
+                                              implementation=impl)
+                    (out * cot).sum().backward()
+                    results.append([out.detach(), q.grad, k.grad, v.grad]
+                                   + ([log_scale.grad] if learned else []))
+                for got, ref in zip(results[1], results[0]):
+                    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-4, atol=2e-5)
+
+
+def _torch_dispatch_uses_the_fused_kernel_without_a_mask():
     import torch
 
     from keras_reluvit import torch_fused
@@ -115,8 +147,8 @@ def _torch_dispatch_uses_the_fused_kernel_for_inference_only():
             pointwise_attention(q, k, v, mask=torch.tensor(mask))  # mask: generic
         assert len(calls) == 1
         qg = q.clone().requires_grad_(True)
-        pointwise_attention(qg, k, v).sum().backward()             # training: generic
-        assert len(calls) == 1 and qg.grad is not None
+        pointwise_attention(qg, k, v).sum().backward()             # training: fused too
+        assert len(calls) == 2 and qg.grad is not None
     finally:
         torch_fused.attention = original
     with pytest.raises(ValueError, match="torch_fused"):
@@ -165,7 +197,7 @@ def _torch_fused_builds_only_when_chosen_and_only_for_cpu_tensors(tmp_path):
         "    pointwise_attention(q, q, q, mask=torch.ones(1, 64, 64, dtype=torch.bool))\n"
         "    pointwise_attention(q, q, q, activation='gelu')\n"
         "    pointwise_attention(q, q, q, return_weights=True)\n"
-        "pointwise_attention(q.requires_grad_(True), q, q)\n"
+        "pointwise_attention(q.requires_grad_(True), q, q, activation='gelu')\n"
         "print('ok')\n")
     out, err = _fused_probe(tmp_path, code, extensions_dir=tmp_path / "ext")
     assert "ok" in out and "building" not in err
@@ -229,8 +261,9 @@ def _torch_symbolic_build_takes_the_generic_path(monkeypatch):
 if keras.backend.backend() == "torch":
     test_torch_symbolic_build_takes_the_generic_path = _torch_symbolic_build_takes_the_generic_path
     test_torch_fused_kernel_equals_generic_forward = _torch_fused_kernel_equals_generic_forward
-    test_torch_dispatch_uses_the_fused_kernel_for_inference_only = (
-        _torch_dispatch_uses_the_fused_kernel_for_inference_only)
+    test_torch_fused_backward_equals_generic_gradient = _torch_fused_backward_equals_generic_gradient
+    test_torch_dispatch_uses_the_fused_kernel_without_a_mask = (
+        _torch_dispatch_uses_the_fused_kernel_without_a_mask)
     test_torch_fused_builds_only_when_chosen_and_only_for_cpu_tensors = (
         _torch_fused_builds_only_when_chosen_and_only_for_cpu_tensors)
     test_torch_fused_recovers_a_stale_build_lock_and_never_waits = (
@@ -248,6 +281,8 @@ def test_dispatch_rule():
     assert c("tensorflow", "relu", None, False, False, 8192, 8192, "auto") == "chunked"
     assert c("torch", None, None, False, False, 197, 197, None) == "generic"  # callable
     assert c("torch", "relu", None, False, False, 197, 197, None, recording=True) == "generic"
+    assert c("torch", "relu", None, False, False, 197, 197, None, recording=True,
+             fused=True) == "torch_fused"
     assert c("torch", "relu", None, False, False, 197, 197, None, fused=True) == "torch_fused"
     assert c("torch", "relu", "mask", False, False, 197, 197, None, fused=True) == "generic"
 
