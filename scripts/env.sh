@@ -1,19 +1,32 @@
 # Sourced by the scripts: makes (once) and activates the project's venv.
 # The venv is keyed by the requirement files, so a change re-creates it;
-# KRV_VENV overrides its location.
+# KRV_VENV overrides its location. KRV_PROFILE=peers makes the peers
+# benchmark's venv instead (benchmarks/env-peers.sh): requirements/test.txt
+# without its torch pin, plus benchmarks/requirements-peers.txt.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-KEY="$(cat "$ROOT"/requirements/*.txt | sha256sum | cut -c1-12)"
-VENV="${KRV_VENV:-$HOME/.cache/keras-reluvit/venv-$KEY}"
 PY="${PYTHON:-python3}"
+if [ "${KRV_PROFILE:-test}" = peers ]; then
+  KEY="$(cat "$ROOT"/requirements/test.txt "$ROOT"/benchmarks/requirements-peers.txt | sha256sum | cut -c1-12)"
+  VENV="${KRV_PEERS_VENV:-$HOME/.cache/keras-reluvit/peers-$KEY}"
+else
+  KEY="$(cat "$ROOT"/requirements/*.txt | sha256sum | cut -c1-12)"
+  VENV="${KRV_VENV:-$HOME/.cache/keras-reluvit/venv-$KEY}"
+fi
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   echo "[env] creating $VENV" >&2
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
-  "$VENV/bin/pip" install -q -r "$ROOT/requirements/test.txt"
-  # keras-hub without its dependencies (they pull tensorflow-text).
-  "$VENV/bin/pip" install -q --no-deps -r "$ROOT/requirements/keras-hub.txt"
+  if [ "${KRV_PROFILE:-test}" = peers ]; then
+    grep -v '^torch==' "$ROOT/requirements/test.txt" > "$VENV/test-without-torch.txt"
+    "$VENV/bin/pip" install -q -r "$VENV/test-without-torch.txt" \
+        -r "$ROOT/benchmarks/requirements-peers.txt"
+  else
+    "$VENV/bin/pip" install -q -r "$ROOT/requirements/test.txt"
+    # keras-hub without its dependencies (they pull tensorflow-text).
+    "$VENV/bin/pip" install -q --no-deps -r "$ROOT/requirements/keras-hub.txt"
+  fi
   touch "$VENV/.complete"
 fi
 # The package itself, from this checkout (cheap; no dependencies re-resolved).
