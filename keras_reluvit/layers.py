@@ -167,7 +167,12 @@ class MLPBlock(keras.layers.Layer):
     def call(self, x, training=None):
         fast = torch_fast.dense_eligible(self.fc1, x)  # PyTorch: bias fused into the GEMM
         x = torch_fast.linear(self.fc1, x) if fast else self.fc1(x)
-        x = ops.gelu(x, approximate=self.activation == "gelu_tanh")
+        if self.activation == "gelu" and keras.backend.backend() == "tensorflow":
+            # tf.nn.gelu writes erfc, which ONNX has no op for (an exported
+            # model would not load in onnxruntime): the same function with erf.
+            x = 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
+        else:
+            x = ops.gelu(x, approximate=self.activation == "gelu_tanh")
         x = self.drop(x, training=training)
         return torch_fast.linear(self.fc2, x) if fast else self.fc2(x)
 
