@@ -20,6 +20,15 @@ the parameter counts are checked equal). Ours: `relu` (ReLU/L) and
 `softmax`. Inputs: `--batch` random images, fp32, intra-op threads
 `--threads`; inference (`torch.no_grad` eager for timm and ours on torch,
 the jitted predict function on JAX, `tf.function` on TensorFlow).
+
+Serving (`--impls timm,savedmodel,savedmodel_xla,onnx`): the exported
+artefacts themselves, written by `kr.export.saved_model` / `kr.export.onnx`
+from the same model: the SavedModel's `serve_preprocessed` endpoint loaded
+with `tf.saved_model.load` (plain, and wrapped in
+`tf.function(jit_compile=True)`), and the ONNX model in an onnxruntime CPU
+session with `--threads` intra-op threads.
+
+    python -m benchmarks.peers --impls timm,savedmodel,savedmodel_xla,onnx --sizes 224 --out benchmarks/results/serving
 """
 
 import argparse
@@ -33,7 +42,12 @@ import time
 from benchmarks import common
 
 TIMM = {"S/16": "vit_small_patch16_224", "S/8": "vit_small_patch8_224"}
-IMPLS = ("timm", "torch", "jax", "tensorflow")
+BACKENDS = ("torch", "jax", "tensorflow")
+# The exported artefacts (written from a TensorFlow-backend model): the
+# SavedModel's `serve_preprocessed` under plain TF, the same function under
+# `tf.function(jit_compile=True)`, and the ONNX model under onnxruntime.
+SERVING = ("savedmodel", "savedmodel_xla", "onnx")
+IMPLS = ("timm",) + BACKENDS + SERVING
 
 
 # ----------------------------------------------------------------- worker --
@@ -51,7 +65,32 @@ def _threads(backend, n):
         tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
-def _build(impl, variant, size, attention, batch):
+def _serving(impl, model, x, threads):
+    import tempfile
+
+    import keras_reluvit as kr
+
+    tmp = tempfile.mkdtemp(prefix="peers-")
+    if impl == "onnx":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        session = ort.InferenceSession(kr.export.onnx(model, os.path.join(tmp, "model.onnx")),
+                                       options, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        return lambda: session.run(None, {name: x})
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(kr.export.saved_model(model, os.path.join(tmp, "saved_model")))
+    fn = loaded.serve_preprocessed
+    if impl == "savedmodel_xla":
+        fn = tf.function(fn, jit_compile=True)
+    xt = tf.constant(x)
+    return lambda keep=loaded: fn(xt)  # `keep`: the loaded object owns the variables
+
+
+def _build(impl, variant, size, attention, batch, threads=2):
     """A zero-argument function running one forward pass, and the params."""
     import numpy as np
 
@@ -73,6 +112,8 @@ def _build(impl, variant, size, attention, batch):
 
     model = kr.ViT(variant, attention=attention, pool="tok", qk_norm=False,
                    mlp_activation="gelu", image_size=size, num_classes=1000)
+    if impl in SERVING:
+        return _serving(impl, model, x, threads), model.count_params()
     if impl == "torch":
         import torch
 
@@ -91,14 +132,14 @@ def _build(impl, variant, size, attention, batch):
 def worker(impl, threads):
     """Reads one JSON command per line on stdin, answers one JSON line."""
     if impl != "timm":
-        os.environ["KERAS_BACKEND"] = impl
-    _threads(impl, threads)
+        os.environ["KERAS_BACKEND"] = impl if impl in BACKENDS else "tensorflow"
+    _threads(impl if impl in BACKENDS + ("timm",) else "tensorflow", threads)
     models = {}
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "build":
             run, params = _build(impl, cmd["variant"], cmd["size"], cmd["attention"],
-                                 cmd["batch"])
+                                 cmd["batch"], threads)
             run()  # compile / warm up
             models[cmd["key"]] = run
             answer = {"params": params}
@@ -118,7 +159,7 @@ class Worker:
     def __init__(self, impl, threads):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
         if impl != "timm":
-            env["KERAS_BACKEND"] = impl
+            env["KERAS_BACKEND"] = impl if impl in BACKENDS else "tensorflow"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.peers", "--worker", impl, "--threads", str(threads)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -179,7 +220,9 @@ def table(rows, args):
             "| model | px | tokens | implementation | attention | img/s | vs timm |\n"
             "|---|---|---|---|---|---|---|\n")
     names = {"timm": "timm (PyTorch eager, SDPA)", "torch": "ours, torch", "jax": "ours, jax",
-             "tensorflow": "ours, tensorflow"}
+             "tensorflow": "ours, tensorflow", "savedmodel": "ours, SavedModel (TF)",
+             "savedmodel_xla": "ours, SavedModel (TF, jit_compile)",
+             "onnx": "ours, ONNX (onnxruntime)"}
     return head + "\n".join(
         f"| {r['variant']} | {r['size']} | {r['tokens']} | {names[r['impl']]} | {r['attention']} | "
         f"{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}] | {r['vs_timm']:.2f}x |"
@@ -191,7 +234,8 @@ def parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", default="S/16,S/8")
     p.add_argument("--sizes", default="224,384")
-    p.add_argument("--impls", default=",".join(IMPLS), help=f"subset of {','.join(IMPLS)}")
+    p.add_argument("--impls", default=",".join(("timm",) + BACKENDS),
+                   help=f"subset of {','.join(IMPLS)} (the last three: the exported artefacts)")
     p.add_argument("--attentions", default="relu,softmax", help="ours: relu, softmax")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
