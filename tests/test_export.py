@@ -20,7 +20,8 @@ CHECK = textwrap.dedent("""
     import json, sys, numpy as np, tensorflow as tf
     path, inputs = sys.argv[1], np.load(sys.argv[2], allow_pickle=True)
     m = tf.saved_model.load(path)
-    sig = {k: m.signatures[k] for k in ("serving_default", "serve_bytes", "serve_preprocessed")}
+    sig = {k: m.signatures[k] for k in ("serving_default", "serve_bytes", "serve_preprocessed",
+                                        "serve_preprocessed_xla")}
     out = {}
     for n in (1, 7):
         r = sig["serving_default"](images=tf.constant(inputs["uint8"][:n]))
@@ -29,6 +30,8 @@ CHECK = textwrap.dedent("""
     r = sig["serve_bytes"](image_bytes=tf.constant(list(inputs["png"])))
     out["bytes"] = r["probabilities"].numpy().tolist()
     out["preprocessed"] = sig["serve_preprocessed"](images=tf.constant(inputs["pre"]))["logits"].numpy().tolist()
+    out["preprocessed_xla"] = sig["serve_preprocessed_xla"](
+        images=tf.constant(inputs["pre"]))["logits"].numpy().tolist()
     errors = {}
     for name, fn in (("channels", lambda: sig["serving_default"](images=tf.zeros((1, 40, 40, 4), tf.uint8))),
                      ("bytes", lambda: sig["serve_bytes"](image_bytes=tf.constant([b"not an image"])))):
@@ -84,6 +87,7 @@ def test_probabilities_match_predict_on_the_same_preprocessed_images(exported):
     np.testing.assert_allclose(out["uint8_7"]["probabilities"], probs, atol=1e-4)
     np.testing.assert_allclose(out["uint8_1"]["probabilities"], probs[:1], atol=1e-4)
     np.testing.assert_allclose(out["preprocessed"], model.predict(pre, verbose=0), atol=1e-4)
+    np.testing.assert_allclose(out["preprocessed_xla"], out["preprocessed"], atol=1e-5)
 
 
 def test_top_k_outputs_and_labels(exported):
@@ -108,13 +112,13 @@ def test_bad_serving_inputs_raise_clear_errors(exported):
     assert errors["bytes"] is not None and "image" in errors["bytes"].lower()
 
 
-def test_saved_model_cli_lists_the_three_signatures(exported):
+def test_saved_model_cli_lists_the_signatures(exported):
     _, path, _, _, _ = exported
     cli = subprocess.run([sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show",
                           "--dir", str(path), "--all"], env=subprocess_env("tensorflow"),
                          capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0, cli.stderr[-2000:]
-    for name in ("serving_default", "serve_bytes", "serve_preprocessed"):
+    for name in ("serving_default", "serve_bytes", "serve_preprocessed", "serve_preprocessed_xla"):
         assert f"signature_def['{name}']" in cli.stdout
     assert "shape: (-1, -1, -1, 3)" in cli.stdout  # dynamic batch and size
 

@@ -52,10 +52,10 @@ def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
     for i, block in enumerate(code):
         for marker in ("y = layer(x, x)", "kr.load_checkpoint(", "kr.data.imagenet(",
                        "kr.export.saved_model(", "sequence_axis=", "strategy=\"fsdp\"",
-                       "def squareplus"):
+                       "def squareplus", "serve_preprocessed_xla("):
             if marker in block:
                 by_marker.setdefault(marker, i)
-    assert len(by_marker) == 7, by_marker
+    assert len(by_marker) == 8, by_marker
     monkeypatch.chdir(tmp_path)
     make_checkpoints(str(tmp_path))
     ns = {"x": np.random.default_rng(0).normal(size=(2, 197, 384)).astype("float32")}
@@ -68,6 +68,7 @@ def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
             ("num_classes=info.num_classes)", "num_classes=info.num_classes, image_size=32, depth=1)"),
             ("epochs=90", "epochs=1")]),
         (code[by_marker["kr.export.saved_model("]], []),
+        (code[by_marker["serve_preprocessed_xla("]], [("[8, 224, 224, 3]", "[8, 32, 32, 3]")]),
         (code[by_marker["def squareplus"]], []),
     ]
     for i, (block, replacements) in enumerate(run):
@@ -77,6 +78,7 @@ def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
     assert ns["model"].name and os.path.exists("presets/vit_s16_augreg/config.json")
     assert os.path.exists("serving/vit_s16_relu/1/saved_model.pb")
     assert os.path.exists("vit_s16_relu.onnx")
+    assert ns["logits"].shape[0] == 8  # the SavedModel's XLA endpoint served a batch
     # The multi-device blocks: JAX with 8 virtual devices, in a subprocess.
     script = "import keras, keras_reluvit as kr\n" + "\n".join(
         small(code[by_marker[m]], [("attention=\"relu\")", "attention=\"relu\", image_size=32, depth=1)")],
