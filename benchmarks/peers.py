@@ -50,6 +50,11 @@ SERVING = ("savedmodel", "savedmodel_xla", "onnx")
 IMPLS = ("timm",) + BACKENDS + SERVING
 
 
+def _backend(impl):
+    """The Keras backend an implementation's worker runs (None: timm)."""
+    return None if impl == "timm" else impl if impl in BACKENDS else "tensorflow"
+
+
 # ----------------------------------------------------------------- worker --
 
 
@@ -131,9 +136,9 @@ def _build(impl, variant, size, attention, batch, threads=2):
 
 def worker(impl, threads):
     """Reads one JSON command per line on stdin, answers one JSON line."""
-    if impl != "timm":
-        os.environ["KERAS_BACKEND"] = impl if impl in BACKENDS else "tensorflow"
-    _threads(impl if impl in BACKENDS + ("timm",) else "tensorflow", threads)
+    if _backend(impl):
+        os.environ["KERAS_BACKEND"] = _backend(impl)
+    _threads(_backend(impl) or "timm", threads)
     models = {}
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -158,8 +163,8 @@ def worker(impl, threads):
 class Worker:
     def __init__(self, impl, threads):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        if impl != "timm":
-            env["KERAS_BACKEND"] = impl if impl in BACKENDS else "tensorflow"
+        if _backend(impl):
+            env["KERAS_BACKEND"] = _backend(impl)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.peers", "--worker", impl, "--threads", str(threads)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)

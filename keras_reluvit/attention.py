@@ -197,6 +197,7 @@ def pointwise_attention(
         `(B, T, H, Dv)` outputs, and the weights if `return_weights`.
     """
     from keras_reluvit import kernels
+    from keras_reluvit import torch_fast
     from keras_reluvit import torch_fused
 
     name, h = get_activation(activation)
@@ -222,8 +223,7 @@ def pointwise_attention(
     # Keras' symbolic pass (building a functional model) runs torch ops on
     # "meta" tensors: one generic einsum gives the shapes; the tile loops
     # would cost minutes for a large model for nothing.
-    symbolic = backend == "torch" and getattr(query, "device", None) is not None \
-        and query.device.type == "meta"
+    symbolic = backend == "torch" and torch_fast.symbolic(query)
     path = "generic" if symbolic and implementation is None else implementation or kernels.choose(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
         recording=recording, sequence_parallel=sp is not None,

@@ -37,9 +37,10 @@ def enabled():
         "KERAS_RELUVIT_TORCH_FAST", "1") != "0"
 
 
-def _real(x):
-    """False for Keras' symbolic pass (torch "meta" tensors)."""
-    return getattr(getattr(x, "device", None), "type", "meta") != "meta"
+def symbolic(x):
+    """True in Keras' symbolic pass (building a functional model runs torch
+    ops on "meta" tensors)."""
+    return getattr(getattr(x, "device", None), "type", None) == "meta"
 
 
 def _weight(variable, dtype):
@@ -48,7 +49,7 @@ def _weight(variable, dtype):
 
 
 def dense_eligible(dense, x):
-    return (enabled() and _real(x) and dense.activation in (None, keras.activations.linear)
+    return (enabled() and not symbolic(x) and dense.activation in (None, keras.activations.linear)
             and not getattr(dense, "lora_enabled", False)
             and getattr(dense, "quantization_mode", None) is None)
 
@@ -62,7 +63,7 @@ def linear(dense, x):
 
 def attention_eligible(layer, query, value, key, masks, return_scores, training,
                        use_causal_mask):
-    return (enabled() and _real(query) and value is query and key in (None, query)
+    return (enabled() and not symbolic(query) and value is query and key in (None, query)
             and not any(m is not None for m in masks) and not use_causal_mask
             and getattr(query, "_keras_mask", None) is None
             and not return_scores and not layer._use_gate
