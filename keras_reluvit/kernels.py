@@ -20,8 +20,9 @@ matmul, the activation (and mask) and the value matmul.
   tile) and key block in a `parallel_for`, key blocks summed, the activation
   in place in a cache-sized buffer, `L^-alpha` folded into the second
   matmul). Under autograd the same forward in a `torch.autograd.Function`
-  whose backward recomputes the scores per query tile (blocked GEMMs; no
-  T x S tensor is kept between forward and backward).
+  whose C++ backward recomputes the scores per (query tile, key block):
+  five BLAS calls per block, no T x S tensor kept between forward and
+  backward.
 - `sequence_parallel`: JAX under a `kr.distribution.model_parallel(...,
   sequence_axis=...)` distribution: tokens sharded over that mesh axis; each
   device gathers the queries, computes the partial sum over *its* keys
@@ -230,7 +231,7 @@ def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_si
     (JAX) and no mask -> sequence_parallel. A chunk size (or "auto" above
     4096 x 4096 scores) -> chunked. PyTorch without a mask -> `torch_fused`
     (the C++ kernel of `keras_reluvit.torch_fused`; under autograd with its
-    tiled backward) when `fused` says it takes this activation, dtype and
+    C++ backward) when `fused` says it takes this activation, dtype and
     device; else, for inference, torch_tiled (under autograd many small
     tiles cost more than they save: generic). Otherwise generic (XLA fuses
     it on JAX and TF).
@@ -244,7 +245,7 @@ def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_si
     if chunk_size:
         return "chunked"
     if backend == "torch" and mask is None and activation_name is not None:
-        if fused:  # inference, or training with its tiled backward
+        if fused:  # inference, or training with its C++ backward
             return "torch_fused"
         if not recording:
             return "torch_tiled"

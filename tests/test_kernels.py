@@ -96,22 +96,33 @@ def _torch_fused_kernel_equals_generic_forward():
         got = pointwise_attention(q, k, v, implementation="torch_fused")
     np.testing.assert_allclose(got.numpy(), pointwise_attention(
         q, k, v, implementation="generic").numpy(), rtol=1e-5, atol=1e-5)
+    # A NaN query row gives a NaN output row (as the generic path), not zeros:
+    # the kernel's SIMD activations keep NaN scores.
+    q, k, v = (torch.tensor(rng.normal(size=(1, 9, 2, 4)).astype("float32")) for _ in range(3))
+    q[0, 4, 1, 2] = float("nan")
+    for act in sorted(torch_fused.ACTIVATIONS):
+        with torch.no_grad():
+            got = pointwise_attention(q, k, v, activation=act, implementation="torch_fused")
+        ref = pointwise_attention(q, k, v, activation=act, implementation="generic")
+        np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(ref.numpy()))
+        assert np.isnan(got.numpy()[0, 4, 1]).all(), act
 
 
 def _torch_fused_backward_equals_generic_gradient(monkeypatch):
     """Training through the fused kernel (`trainable_attention`: the forward
-    kernel, a backward that recomputes the scores per query tile) against
+    kernel, the C++ backward that recomputes the scores per tile) against
     autograd of the generic path: dQ, dK, dV and the learned log-scale's
-    gradient, each activation, alpha 0 / 0.5 / 1, odd shapes, and tiles
-    forced small so that the tile loop runs many times."""
+    gradient, each activation, alpha 0 / 0.5 / 1, odd shapes (T != S, T and
+    S not multiples of the tiles), and tiles forced small so that the query
+    and key loops run many times (partial last tiles included)."""
     import torch
 
     from keras_reluvit import torch_fused
 
     rng = np.random.default_rng(5)
-    for b, t, s, h, d, tile in ((2, 7, 8, 3, 4, 2 * 7 * 8), (1, 100, 333, 3, 16, 333 * 7),
-                                (2, 70, 50, 3, 8, 1)):
-        monkeypatch.setattr(torch_fused, "GRAD_TILE_ELEMENTS", tile)
+    for b, t, s, h, d, tiles in ((2, 7, 8, 3, 4, (128, 512)), (1, 100, 333, 3, 16, (16, 24)),
+                                 (2, 70, 50, 3, 8, (1, 7)), (1, 9, 600, 3, 8, (128, 512))):
+        monkeypatch.setattr(torch_fused, "BACKWARD_TILES", tiles)
         x = [rng.normal(size=(b, n, h, d)).astype("float32") for n in (t, s, s)]
         cot = torch.tensor(rng.normal(size=(b, t, h, d)).astype("float32"))
         for act in sorted(torch_fused.ACTIVATIONS):
