@@ -10,7 +10,9 @@ one BLAS call for the scores `q k^T / sqrt(d)` into a cache-sized buffer,
 the activation in place, one BLAS call adding `w v` scaled by `L^-alpha`
 straight into the output. Key blocks are combined by that plain sum: no
 softmax, no running max, no rescaling. It reads the `(B, T, H,
-D)` projections in place (strided BLAS), so there are no transposes either.
+D)` projections in place (strided BLAS, any token stride: the q / k / v views
+of one fused qkv GEMM output too), so there are no transposes or copies
+either; the backward likewise.
 
 Built once with `torch.utils.cpp_extension.load_inline` the first time the
 dispatch point chooses this path (never for calls that take another path),
@@ -38,7 +40,7 @@ import threading
 import time
 import warnings
 
-NAME = "keras_reluvit_fused_v6"
+NAME = "keras_reluvit_fused_v7"
 STALE_UNOWNED_SECONDS = 600
 
 # Activations the kernel computes in its loop (code passed to C++).
@@ -116,47 +118,57 @@ static void activate(int64_t act, float* w, float* ds, int64_t n) {
   }
 }
 
+// A (B, L, H, D) float32 tensor as BLAS sees it: rows of D contiguous floats,
+// `ld` floats apart (a q/k/v view of one qkv GEMM output, or a transposed
+// (B, H, L, D) tensor, is read in place: no copies).
+struct Rows {
+  float* p;
+  int64_t sb, sh;
+  int ld;
+  Rows(const torch::Tensor& t) : p(t.data_ptr<float>()), sb(t.stride(0)), sh(t.stride(2)),
+                                 ld(static_cast<int>(t.stride(1))) {
+    TORCH_CHECK(t.scalar_type() == torch::kFloat32, "float32 only");
+    TORCH_CHECK(t.dim() == 4 && t.stride(3) == 1 && t.stride(1) >= t.size(3),
+                "rows of the last axis must be contiguous and apart by >= its length");
+  }
+  float* at(int64_t b, int64_t t, int64_t h) const { return p + b * sb + t * ld + h * sh; }
+};
+
 // out[b, t, h] = out_scale * sum_s act(q[b, t, h] . k[b, s, h] / sqrt(d)) v[b, s, h]
 torch::Tensor pointwise_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                   int64_t act, double out_scale, int64_t tile_q,
                                   int64_t tile_k) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
-              v.scalar_type() == torch::kFloat32, "float32 only");
-  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "contiguous only");
+  const Rows Q(q), K(k), V(v);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3);
   const int64_t S = k.size(1), dv = v.size(3);
   auto out = torch::empty({B, T, H, dv}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+  const Rows O(out);
   const int64_t tiles = (T + tile_q - 1) / tile_q;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float oscale = static_cast<float>(out_scale);
   at::parallel_for(0, B * H * tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> w(tile_q * tile_k);
     const int saved = MKL_Set_Num_Threads_Local(1);  // this worker's BLAS: one thread
-    const int id = d, idv = dv, lq = H * d, lv = H * dv;
+    const int id = d, idv = dv;
     const float zero = 0.0f, one = 1.0f;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t bh = i / tiles, b = bh / H, h = bh % H, start = (i % tiles) * tile_q;
       const int rows = static_cast<int>(std::min(tile_q, T - start));
-      const float* qi = qp + ((b * T + start) * H + h) * d;
-      float* oi = op + ((b * T + start) * H + h) * dv;
+      const float* qi = Q.at(b, start, h);
+      float* oi = O.at(b, start, h);
       float* wp = w.data();
       // Key blocks: partial outputs are simply summed into the output (no running
       // max, no rescaling), so each block of K and V stays in cache.
       for (int64_t k0 = 0; k0 < S; k0 += tile_k) {
         const int cols = static_cast<int>(std::min(tile_k, S - k0));
-        const float* kb = kp + ((b * S + k0) * H + h) * d;
-        const float* vb = vp + ((b * S + k0) * H + h) * dv;
+        const float* kb = K.at(b, k0, h);
+        const float* vb = V.at(b, k0, h);
         // Column-major BLAS on row-major data: W^T (cols x rows) = K (d x cols)^T Q^T (d x rows).
-        sgemm_("T", "N", &cols, &rows, &id, &scale, kb, &lq, qi, &lq, &zero, wp, &cols);
-        const int64_t n = static_cast<int64_t>(rows) * cols;
-        activate(act, wp, nullptr, n);
+        sgemm_("T", "N", &cols, &rows, &id, &scale, kb, &K.ld, qi, &Q.ld, &zero, wp, &cols);
+        activate(act, wp, nullptr, static_cast<int64_t>(rows) * cols);
         // O^T (dv x rows) (+)= out_scale * V^T (dv x cols) W^T (cols x rows).
-        sgemm_("N", "N", &idv, &rows, &cols, &oscale, vb, &lv, wp, &cols,
-               k0 == 0 ? &zero : &one, oi, &lv);
+        sgemm_("N", "N", &idv, &rows, &cols, &oscale, vb, &V.ld, wp, &cols,
+               k0 == 0 ? &zero : &one, oi, &O.ld);
       }
     }
     MKL_Set_Num_Threads_Local(saved);
@@ -173,23 +185,20 @@ static inline void gemm_rm(char ta, char tb, int m, int n, int k, float alpha, c
 // Gradients of out = out_scale * sum_s act(q . k_s / sqrt(d)) v_s for (B, T, H, D)
 // tensors, the scores recomputed per (query tile, key block) in cache-sized buffers.
 // One (batch, head) pair per task, so that the pair's dK and dV are accumulated by
-// one thread, straight into the strided outputs.
+// one thread, straight into the outputs.
 std::vector<torch::Tensor> pointwise_attention_backward(
     torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor go, int64_t act,
     double out_scale, int64_t tile_q, int64_t tile_k) {
-  for (const auto& t : {q, k, v, go}) {
-    TORCH_CHECK(t.scalar_type() == torch::kFloat32, "float32 only");
-    TORCH_CHECK(t.is_contiguous(), "contiguous only");
-  }
+  const Rows Q(q), K(k), V(v), G(go);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3);
   const int64_t S = k.size(1), dv = v.size(3);
-  auto dq = torch::empty_like(q), dk = torch::empty_like(k), dvt = torch::empty_like(v);
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const float* gp = go.data_ptr<float>();
-  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dvt.data_ptr<float>();
+  auto dq = torch::empty({B, T, H, d}, q.options());
+  auto dk = torch::empty({B, S, H, d}, q.options());
+  auto dvt = torch::empty({B, S, H, dv}, q.options());
+  const Rows DQ(dq), DK(dk), DV(dvt);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float c = static_cast<float>(out_scale);
-  const int lq = H * d, lv = H * dv, id = d, idv = dv;
+  const int id = d, idv = dv;
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> w(tile_q * tile_k), dp(tile_q * tile_k);
     const int saved = MKL_Set_Num_Threads_Local(1);
@@ -197,25 +206,23 @@ std::vector<torch::Tensor> pointwise_attention_backward(
       const int64_t b = bh / H, h = bh % H;
       for (int64_t t0 = 0; t0 < T; t0 += tile_q) {
         const int rows = static_cast<int>(std::min(tile_q, T - t0));
-        const float* qi = qp + ((b * T + t0) * H + h) * d;
-        const float* gi = gp + ((b * T + t0) * H + h) * dv;
-        float* dqi = dqp + ((b * T + t0) * H + h) * d;
+        const float *qi = Q.at(b, t0, h), *gi = G.at(b, t0, h);
+        float* dqi = DQ.at(b, t0, h);
         for (int64_t k0 = 0; k0 < S; k0 += tile_k) {
           const int cols = static_cast<int>(std::min(tile_k, S - k0));
-          const int64_t off = ((b * S + k0) * H + h);
-          const float *kb = kp + off * d, *vb = vp + off * dv;
-          float *dkb = dkp + off * d, *dvb = dvp + off * dv;
+          const float *kb = K.at(b, k0, h), *vb = V.at(b, k0, h);
+          float *dkb = DK.at(b, k0, h), *dvb = DV.at(b, k0, h);
           float *wp = w.data(), *dpp = dp.data();
           // W = Q K^T / sqrt(d); dP = c dO V^T   (rows x cols)
-          gemm_rm('N', 'T', rows, cols, id, scale, qi, lq, kb, lq, 0.0f, wp, cols);
-          gemm_rm('N', 'T', rows, cols, idv, c, gi, lv, vb, lv, 0.0f, dpp, cols);
+          gemm_rm('N', 'T', rows, cols, id, scale, qi, Q.ld, kb, K.ld, 0.0f, wp, cols);
+          gemm_rm('N', 'T', rows, cols, idv, c, gi, G.ld, vb, V.ld, 0.0f, dpp, cols);
           // dS = dP * act'(W); W = act(W)
           activate(act, wp, dpp, static_cast<int64_t>(rows) * cols);
           const float first_q = t0 == 0 ? 0.0f : 1.0f, first_k = k0 == 0 ? 0.0f : 1.0f;
           // dV_j (+)= c act(W)^T dO_i; dQ_i (+)= dS K_j / sqrt(d); dK_j (+)= dS^T Q_i / sqrt(d)
-          gemm_rm('T', 'N', cols, idv, rows, c, wp, cols, gi, lv, first_q, dvb, lv);
-          gemm_rm('N', 'N', rows, id, cols, scale, dpp, cols, kb, lq, first_k, dqi, lq);
-          gemm_rm('T', 'N', cols, id, rows, scale, dpp, cols, qi, lq, first_q, dkb, lq);
+          gemm_rm('T', 'N', cols, idv, rows, c, wp, cols, gi, G.ld, first_q, dvb, DV.ld);
+          gemm_rm('N', 'N', rows, id, cols, scale, dpp, cols, kb, K.ld, first_k, dqi, DQ.ld);
+          gemm_rm('T', 'N', cols, id, rows, scale, dpp, cols, qi, Q.ld, first_q, dkb, DK.ld);
         }
       }
     }
@@ -342,6 +349,15 @@ def usable(query, activation_name):
     return eligible(query, activation_name) and load() is not None
 
 
+def _rows(x):
+    """`x` itself where the kernel can read it in place (each `D`-vector
+    contiguous, vectors at least `D` apart: e.g. the q / k / v views of one
+    qkv GEMM output), else a contiguous copy."""
+    if x.dim() == 4 and x.stride(3) == 1 and x.stride(1) >= x.shape[3] and x.shape[1] > 1:
+        return x
+    return x.contiguous()
+
+
 def attention(query, key, value, activation_name, out_scale=1.0, tile_q=None, tile_k=TILE_K):
     """`out_scale * sum_j h(q_i . k_j / sqrt(d)) v_j`; `(B, T, H, D)` in and out."""
     module = load()
@@ -351,7 +367,7 @@ def attention(query, key, value, activation_name, out_scale=1.0, tile_q=None, ti
         if t.device.type != "cpu":
             raise ValueError(f"the fused kernel runs on the CPU; got a {t.device} tensor.")
     tile_q = tile_q or tile_rows(query.shape[1])
-    return module.pointwise_attention(query.contiguous(), key.contiguous(), value.contiguous(),
+    return module.pointwise_attention(_rows(query), _rows(key), _rows(value),
                                       ACTIVATIONS[activation_name], float(out_scale), int(tile_q),
                                       int(tile_k))
 
@@ -378,7 +394,7 @@ def attention_backward(query, key, value, grad, activation_name, out_scale=1.0, 
     tile_q, tile_k = tiles or BACKWARD_TILES
     tile_q = tile_q or tile_rows(query.shape[1])
     return tuple(module.pointwise_attention_backward(
-        query.contiguous(), key.contiguous(), value.contiguous(), grad.contiguous(),
+        _rows(query), _rows(key), _rows(value), _rows(grad),
         ACTIVATIONS[activation_name], float(out_scale), int(tile_q), int(tile_k)))
 
 

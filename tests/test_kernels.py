@@ -139,6 +139,24 @@ def _torch_fused_backward_equals_generic_gradient(monkeypatch):
                                    + ([log_scale.grad] if learned else []))
                 for got, ref in zip(results[1], results[0]):
                     np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-4, atol=2e-5)
+    # q, k, v as strided views of one (B, T, 3, H, D) qkv tensor (what the
+    # PyTorch fast path hands over; the kernels read them in place) and a
+    # transposed (B, H, T, D) layout: same outputs and gradients.
+    x = rng.normal(size=(2, 37, 3, 3, 8)).astype("float32")
+    cot = torch.tensor(rng.normal(size=(2, 37, 3, 8)).astype("float32"))
+    results = []
+    for impl, layout in (("generic", "qkv"), ("torch_fused", "qkv"), ("torch_fused", "bhtd")):
+        xt = torch.tensor(x if layout == "qkv" else x.transpose(0, 2, 3, 1, 4).copy(),
+                          requires_grad=True)
+        q, k, v = xt.unbind(2) if layout == "qkv" else (a.transpose(1, 2) for a in xt.unbind(1))
+        assert layout == "bhtd" or q.stride(1) == 3 * 3 * 8  # not contiguous
+        out = pointwise_attention(q, k, v, implementation=impl)
+        (out * cot).sum().backward()
+        grad = xt.grad if layout == "qkv" else xt.grad.permute(0, 3, 1, 2, 4)
+        results.append([out.detach(), grad])
+    for got in results[1:]:
+        for g, r in zip(got, results[0]):
+            np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=2e-5)
 
 
 def _torch_dispatch_uses_the_fused_kernel_without_a_mask():
