@@ -1,6 +1,6 @@
-"""Whole-model inference against timm: our ViTs (relu and softmax, each
-backend) and timm's softmax `VisionTransformer` with the same dims, side by
-side in one run.
+"""Whole-model inference (and PyTorch training steps) against timm: our
+ViTs (relu and softmax, each backend) and timm's softmax
+`VisionTransformer` with the same dims, side by side in one run.
 
     source benchmarks/env-peers.sh      # torch 2.14.1 + torchvision + timm (~6 GB, once)
     python -m benchmarks.peers --out benchmarks/results
@@ -20,6 +20,14 @@ the parameter counts are checked equal). Ours: `relu` (ReLU/L) and
 `softmax`. Inputs: `--batch` random images, fp32, intra-op threads
 `--threads`; inference (`torch.no_grad` eager for timm and ours on torch,
 the jitted predict function on JAX, `tf.function` on TensorFlow).
+
+Training (`--mode train --impls timm,torch`): one forward + backward of the
+cross-entropy against fixed labels per pass (gradients dropped before each;
+no optimizer step, the same for both), both models in training mode
+(dropout 0): timm's SDPA backward against ours (relu: the C++ kernels of
+`keras_reluvit.torch_fused`, softmax: SDPA).
+
+    python -m benchmarks.peers --mode train --impls timm,torch --sizes 224 --out benchmarks/results/train
 
 Serving (`--impls timm,savedmodel,savedmodel_xla,onnx`): the exported
 artefacts themselves, written by `kr.export.saved_model` / `kr.export.onnx`
@@ -95,8 +103,26 @@ def _serving(impl, model, x, threads):
     return lambda keep=loaded: fn(xt)  # `keep`: the loaded object owns the variables
 
 
-def _build(impl, variant, size, attention, batch, threads=2):
-    """A zero-argument function running one forward pass, and the params."""
+def _train_step(forward, params):
+    """fwd + bwd of the cross-entropy against fixed labels (PyTorch); the
+    gradients are dropped before each step (no optimizer: the same for both)."""
+    import torch
+
+    def run(labels=[]):
+        for p in params:
+            p.grad = None
+        logits = forward()
+        if not labels:
+            labels.append(torch.arange(logits.shape[0]) % logits.shape[1])
+        torch.nn.functional.cross_entropy(logits, labels[0]).backward()
+        return logits
+
+    return run
+
+
+def _build(impl, variant, size, attention, batch, threads=2, mode="infer"):
+    """A zero-argument function running one forward pass (`mode="train"`:
+    one forward + backward), and the params."""
     import numpy as np
 
     x = np.random.default_rng(0).uniform(-1, 1, (batch, size, size, 3)).astype("float32")
@@ -105,14 +131,17 @@ def _build(impl, variant, size, attention, batch, threads=2):
         import torch
 
         model = timm.create_model(TIMM[variant], pretrained=False, img_size=size,
-                                  num_classes=1000).eval()
+                                  num_classes=1000)
         xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+        params = sum(p.numel() for p in model.parameters())
+        if mode == "train":
+            return _train_step(lambda: model.train()(xt), list(model.parameters())), params
 
         def run():
             with torch.no_grad():
-                return model(xt)
+                return model.eval()(xt)
 
-        return run, sum(p.numel() for p in model.parameters())
+        return run, params
     import keras_reluvit as kr
 
     model = kr.ViT(variant, attention=attention, pool="tok", qk_norm=False,
@@ -123,6 +152,9 @@ def _build(impl, variant, size, attention, batch, threads=2):
         import torch
 
         xt = torch.from_numpy(x)
+        if mode == "train":
+            return _train_step(lambda: model(xt, training=True),
+                               [v.value for v in model.trainable_variables]), model.count_params()
 
         def run():
             with torch.no_grad():
@@ -144,7 +176,7 @@ def worker(impl, threads):
         cmd = json.loads(line)
         if cmd["op"] == "build":
             run, params = _build(impl, cmd["variant"], cmd["size"], cmd["attention"],
-                                 cmd["batch"], threads)
+                                 cmd["batch"], threads, cmd["mode"])
             run()  # compile / warm up
             models[cmd["key"]] = run
             answer = {"params": params}
@@ -194,7 +226,8 @@ def measure(args):
                         key = f"{impl}/{variant}/{size}/{attention}"
                         params[key] = workers[impl].ask(op="build", key=key, variant=variant,
                                                         size=size, attention=attention,
-                                                        batch=args.batch)["params"]
+                                                        batch=args.batch,
+                                                        mode=args.mode)["params"]
                         entries.append((key, impl, variant, size, attention))
                 if len(set(params.values())) != 1:
                     raise RuntimeError(f"not the same model: parameter counts {params}")
@@ -220,7 +253,9 @@ def measure(args):
 
 
 def table(rows, args):
-    head = (f"## Whole-model inference vs timm (fp32, batch {args.batch}, {args.threads} threads, "
+    what = ("inference" if args.mode == "infer"
+            else "training step (forward + backward of the cross-entropy)")
+    head = (f"## Whole-model {what} vs timm (fp32, batch {args.batch}, {args.threads} threads, "
             f"img/s: median of {args.rounds} rounds x {args.iters} passes [min-max])\n\n"
             "| model | px | tokens | implementation | attention | img/s | vs timm |\n"
             "|---|---|---|---|---|---|---|\n")
@@ -246,6 +281,8 @@ def parser():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=2, help="forward passes timed per round")
+    p.add_argument("--mode", choices=("infer", "train"), default="infer",
+                   help="train: forward + backward of a cross-entropy (timm and torch only)")
     p.add_argument("--out", help="write peers.md / peers.json there")
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     return p
@@ -262,6 +299,8 @@ def main(argv=None):
     bad = sorted(set(args.impls) - set(IMPLS)) + sorted(set(args.variants) - set(TIMM))
     if bad or "timm" not in args.impls:
         parser().error(f"unknown {bad}; --impls must include timm (the baseline)")
+    if args.mode == "train" and set(args.impls) - {"timm", "torch"}:
+        parser().error("--mode train compares PyTorch training steps: --impls timm,torch")
     rows = measure(args)
     text = table(rows, args)
     print(text)
