@@ -55,7 +55,9 @@ BACKENDS = ("torch", "jax", "tensorflow")
 # SavedModel's `serve_preprocessed` under plain TF, the same function under
 # `tf.function(jit_compile=True)`, and the ONNX model under onnxruntime.
 SERVING = ("savedmodel", "savedmodel_xla", "onnx")
-IMPLS = ("timm",) + BACKENDS + SERVING
+# The TensorFlow backend with `model.compile(jit_compile=True)`: Keras' "auto"
+# leaves XLA off on CPU-only machines, so `predict` runs the unfused graph.
+IMPLS = ("timm",) + BACKENDS + ("tensorflow_xla",) + SERVING
 
 
 def _backend(impl):
@@ -160,6 +162,9 @@ def _build(impl, variant, size, attention, batch, threads=2, mode="infer"):
             with torch.no_grad():
                 return model(xt, training=False)
     else:
+        if impl == "tensorflow_xla":
+            model.compile(jit_compile=True)
+
         def run():
             return model.predict_on_batch(x)
 
@@ -260,7 +265,8 @@ def table(rows, args):
             "| model | px | tokens | implementation | attention | img/s | vs timm |\n"
             "|---|---|---|---|---|---|---|\n")
     names = {"timm": "timm (PyTorch eager, SDPA)", "torch": "ours, torch", "jax": "ours, jax",
-             "tensorflow": "ours, tensorflow", "savedmodel": "ours, SavedModel (TF)",
+             "tensorflow": "ours, tensorflow",
+             "tensorflow_xla": "ours, tensorflow (jit_compile=True)", "savedmodel": "ours, SavedModel (TF)",
              "savedmodel_xla": "ours, SavedModel (TF, jit_compile)",
              "onnx": "ours, ONNX (onnxruntime)"}
     return head + "\n".join(

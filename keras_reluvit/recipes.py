@@ -197,6 +197,10 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, **comp
             learning-rate scaling described in the module docstring.
         epochs: default the recipe's.
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
+            On TensorFlow `jit_compile` defaults to True (XLA) unless
+            `run_eagerly` is set or a `keras.distribution` is active: Keras'
+            own "auto" leaves XLA off on machines without a GPU, where the
+            unfused graph trains a ViT-S/16 ~1.4x slower (README section 9).
 
     With a sigmoid cross-entropy recipe, a freshly built head (bias all zero)
     gets the recipe's bias init (-6.9 / -10, as big_vision).
@@ -240,6 +244,10 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, **comp
     num_classes = model.output_shape[-1]
     if num_classes and num_classes > 5:
         metrics.append(keras.metrics.TopKCategoricalAccuracy(5, name="top5"))
+    if (keras.backend.backend() == "tensorflow" and "jit_compile" not in compile_kwargs
+            and not compile_kwargs.get("run_eagerly")
+            and keras.distribution.distribution() is None):
+        compile_kwargs["jit_compile"] = True
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)
     return model
 
