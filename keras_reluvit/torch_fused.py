@@ -40,7 +40,7 @@ import threading
 import time
 import warnings
 
-NAME = "keras_reluvit_fused_v7"
+NAME = "keras_reluvit_fused_v8"
 STALE_UNOWNED_SECONDS = 600
 
 # Activations the kernel computes in its loop (code passed to C++).
@@ -126,9 +126,11 @@ struct Rows {
   int64_t sb, sh;
   int ld;
   Rows(const torch::Tensor& t) : p(t.data_ptr<float>()), sb(t.stride(0)), sh(t.stride(2)),
-                                 ld(static_cast<int>(t.stride(1))) {
+                                 ld(static_cast<int>(t.size(1) == 1
+                                    ? std::max(t.stride(1), t.size(3)) : t.stride(1))) {
+    // (A length-1 axis may carry any stride; only one row is read there.)
     TORCH_CHECK(t.scalar_type() == torch::kFloat32, "float32 only");
-    TORCH_CHECK(t.dim() == 4 && t.stride(3) == 1 && t.stride(1) >= t.size(3),
+    TORCH_CHECK(t.dim() == 4 && (t.stride(3) == 1 || t.size(3) == 1) && ld >= t.size(3),
                 "rows of the last axis must be contiguous and apart by >= its length");
   }
   float* at(int64_t b, int64_t t, int64_t h) const { return p + b * sb + t * ld + h * sh; }
@@ -353,7 +355,8 @@ def _rows(x):
     """`x` itself where the kernel can read it in place (each `D`-vector
     contiguous, vectors at least `D` apart: e.g. the q / k / v views of one
     qkv GEMM output), else a contiguous copy."""
-    if x.dim() == 4 and x.stride(3) == 1 and x.stride(1) >= x.shape[3] and x.shape[1] > 1:
+    if x.dim() == 4 and (x.stride(3) == 1 or x.shape[3] == 1) and (
+            x.shape[1] == 1 or x.stride(1) >= x.shape[3]):
         return x
     return x.contiguous()
 

@@ -96,6 +96,14 @@ def _torch_fused_kernel_equals_generic_forward():
         got = pointwise_attention(q, k, v, implementation="torch_fused")
     np.testing.assert_allclose(got.numpy(), pointwise_attention(
         q, k, v, implementation="generic").numpy(), rtol=1e-5, atol=1e-5)
+    # One query (a length-1 axis may carry any stride, here 0) against 300 keys.
+    base = torch.tensor(rng.normal(size=(2, 3, 8)).astype("float32"))
+    q1 = base.as_strided((2, 1, 3, 8), (24, 0, 8, 1))
+    k, v = (torch.tensor(rng.normal(size=(2, 300, 3, 8)).astype("float32")) for _ in range(2))
+    with torch.no_grad():
+        got = pointwise_attention(q1, k, v, implementation="torch_fused")
+    np.testing.assert_allclose(got.numpy(), pointwise_attention(
+        q1.contiguous(), k, v, implementation="generic").numpy(), rtol=1e-5, atol=1e-5)
     # A NaN query row gives a NaN output row (as the generic path), not zeros:
     # the kernel's SIMD activations keep NaN scores.
     q, k, v = (torch.tensor(rng.normal(size=(1, 9, 2, 4)).astype("float32")) for _ in range(3))
