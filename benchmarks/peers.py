@@ -50,6 +50,7 @@ import time
 from benchmarks import common
 
 TIMM = {"S/16": "vit_small_patch16_224", "S/8": "vit_small_patch8_224"}
+NUM_CLASSES = 1000
 BACKENDS = ("torch", "jax", "tensorflow")
 # The exported artefacts (written from a TensorFlow-backend model): the
 # SavedModel's `serve_preprocessed` under plain TF, the same function under
@@ -105,18 +106,18 @@ def _serving(impl, model, x, threads):
     return lambda keep=loaded: fn(xt)  # `keep`: the loaded object owns the variables
 
 
-def _train_step(forward, params):
+def _train_step(forward, params, batch):
     """fwd + bwd of the cross-entropy against fixed labels (PyTorch); the
     gradients are dropped before each step (no optimizer: the same for both)."""
     import torch
 
-    def run(labels=[]):
+    labels = torch.arange(batch) % NUM_CLASSES
+
+    def run():
         for p in params:
             p.grad = None
         logits = forward()
-        if not labels:
-            labels.append(torch.arange(logits.shape[0]) % logits.shape[1])
-        torch.nn.functional.cross_entropy(logits, labels[0]).backward()
+        torch.nn.functional.cross_entropy(logits, labels).backward()
         return logits
 
     return run
@@ -133,11 +134,11 @@ def _build(impl, variant, size, attention, batch, threads=2, mode="infer"):
         import torch
 
         model = timm.create_model(TIMM[variant], pretrained=False, img_size=size,
-                                  num_classes=1000)
+                                  num_classes=NUM_CLASSES)
         xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
         params = sum(p.numel() for p in model.parameters())
         if mode == "train":
-            return _train_step(lambda: model.train()(xt), list(model.parameters())), params
+            return _train_step(lambda: model.train()(xt), list(model.parameters()), batch), params
 
         def run():
             with torch.no_grad():
@@ -147,7 +148,7 @@ def _build(impl, variant, size, attention, batch, threads=2, mode="infer"):
     import keras_reluvit as kr
 
     model = kr.ViT(variant, attention=attention, pool="tok", qk_norm=False,
-                   mlp_activation="gelu", image_size=size, num_classes=1000)
+                   mlp_activation="gelu", image_size=size, num_classes=NUM_CLASSES)
     if impl in SERVING:
         return _serving(impl, model, x, threads), model.count_params()
     if impl == "torch":
@@ -156,7 +157,8 @@ def _build(impl, variant, size, attention, batch, threads=2, mode="infer"):
         xt = torch.from_numpy(x)
         if mode == "train":
             return _train_step(lambda: model(xt, training=True),
-                               [v.value for v in model.trainable_variables]), model.count_params()
+                               [v.value for v in model.trainable_variables],
+                               batch), model.count_params()
 
         def run():
             with torch.no_grad():
@@ -266,7 +268,8 @@ def table(rows, args):
             "|---|---|---|---|---|---|---|\n")
     names = {"timm": "timm (PyTorch eager, SDPA)", "torch": "ours, torch", "jax": "ours, jax",
              "tensorflow": "ours, tensorflow",
-             "tensorflow_xla": "ours, tensorflow (jit_compile=True)", "savedmodel": "ours, SavedModel (TF)",
+             "tensorflow_xla": "ours, tensorflow (jit_compile=True)",
+             "savedmodel": "ours, SavedModel (TF)",
              "savedmodel_xla": "ours, SavedModel (TF, jit_compile)",
              "onnx": "ours, ONNX (onnxruntime)"}
     return head + "\n".join(

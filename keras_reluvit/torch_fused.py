@@ -40,7 +40,7 @@ import threading
 import time
 import warnings
 
-NAME = "keras_reluvit_fused_v8"
+NAME = "keras_reluvit_fused_v9"
 STALE_UNOWNED_SECONDS = 600
 
 # Activations the kernel computes in its loop (code passed to C++).
@@ -118,6 +118,12 @@ static void activate(int64_t act, float* w, float* ds, int64_t n) {
   }
 }
 
+// Row-major C (m x n) = alpha op(A) op(B) + beta C through column-major BLAS.
+static inline void gemm_rm(char ta, char tb, int m, int n, int k, float alpha, const float* a,
+                           int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  sgemm_(&tb, &ta, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+}
+
 // A (B, L, H, D) float32 tensor as BLAS sees it: rows of D contiguous floats,
 // `ld` floats apart (a q/k/v view of one qkv GEMM output, or a transposed
 // (B, H, L, D) tensor, is read in place: no copies).
@@ -152,7 +158,6 @@ torch::Tensor pointwise_attention(torch::Tensor q, torch::Tensor k, torch::Tenso
     std::vector<float> w(tile_q * tile_k);
     const int saved = MKL_Set_Num_Threads_Local(1);  // this worker's BLAS: one thread
     const int id = d, idv = dv;
-    const float zero = 0.0f, one = 1.0f;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t bh = i / tiles, b = bh / H, h = bh % H, start = (i % tiles) * tile_q;
       const int rows = static_cast<int>(std::min(tile_q, T - start));
@@ -165,23 +170,16 @@ torch::Tensor pointwise_attention(torch::Tensor q, torch::Tensor k, torch::Tenso
         const int cols = static_cast<int>(std::min(tile_k, S - k0));
         const float* kb = K.at(b, k0, h);
         const float* vb = V.at(b, k0, h);
-        // Column-major BLAS on row-major data: W^T (cols x rows) = K (d x cols)^T Q^T (d x rows).
-        sgemm_("T", "N", &cols, &rows, &id, &scale, kb, &K.ld, qi, &Q.ld, &zero, wp, &cols);
+        // W = Q K^T / sqrt(d) (rows x cols); O (+)= out_scale act(W) V (rows x dv).
+        gemm_rm('N', 'T', rows, cols, id, scale, qi, Q.ld, kb, K.ld, 0.0f, wp, cols);
         activate(act, wp, nullptr, static_cast<int64_t>(rows) * cols);
-        // O^T (dv x rows) (+)= out_scale * V^T (dv x cols) W^T (cols x rows).
-        sgemm_("N", "N", &idv, &rows, &cols, &oscale, vb, &V.ld, wp, &cols,
-               k0 == 0 ? &zero : &one, oi, &O.ld);
+        gemm_rm('N', 'N', rows, idv, cols, oscale, wp, cols, vb, V.ld, k0 == 0 ? 0.0f : 1.0f,
+                oi, O.ld);
       }
     }
     MKL_Set_Num_Threads_Local(saved);
   });
   return out;
-}
-
-// Row-major C (m x n) = alpha op(A) op(B) + beta C through column-major BLAS.
-static inline void gemm_rm(char ta, char tb, int m, int n, int k, float alpha, const float* a,
-                           int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  sgemm_(&tb, &ta, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
 }
 
 // Gradients of out = out_scale * sum_s act(q . k_s / sqrt(d)) v_s for (B, T, H, D)
@@ -361,11 +359,16 @@ def _rows(x):
     return x.contiguous()
 
 
-def attention(query, key, value, activation_name, out_scale=1.0, tile_q=None, tile_k=TILE_K):
-    """`out_scale * sum_j h(q_i . k_j / sqrt(d)) v_j`; `(B, T, H, D)` in and out."""
+def _module():
     module = load()
     if module is None:
         raise RuntimeError("the fused PyTorch kernel is not available on this machine.")
+    return module
+
+
+def attention(query, key, value, activation_name, out_scale=1.0, tile_q=None, tile_k=TILE_K):
+    """`out_scale * sum_j h(q_i . k_j / sqrt(d)) v_j`; `(B, T, H, D)` in and out."""
+    module = _module()
     for t in (query, key, value):
         if t.device.type != "cpu":
             raise ValueError(f"the fused kernel runs on the CPU; got a {t.device} tensor.")
@@ -391,9 +394,7 @@ def attention_backward(query, key, value, grad, activation_name, out_scale=1.0, 
     `dV = c h(W)^T dO`, `dS = c (dO V^T) * h'(W)`, `dQ = dS K / sqrt(d)`,
     `dK = dS^T Q / sqrt(d)` (`c = out_scale`) as five BLAS calls per block;
     one (batch, head) pair per parallel task."""
-    module = load()
-    if module is None:
-        raise RuntimeError("the fused PyTorch kernel is not available on this machine.")
+    module = _module()
     tile_q, tile_k = tiles or BACKWARD_TILES
     tile_q = tile_q or tile_rows(query.shape[1])
     return tuple(module.pointwise_attention_backward(
