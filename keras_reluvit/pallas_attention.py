@@ -1,0 +1,384 @@
+"""Fused pointwise attention for JAX: a Pallas kernel (TPU and GPU).
+
+`o_i = r_i * sum_j m_ij h(q_i . k_j / sqrt(d)) v_j`, flash-style: each
+program holds one block of queries in on-chip memory and loops over blocks of
+keys, computing the score tile, the activation `h`, the mask and the partial
+`w v` product in registers / VMEM and adding it to a float32 accumulator. The
+`T x S` scores never reach HBM. Unlike softmax there is no running maximum
+and no normaliser to carry and rescale: the key blocks' partial outputs are
+simply summed, and the row factor `r_i = exp(s_h) * L_i^-alpha` multiplies
+the accumulator once at the end.
+
+The backward pass (a `jax.custom_vjp`) recomputes the scores tile by tile in
+two kernels, as FlashAttention-2 does: one over key blocks (dK, dV: a loop
+over query blocks) and one over query blocks (dQ: a loop over key blocks).
+With `P = h(S)`: `dV = P^T (r dO)`, `dP = (r dO) V^T`, `dS = dP * h'(S)`,
+`dQ = dS K / sqrt(d)`, `dK = dS^T Q / sqrt(d)`; the row factor's gradient
+(for `relu_learned`'s log-scale and nothing else) is `sum_d dO * O / r`.
+No softmax statistic is needed, so nothing but the inputs is kept.
+
+**One source, three lowerings.** The kernel body uses only ref slicing,
+`lax.dot_general`, `fori_loop` and elementwise ops, so the same function
+lowers through Mosaic on TPU and through Pallas' Triton backend on NVIDIA
+GPUs (Triton is chosen explicitly with its `CompilerParams`: jax's default
+GPU backend, Mosaic GPU, wants warpgroup-shaped kernels). `jax.lax.
+platform_dependent` picks the lowering when the program is lowered, not when
+it is traced: a function traced once lowers to the Mosaic call for TPU, the
+Triton call for CUDA and to Pallas' interpreter elsewhere (CPU).
+
+Shapes: the wrapper takes the layer's `(B, T, H, D)` projections, pads the
+token axes to the block size and the head dim to a power of two (>= 16),
+and works in `(B, H, T, D)`. Padded keys are masked inside the kernel (they
+add nothing and are not counted in `L`, which the caller's row factor
+already holds); padded query rows get a zero factor and are sliced off.
+
+Limits: each program keeps one head's keys and values for the whole sequence
+resident (`S x D` twice; bf16, D = 64, L = 12545: 3.2 MB): fine for GPUs and
+for TPU VMEM up to a few ten thousand tokens. Masks are read as int32 blocks
+(a `(B, T, S)` mask is a T x S *read*, never a write).
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+# Activations and their derivatives, as the kernel computes them (float32).
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu(x):
+    inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (1.0 + jnp.tanh(inner))
+
+
+def _gelu_grad(x):
+    inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+    t = jnp.tanh(inner)
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + jnp.exp(-x))
+
+
+def _softplus(x):
+    # log(1 + exp(x)) without overflow.
+    return jnp.maximum(x, 0.0) + jnp.log(1.0 + jnp.exp(-jnp.abs(x)))
+
+
+ACTIVATIONS = {
+    "relu": (lambda x: jnp.maximum(x, 0.0), lambda x: jnp.where(x > 0, 1.0, 0.0)),
+    "relu2": (lambda x: jnp.square(jnp.maximum(x, 0.0)), lambda x: 2.0 * jnp.maximum(x, 0.0)),
+    "relu6": (lambda x: jnp.minimum(jnp.maximum(x, 0.0), 6.0),
+              lambda x: jnp.where((x > 0) & (x < 6.0), 1.0, 0.0)),
+    "identity": (lambda x: x, lambda x: jnp.ones_like(x)),
+    "sigmoid": (_sigmoid, lambda x: _sigmoid(x) * (1.0 - _sigmoid(x))),
+    "gelu": (_gelu, _gelu_grad),
+    "softplus": (_softplus, _sigmoid),
+}
+HEAD_DIMS = "any (padded to a power of two >= 16)"
+MAX_BLOCK = 128
+_NT = (((1,), (1,)), ((), ()))  # a @ b.T
+_TN = (((0,), (0,)), ((), ()))  # a.T @ b
+_NN = (((1,), (0,)), ((), ()))  # a @ b
+
+
+def _dot(a, b, dims):
+    return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def _block(n):
+    """Block size for n tokens: a power of two in [16, MAX_BLOCK]."""
+    return min(MAX_BLOCK, max(16, 1 << max(0, (n - 1).bit_length())))
+
+
+def _valid(start, size, num_keys, padded_keys, mask):
+    """Which keys of the block `[start, start + size)` count: real (not
+    padding) and unmasked. `mask` is an int32 block or None; returns a bool
+    array broadcastable to the score tile, or None when all count."""
+    valid = None
+    if num_keys < padded_keys:
+        valid = (start + lax.broadcasted_iota(jnp.int32, (1, size), 1)) < num_keys
+    if mask is not None:
+        m = mask != 0
+        valid = m if valid is None else jnp.logical_and(valid, m)
+    return valid
+
+
+# --- kernels -----------------------------------------------------------------
+def _forward_kernel(q_ref, k_ref, v_ref, r_ref, *refs, act, scale, block_k, num_keys,
+                    has_mask):
+    mask_ref, o_ref = refs if has_mask else (None, refs[0])
+    h = ACTIVATIONS[act][0]
+    q = q_ref[...]
+    padded_keys = k_ref.shape[0]
+
+    def body(j, acc):
+        start = pl.multiple_of(j * block_k, block_k)
+        keys = pl.ds(start, block_k)
+        s = _dot(q, k_ref[keys, :], _NT) * scale
+        w = h(s)
+        valid = _valid(start, block_k, num_keys, padded_keys,
+                       None if mask_ref is None else mask_ref[:, keys])
+        if valid is not None:
+            w = jnp.where(valid, w, 0.0)
+        v = v_ref[keys, :]
+        return acc + _dot(w.astype(v.dtype), v, _NN)
+
+    acc = jnp.zeros((q.shape[0], v_ref.shape[-1]), jnp.float32)
+    acc = lax.fori_loop(0, padded_keys // block_k, body, acc)
+    o_ref[...] = (acc * r_ref[...]).astype(o_ref.dtype)
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, num_keys,
+                 padded_keys, has_mask):
+    mask_ref, dk_ref, dv_ref = refs if has_mask else (None,) + refs
+    h, dh = ACTIVATIONS[act]
+    k, v = k_ref[...], v_ref[...]
+    block_k = k.shape[0]
+    start_k = pl.program_id(2) * block_k
+    # Which of this block's keys are real; the same for every query block.
+    key_valid = _valid(start_k, block_k, num_keys, padded_keys, None)
+
+    def body(i, carry):
+        dk, dv = carry
+        start = pl.multiple_of(i * block_q, block_q)
+        rows = pl.ds(start, block_q)
+        q = q_ref[rows, :]
+        s = _dot(q, k, _NT) * scale
+        valid = key_valid
+        if mask_ref is not None:
+            m = mask_ref[rows, :] != 0
+            valid = m if valid is None else jnp.logical_and(valid, m)
+        w, g = h(s), dh(s)
+        if valid is not None:
+            w, g = jnp.where(valid, w, 0.0), jnp.where(valid, g, 0.0)
+        dor = (do_ref[rows, :].astype(jnp.float32) * r_ref[rows, :]).astype(q.dtype)
+        dv = dv + _dot(w.astype(q.dtype), dor, _TN)
+        ds = _dot(dor, v, _NT) * g * scale
+        dk = dk + _dot(ds.astype(q.dtype), q, _TN)
+        return dk, dv
+
+    zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, q_ref.shape[0] // block_q, body, zeros)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_k, num_keys,
+               has_mask):
+    mask_ref, dq_ref = refs if has_mask else (None, refs[0])
+    dh = ACTIVATIONS[act][1]
+    q = q_ref[...]
+    dor = (do_ref[...].astype(jnp.float32) * r_ref[...]).astype(q.dtype)
+    padded_keys = k_ref.shape[0]
+
+    def body(j, dq):
+        start = pl.multiple_of(j * block_k, block_k)
+        keys = pl.ds(start, block_k)
+        k = k_ref[keys, :]
+        s = _dot(q, k, _NT) * scale
+        g = dh(s)
+        valid = _valid(start, block_k, num_keys, padded_keys,
+                       None if mask_ref is None else mask_ref[:, keys])
+        if valid is not None:
+            g = jnp.where(valid, g, 0.0)
+        ds = _dot(dor, v_ref[keys, :], _NT) * g * scale
+        return dq + _dot(ds.astype(k.dtype), k, _NN)
+
+    dq = lax.fori_loop(0, padded_keys // block_k, body, jnp.zeros(q.shape, jnp.float32))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+# --- pallas_call per platform --------------------------------------------------
+def _compiler_params(mode, head_dim):
+    if mode == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+
+        return pltpu.CompilerParams(dimension_semantics=("parallel",) * 3,
+                                    vmem_limit_bytes=64 * 2**20)
+    if mode == "triton":
+        from jax.experimental.pallas import triton as pltriton
+
+        return pltriton.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+    return None
+
+
+def _pallas(kernel, grid, in_specs, out_specs, out_shape, mode, head_dim, name):
+    return pl.pallas_call(
+        kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        compiler_params=_compiler_params(mode, head_dim), interpret=mode == "interpret",
+        name=name)
+
+
+def _spec(shape, index_map):
+    return pl.BlockSpec(shape, index_map)
+
+
+def _forward(cfg, mode, q, k, v, r, mask):
+    act, num_keys, bq, bk, scale = cfg
+    b, nh, tp, dp = q.shape
+    sp, dvp = k.shape[2], v.shape[3]
+    q_map, kv_map = (lambda b_, h_, i: (b_, h_, i, 0)), (lambda b_, h_, i: (b_, h_, 0, 0))
+    in_specs = [_spec((None, None, bq, dp), q_map), _spec((None, None, sp, dp), kv_map),
+                _spec((None, None, sp, dvp), kv_map), _spec((None, None, bq, 1), q_map)]
+    args = [q, k, v, r]
+    if mask is not None:
+        in_specs.append(_spec((None, bq, sp), lambda b_, h_, i: (b_, i, 0)))
+        args.append(mask)
+    kernel = functools.partial(_forward_kernel, act=act, scale=scale, block_k=bk,
+                               num_keys=num_keys, has_mask=mask is not None)
+    return _pallas(kernel, (b, nh, tp // bq), in_specs, _spec((None, None, bq, dvp), q_map),
+                   jax.ShapeDtypeStruct((b, nh, tp, dvp), q.dtype), mode, dp,
+                   "pointwise_attention_fwd")(*args)
+
+
+def _backward(cfg, mode, q, k, v, r, mask, do):
+    act, num_keys, bq, bk, scale = cfg
+    b, nh, tp, dp = q.shape
+    sp, dvp = k.shape[2], v.shape[3]
+    has_mask = mask is not None
+    # dK, dV: one program per key block, looping over query blocks.
+    k_map, full = (lambda b_, h_, j: (b_, h_, j, 0)), (lambda b_, h_, j: (b_, h_, 0, 0))
+    in_specs = [_spec((None, None, tp, dp), full), _spec((None, None, bk, dp), k_map),
+                _spec((None, None, bk, dvp), k_map), _spec((None, None, tp, 1), full),
+                _spec((None, None, tp, dvp), full)]
+    args = [q, k, v, r, do]
+    if has_mask:
+        in_specs.append(_spec((None, tp, bk), lambda b_, h_, j: (b_, 0, j)))
+        args.append(mask)
+    kernel = functools.partial(_dkdv_kernel, act=act, scale=scale, block_q=bq,
+                               num_keys=num_keys, padded_keys=sp, has_mask=has_mask)
+    dk, dv = _pallas(kernel, (b, nh, sp // bk), in_specs,
+                     [_spec((None, None, bk, dp), k_map), _spec((None, None, bk, dvp), k_map)],
+                     [jax.ShapeDtypeStruct(k.shape, k.dtype),
+                      jax.ShapeDtypeStruct(v.shape, v.dtype)],
+                     mode, dp, "pointwise_attention_dkdv")(*args)
+    # dQ: one program per query block, looping over key blocks.
+    q_map, full = (lambda b_, h_, i: (b_, h_, i, 0)), (lambda b_, h_, i: (b_, h_, 0, 0))
+    in_specs = [_spec((None, None, bq, dp), q_map), _spec((None, None, sp, dp), full),
+                _spec((None, None, sp, dvp), full), _spec((None, None, bq, 1), q_map),
+                _spec((None, None, bq, dvp), q_map)]
+    args = [q, k, v, r, do]
+    if has_mask:
+        in_specs.append(_spec((None, bq, sp), lambda b_, h_, i: (b_, i, 0)))
+        args.append(mask)
+    kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk,
+                               num_keys=num_keys, has_mask=has_mask)
+    dq = _pallas(kernel, (b, nh, tp // bq), in_specs, _spec((None, None, bq, dp), q_map),
+                 jax.ShapeDtypeStruct(q.shape, q.dtype), mode, dp,
+                 "pointwise_attention_dq")(*args)
+    return dq, dk, dv
+
+
+# Platform -> how the kernel is lowered there. Chosen when the program is
+# lowered (`lax.platform_dependent`), so one traced function serves all.
+_PLATFORMS = {"tpu": "tpu", "cuda": "triton"}
+
+
+def _on_platform(fn, cfg, *args, interpret=False):
+    if interpret:
+        return fn(cfg, "interpret", *args)
+    branches = {p: functools.partial(fn, cfg, mode) for p, mode in _PLATFORMS.items()}
+    return lax.platform_dependent(
+        *args, default=functools.partial(fn, cfg, "interpret"), **branches)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fused(cfg, interpret, q, k, v, r, mask):
+    return _run_forward(cfg, interpret, q, k, v, r, mask)
+
+
+def _run_forward(cfg, interpret, q, k, v, r, mask):
+    if mask is None:
+        return _on_platform(lambda c, m, *a: _forward(c, m, *a, None), cfg, q, k, v, r,
+                            interpret=interpret)
+    return _on_platform(_forward, cfg, q, k, v, r, mask, interpret=interpret)
+
+
+def _fused_fwd(cfg, interpret, q, k, v, r, mask):
+    out = _run_forward(cfg, interpret, q, k, v, r, mask)
+    return out, (q, k, v, r, mask, out)
+
+
+def _fused_bwd(cfg, interpret, residuals, do):
+    q, k, v, r, mask, out = residuals
+    if mask is None:
+        dq, dk, dv = _on_platform(lambda c, m, *a: _backward(c, m, *a[:4], None, a[4]), cfg,
+                                  q, k, v, r, do, interpret=interpret)
+    else:
+        dq, dk, dv = _on_platform(_backward, cfg, q, k, v, r, mask, do, interpret=interpret)
+    # o = r * u, so dr = sum_d do * u = sum_d do * o / r (r > 0 on real rows;
+    # padded rows have r = 0 and no gradient).
+    dot = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    dr = jnp.where(r > 0, dot / jnp.where(r > 0, r, 1.0), 0.0)
+    return dq, dk, dv, dr, None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _pad_to(x, axis, size):
+    extra = size - x.shape[axis]
+    if not extra:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths)
+
+
+def row_factor_array(factor, b, t, nh):
+    """The dispatch's row factor (None, a float, or an array broadcastable to
+    `(B, T, H, 1)`) as the kernel's float32 `(B, H, T, 1)` input."""
+    if factor is None:
+        factor = 1.0
+    r = jnp.broadcast_to(jnp.asarray(factor, jnp.float32), (b, t, nh, 1))
+    return jnp.transpose(r, (0, 2, 1, 3))
+
+
+def attention(query, key, value, activation="relu", factor=None, mask=None,
+              interpret=None, block_q=None, block_k=None):
+    """Fused pointwise attention, `(B, T, H, D)` in and out.
+
+    Args:
+        query, key, value: `(B, T, H, D)`, `(B, S, H, D)`, `(B, S, H, Dv)`
+            projections (float32 or bfloat16; queries unscaled).
+        activation: a name of `ACTIVATIONS`.
+        factor: the row factor `exp(s_h) * L_i^-alpha`: None (1), a float, or
+            an array broadcastable to `(B, T, H, 1)` (differentiable).
+        mask: optional boolean, broadcastable to `(B, T, S)`; True = attend.
+        interpret: True runs Pallas' interpreter (any platform); False/None
+            let the platform decide at lowering: Mosaic on TPU, Triton on
+            CUDA GPUs, the interpreter elsewhere.
+        block_q, block_k: tile sizes (powers of two); default
+            `min(128, next power of two of the token count)` (>= 16).
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"The Pallas kernel computes {sorted(ACTIVATIONS)}, not {activation!r}.")
+    b, t, nh, d = query.shape
+    s, dv = key.shape[1], value.shape[-1]
+    bq, bk = block_q or _block(t), block_k or _block(s)
+    tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
+    dp, dvp = _block_dim(d), _block_dim(dv)
+    r = row_factor_array(factor, b, t, nh)
+
+    def layout(x, tokens, dim):  # (B, T, H, D) -> padded (B, H, T, D)
+        x = jnp.transpose(x, (0, 2, 1, 3))
+        return _pad_to(_pad_to(x, 2, tokens), 3, dim)
+
+    q, k, v = layout(query, tp, dp), layout(key, sp, dp), layout(value, sp, dvp)
+    r = _pad_to(r, 2, tp)
+    if mask is not None:
+        mask = jnp.broadcast_to(jnp.asarray(mask, bool), (b, t, s)).astype(jnp.int32)
+        mask = _pad_to(_pad_to(mask, 1, tp), 2, sp)
+    cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d))
+    out = _fused(cfg, bool(interpret), q, k, v, r, mask)
+    return jnp.transpose(out[:, :, :t, :dv], (0, 2, 1, 3))
+
+
+def _block_dim(d):
+    return max(16, 1 << max(0, (d - 1).bit_length()))
