@@ -190,8 +190,9 @@ def pointwise_attention(
             size, summed: O(T * chunk) memory, rematerialised for training) or
             `"auto"` (chunk above 4096 x 4096 scores per head).
         implementation: force a path (`"generic"`, `"chunked"`,
-            `"torch_tiled"`, `"torch_fused"`, `"sequence_parallel"`); default:
-            the dispatch rule.
+            `"torch_tiled"`, `"torch_fused"`, `"sequence_parallel"`,
+            `"pallas"`, `"triton"`); default: the dispatch rule under the
+            kernel switch (`kernels.set_kernel` / `KERAS_RELUVIT_KERNEL`).
 
     Returns:
         `(B, T, H, Dv)` outputs, and the weights if `return_weights`.
@@ -224,10 +225,14 @@ def pointwise_attention(
     # "meta" tensors: one generic einsum gives the shapes; the tile loops
     # would cost minutes for a large model for nothing.
     symbolic = backend == "torch" and torch_fast.symbolic(query)
+    switch = kernels.get_kernel()
+    kernel = None if symbolic else kernels.fused_kernel(switch, backend, query, name)
     path = "generic" if symbolic and implementation is None else implementation or kernels.choose(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
         recording=recording, sequence_parallel=sp is not None,
-        fused=backend == "torch" and mask is None and torch_fused.eligible(query, name),
+        fused=backend == "torch" and mask is None and switch != "generic"
+        and torch_fused.eligible(query, name),
+        kernel=kernel, cpu_kernels=switch != "generic",
     )
     if path == "torch_fused" and implementation is None and torch_fused.load() is None:
         path = "torch_tiled"  # chosen, but not buildable here: the tiled path
@@ -267,9 +272,23 @@ def pointwise_attention(
                 "kr.distribution.model_parallel(..., sequence_axis=...) distribution "
                 "and no mask."
             )
-        return kernels.sequence_parallel(query, key, value, h, factor, *sp)
+        return kernels.sequence_parallel(query, key, value, h, factor, *sp,
+                                         kernel_activation=name if kernel == "pallas" else None)
+    if path == "pallas":
+        from keras_reluvit import pallas_attention
+
+        if backend != "jax" or name not in pallas_attention.ACTIVATIONS:
+            raise ValueError("implementation='pallas' needs the JAX backend and an activation "
+                             f"of {sorted(pallas_attention.ACTIVATIONS)}.")
+        return pallas_attention.attention(query, key, value, name, factor, mask)
+    if path == "triton":
+        module = kernels.triton_module() if backend == "torch" else None
+        if module is None or name not in module.ACTIVATIONS:
+            raise ValueError("implementation='triton' needs the PyTorch backend and an "
+                             "activation of the Triton kernel.")
+        return module.attention(query, key, value, name, factor, mask)
     raise ValueError(f"Unknown implementation {path!r}; valid: generic, chunked, torch_tiled, "
-                     "torch_fused, sequence_parallel.")
+                     "torch_fused, sequence_parallel, pallas, triton.")
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")

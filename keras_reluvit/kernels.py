@@ -23,6 +23,12 @@ matmul, the activation (and mask) and the value matmul.
   whose C++ backward recomputes the scores per (query tile, key block):
   five BLAS calls per block, no T x S tensor kept between forward and
   backward.
+- `pallas`: JAX, the fused kernel of `keras_reluvit.pallas_attention` (tiles
+  in on-chip memory, no T x S tensor in HBM, a custom VJP recomputing the
+  scores per tile): Mosaic on TPU, Triton on CUDA GPUs, Pallas' interpreter
+  on a CPU (slow: for checking).
+- `triton`: PyTorch CUDA tensors, the Triton kernels of
+  `keras_reluvit.triton_attention` (same algorithm, `torch.autograd.Function`).
 - `sequence_parallel`: JAX under a `kr.distribution.model_parallel(...,
   sequence_axis=...)` distribution: tokens sharded over that mesh axis; each
   device gathers the queries, computes the partial sum over *its* keys
@@ -32,10 +38,137 @@ matmul, the activation (and mask) and the value matmul.
   and log-sum-exps and rescale; a plain sum is all ReLU/L needs.
 """
 
+import contextlib
 import math
+import os
+import sys
+import warnings
 
 import keras
 from keras import ops
+
+# --- the kernel switch ----------------------------------------------------------
+KERNELS = ("auto", "pallas", "triton", "generic")
+KERNEL_ENV = "KERAS_RELUVIT_KERNEL"
+_kernel = []  # set_kernel's value, over the environment variable
+
+
+def _check_kernel(name, where):
+    if name not in KERNELS:
+        raise ValueError(f"{where} must be one of {', '.join(KERNELS)}; got {name!r}.")
+    return name
+
+
+def set_kernel(name):
+    """Sets the kernel switch for this process (over `KERAS_RELUVIT_KERNEL`):
+    `"auto"` (default: the fused accelerator kernel where there is one --
+    Pallas when JAX's default device is a TPU or CUDA GPU, Triton for CUDA
+    tensors on PyTorch -- and the CPU paths elsewhere), `"pallas"` (JAX; in
+    Pallas' interpreter on a CPU), `"triton"` (PyTorch; CUDA tensors, or CPU
+    tensors under `TRITON_INTERPRET=1`), `"generic"` (the `keras.ops` paths
+    only). None goes back to the environment variable."""
+    _kernel[:] = [] if name is None else [_check_kernel(name, "the kernel")]
+
+
+def get_kernel():
+    """The kernel switch in force (`set_kernel`, else `KERAS_RELUVIT_KERNEL`)."""
+    if _kernel:
+        return _kernel[0]
+    return _check_kernel(os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto",
+                         KERNEL_ENV)
+
+
+@contextlib.contextmanager
+def use_kernel(name):
+    """`with use_kernel("pallas"): ...` sets the switch inside the block."""
+    previous = list(_kernel)
+    set_kernel(name)
+    try:
+        yield
+    finally:
+        _kernel[:] = previous
+
+
+def jax_accelerator():
+    """"tpu" or "cuda" when JAX's default device is one, else None."""
+    import jax
+
+    backend = jax.default_backend()
+    if backend == "tpu":
+        return "tpu"
+    if backend == "gpu":
+        version = getattr(jax.devices()[0].client, "platform_version", "") or ""
+        return None if "rocm" in version.lower() else "cuda"
+    return None
+
+
+def triton_module():
+    """`keras_reluvit.triton_attention`; raises ImportError / RuntimeError
+    naming why it cannot be used in this process."""
+    if "triton" not in sys.modules and "tensorflow" in sys.modules:
+        # Both carry LLVM; loading Triton's after TensorFlow's aborts the process.
+        raise RuntimeError(
+            "TensorFlow was imported before Triton in this process, and loading Triton "
+            "after it aborts the process (both carry LLVM). Import keras_reluvit (which "
+            "imports Triton first on the torch backend) or triton before tensorflow.")
+    try:
+        from keras_reluvit import triton_attention
+    except ImportError as error:
+        raise ImportError("The Triton kernel needs triton: pip install "
+                          "'keras-reluvit[cuda]'.") from error
+    return triton_attention
+
+
+_WARNED = set()
+
+
+def _warn_once(message):
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def _pallas_if(activation_name):
+    from keras_reluvit import pallas_attention
+
+    return "pallas" if activation_name in pallas_attention.ACTIVATIONS else None
+
+
+def fused_kernel(switch, backend, query, activation_name):
+    """The fused accelerator kernel this call takes under the switch:
+    `"pallas"`, `"triton"` or None. A forced kernel the backend or device
+    cannot run raises a ValueError naming why; a custom (callable)
+    activation takes no fused kernel."""
+    if switch == "generic":
+        return None
+    if switch == "pallas":
+        if backend != "jax":
+            raise ValueError(f"{KERNEL_ENV}=pallas needs the JAX backend; this is {backend}.")
+        return _pallas_if(activation_name)
+    if switch == "triton":
+        if backend != "torch":
+            raise ValueError(f"{KERNEL_ENV}=triton needs the PyTorch backend; this is {backend}.")
+        try:
+            module = triton_module()
+        except (ImportError, RuntimeError) as error:
+            raise ValueError(f"{KERNEL_ENV}=triton: {error}") from error
+        if activation_name not in module.ACTIVATIONS:
+            return None
+        module.check(query, activation_name)
+        return "triton"
+    # auto
+    if backend == "jax" and jax_accelerator() is not None:
+        return _pallas_if(activation_name)
+    if backend == "torch" and getattr(query.device, "type", None) == "cuda":
+        try:
+            module = triton_module()
+        except (ImportError, RuntimeError) as error:
+            _warn_once(f"Pointwise attention on CUDA tensors without its Triton kernel "
+                       f"(the generic path instead): {error}")
+            return None
+        return "triton" if activation_name in module.ACTIVATIONS else None
+    return None
+
 
 # Above this many scores per (batch, head) the "auto" choice chunks.
 AUTO_CHUNK_SCORES = 4096 * 4096
@@ -173,11 +306,13 @@ def sequence_parallel_context():
 
 
 def sequence_parallel(query, key, value, h, factor, mesh, seq_axis, batch_axis=None,
-                      head_axis=None):
+                      head_axis=None, kernel_activation=None):
     """JAX: tokens of q, k, v sharded over `seq_axis` of `mesh` (a
     `keras.distribution.DeviceMesh`); `(B, T, H, D)` in and out, the output
     sharded like the query. Batch and heads are split over `batch_axis` /
-    `head_axis` too when those axes exist and divide them."""
+    `head_axis` too when those axes exist and divide them. With
+    `kernel_activation` (a name) each device's partial sums come from the
+    Pallas kernel instead of einsums."""
     import jax
     from jax.sharding import PartitionSpec
 
@@ -206,7 +341,12 @@ def sequence_parallel(query, key, value, h, factor, mesh, seq_axis, batch_axis=N
 
     def local(q, k, v):
         q_all = jax.lax.all_gather(q, seq_axis, axis=1, tiled=True)
-        partial = ops.einsum("bhts,bshd->bthd", scores_and_weights(q_all, k, h, None), v)
+        if kernel_activation is not None:
+            from keras_reluvit import pallas_attention
+
+            partial = pallas_attention.attention(q_all, k, v, kernel_activation)
+        else:
+            partial = ops.einsum("bhts,bshd->bthd", scores_and_weights(q_all, k, h, None), v)
         return jax.lax.psum_scatter(partial, seq_axis, scatter_dimension=1, tiled=True)
 
     out = jax.shard_map(local, mesh=mesh.backend_mesh, in_specs=(spec, spec, spec),
@@ -224,27 +364,34 @@ def torch_recording(*tensors):
 
 
 def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_size,
-           recording=False, sequence_parallel=False, fused=False):
+           recording=False, sequence_parallel=False, fused=False, kernel=None,
+           cpu_kernels=True):
     """The dispatch rule: which path computes this call.
 
     Weights or dropout wanted -> generic. A sequence-parallel distribution
-    (JAX) and no mask -> sequence_parallel. A chunk size (or "auto" above
+    (JAX) and no mask -> sequence_parallel (each shard's partial sums through
+    `kernel` when it is "pallas"). A fused accelerator `kernel` ("pallas",
+    "triton"; see `fused_kernel`) -> that kernel (it is memory-light, so it
+    serves `chunk_size` too). A chunk size (or "auto" above
     4096 x 4096 scores) -> chunked. PyTorch without a mask -> `torch_fused`
     (the C++ kernel of `keras_reluvit.torch_fused`; under autograd with its
     C++ backward) when `fused` says it takes this activation, dtype and
     device; else, for inference, torch_tiled (under autograd many small
     tiles cost more than they save: generic). Otherwise generic (XLA fuses
-    it on JAX and TF).
+    it on JAX and TF). `cpu_kernels=False` (the "generic" switch) leaves out
+    the torch CPU paths.
     """
     if want_weights or dropout:
         return "generic"
     if sequence_parallel and mask is None:
         return "sequence_parallel"
+    if kernel is not None:
+        return kernel
     if chunk_size == "auto":
         chunk_size = AUTO_CHUNK_SIZE if t * s > AUTO_CHUNK_SCORES else None
     if chunk_size:
         return "chunked"
-    if backend == "torch" and mask is None and activation_name is not None:
+    if backend == "torch" and mask is None and activation_name is not None and cpu_kernels:
         if fused:  # inference, or training with its C++ backward
             return "torch_fused"
         if not recording:

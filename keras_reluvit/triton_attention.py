@@ -100,6 +100,18 @@ def _mm(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _low(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """`x.to(dtype)` for a dot operand. Under UPCAST (the interpreter with
+    bfloat16) it rounds to nearest even first: the interpreter converts by
+    truncation, a GPU to nearest; truncation biases sums of many products."""
+    if UPCAST:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
 def _valid(rq, rk, T, S, M, sm_b, sm_t, sm_s, b, HAS_MASK: tl.constexpr):
     valid = (rq < T)[:, None] & (rk < S)[None, :]
     if HAS_MASK:
@@ -134,7 +146,7 @@ def _forward_kernel(Q, K, V, R, M, O,
         w = tl.where(valid, _act(s, ACT), 0.0)
         v = tl.load(V + b * sv_b + h * sv_h + rk[:, None] * sv_s + rdv[None, :],
                     mask=(rk < S)[:, None] & (rdv < DV)[None, :], other=0.0)
-        acc += _mm(w.to(v.dtype), v, PRECISION, UPCAST)
+        acc += _mm(_low(w, v.dtype, UPCAST), v, PRECISION, UPCAST)
     r = tl.load(R + b * sr_b + h * sr_h + rq * sr_t, mask=rq < T, other=0.0)
     acc = acc * r[:, None]
     tl.store(O + b * so_b + h * so_h + rq[:, None] * so_t + rdv[None, :],
@@ -169,14 +181,14 @@ def _dkdv_kernel(Q, K, V, R, M, DO, DK, DV_,
         do = tl.load(DO + b * so_b + h * so_h + rq[:, None] * so_t + rdv[None, :],
                      mask=(rq < T)[:, None] & (rdv < DV)[None, :], other=0.0)
         r = tl.load(R + b * sr_b + h * sr_h + rq * sr_t, mask=rq < T, other=0.0)
-        dor = (do.to(tl.float32) * r[:, None]).to(q.dtype)
+        dor = _low(do.to(tl.float32) * r[:, None], q.dtype, UPCAST)
         s = _mm(q, tl.trans(k), PRECISION, UPCAST) * scale
         valid = _valid(rq, rk, T, S, M, sm_b, sm_t, sm_s, b, HAS_MASK)
         w = tl.where(valid, _act(s, ACT), 0.0)
         g = tl.where(valid, _act_grad(s, ACT), 0.0)
-        dv += _mm(tl.trans(w.to(q.dtype)), dor, PRECISION, UPCAST)
+        dv += _mm(tl.trans(_low(w, q.dtype, UPCAST)), dor, PRECISION, UPCAST)
         ds = _mm(dor, tl.trans(v), PRECISION, UPCAST) * g * scale
-        dk += _mm(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
+        dk += _mm(tl.trans(_low(ds, q.dtype, UPCAST)), q, PRECISION, UPCAST)
     tl.store(DK + (b * S * H + h) * D + rk[:, None] * (H * D) + rd[None, :],
              dk.to(DK.dtype.element_ty), mask=(rk < S)[:, None] & (rd < D)[None, :])
     tl.store(DV_ + (b * S * H + h) * DV + rk[:, None] * (H * DV) + rdv[None, :],
@@ -203,7 +215,7 @@ def _dq_kernel(Q, K, V, R, M, DO, DQ,
     do = tl.load(DO + b * so_b + h * so_h + rq[:, None] * so_t + rdv[None, :],
                  mask=(rq < T)[:, None] & (rdv < DV)[None, :], other=0.0)
     r = tl.load(R + b * sr_b + h * sr_h + rq * sr_t, mask=rq < T, other=0.0)
-    dor = (do.to(tl.float32) * r[:, None]).to(q.dtype)
+    dor = _low(do.to(tl.float32) * r[:, None], q.dtype, UPCAST)
     dq = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)
     for start in range(0, S, BLOCK_K):
         rk = start + tl.arange(0, BLOCK_K)
@@ -215,7 +227,7 @@ def _dq_kernel(Q, K, V, R, M, DO, DQ,
         valid = _valid(rq, rk, T, S, M, sm_b, sm_t, sm_s, b, HAS_MASK)
         g = tl.where(valid, _act_grad(s, ACT), 0.0)
         ds = _mm(dor, tl.trans(v), PRECISION, UPCAST) * g * scale
-        dq += _mm(ds.to(k.dtype), k, PRECISION, UPCAST)
+        dq += _mm(_low(ds, k.dtype, UPCAST), k, PRECISION, UPCAST)
     tl.store(DQ + (b * T * H + h) * D + rq[:, None] * (H * D) + rd[None, :],
              dq.to(DQ.dtype.element_ty), mask=(rq < T)[:, None] & (rd < D)[None, :])
 

@@ -4,7 +4,14 @@ import io
 import os
 import tarfile
 
-import keras
+# Triton's kernels run in its CPU interpreter in these tests; the variable is
+# read when Triton defines a kernel, so it is set before anything imports it,
+# and keras_reluvit is imported first so that Triton loads before TensorFlow
+# (the other order aborts the process: see keras_reluvit/_preload.py).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+import keras_reluvit  # noqa: E402,F401
+
+import keras  # noqa: E402
 import numpy as np
 import pytest
 

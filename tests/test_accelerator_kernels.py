@@ -1,0 +1,363 @@
+"""The fused accelerator kernels (Pallas on JAX, Triton on PyTorch) equal the
+generic keras.ops path, outputs and every gradient, and the kernel switch
+dispatches to them. On this CPU the Pallas kernel runs in Pallas'
+interpreter and the Triton kernel in Triton's (conftest sets
+TRITON_INTERPRET=1); the JAX lane also lowers a whole ViT-S/16 forward and
+training step for TPU (Mosaic) and CUDA (Pallas' Triton backend) and counts
+the kernel's custom calls per block."""
+
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import grads
+import keras_reluvit as kr
+from keras_reluvit import kernels, pointwise_attention
+
+BACKEND = keras.backend.backend()
+KERNEL = {"jax": "pallas", "torch": "triton"}.get(BACKEND)
+KERNEL_TESTS = []
+
+
+def needs_kernel(test):
+    """A test of the kernel of this backend; not collected on TensorFlow,
+    which has none (test_forced_kernel_on_the_wrong_backend runs there)."""
+    KERNEL_TESTS.append(test.__name__)
+    return test
+
+ACTS = ["relu", "relu2", "relu6", "identity", "sigmoid", "gelu", "softplus"]
+
+
+def inputs(b, t, s, h, d, dv=None, seed=0):
+    rng = np.random.default_rng(seed)
+    q, k = (rng.normal(size=(b, n, h, d)).astype("float32") for n in (t, s))
+    v = rng.normal(size=(b, s, h, dv or d)).astype("float32")
+    return q, k, v
+
+
+def key_padding(b, t, s, lengths):
+    mask = np.zeros((b, t, s), bool)
+    for i, n in enumerate(lengths):
+        mask[i, :, :n] = True
+    return mask
+
+
+def cast(x, dtype):
+    return keras.ops.cast(keras.ops.convert_to_tensor(x), dtype)
+
+
+def compare(q, k, v, dtype="float32", tol=2e-5, **kw):
+    """Output and gradients (q, k, v, log_scale) of the kernel vs generic.
+
+    float32: equal within `tol`. bfloat16: both paths in bfloat16 against
+    the generic path in float32 on the same (bfloat16-rounded) inputs; the
+    kernel (float32 scores and accumulators) must be within 4 bfloat16 ulps
+    of the largest value and on average as close as the generic path."""
+    log_scale = kw.pop("log_scale", None)
+    extra = [] if log_scale is None else [np.asarray(log_scale, "float32")]
+    q, k, v = (keras.ops.convert_to_numpy(cast(cast(x, dtype), "float32")) for x in (q, k, v))
+    cot = None
+
+    def results(impl, dt):
+        nonlocal cot
+
+        def f(a, b, c, *ls):
+            out = pointwise_attention(cast(a, dt), cast(b, dt), cast(c, dt), implementation=impl,
+                                      log_scale=ls[0] if ls else None, **kw)
+            return cast(out, "float32")
+
+        out = keras.ops.convert_to_numpy(f(q, k, v, *extra))
+        if cot is None:
+            cot = np.random.default_rng(5).normal(size=out.shape).astype("float32")
+        cot_t = keras.ops.convert_to_tensor(cot)
+        g, _ = grads(lambda *xs: keras.ops.sum(f(*xs) * cot_t), [], [q, k, v] + extra)
+        return [out] + [np.asarray(x, "float32") for x in g]
+
+    names = ("output", "dq", "dk", "dv", "dlog_scale")
+    got = results(KERNEL, dtype)
+    assert len(got) == 4 + len(extra)
+    if dtype == "float32":
+        for name, a, b in zip(names, got, results("generic", "float32")):
+            scale = max(1.0, float(np.abs(b).max()))
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale, err_msg=name)
+        return
+    exact = results("generic", "float32")
+    base = results("generic", dtype)
+    for name, a, b, r in zip(names, got, base, exact):
+        # Within 4 bfloat16 ulps (2^-6) of the largest value, and on average
+        # as close as the generic bfloat16 path.
+        err, mean, base_mean = np.abs(a - r).max(), np.abs(a - r).mean(), np.abs(b - r).mean()
+        assert err <= 2.0**-6 * np.abs(r).max(), (name, err)
+        assert mean <= 1.25 * base_mean, (name, mean, base_mean)
+
+
+@needs_kernel
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_equals_generic_for_every_activation(act):
+    """T != S, neither a multiple of the block (forced to 16: several tiles
+    and partial ones), a learned per-head log-scale, alpha = 1."""
+    q, k, v = inputs(2, 37, 53, 3, 32, seed=1)
+    compare(q, k, v, activation=act, seq_len_exponent=1.0, log_scale=[0.2, -0.4, 0.1])
+
+
+GRID = [  # head dim, dtype, alpha, mask, tokens (T, S)
+    (64, "float32", 0.0, False, (197, 197)),
+    (128, "float32", 0.5, True, (21, 40)),
+    (32, "bfloat16", 1.0, True, (33, 33)),
+    (64, "bfloat16", 1.0, False, (197, 197)),
+    (128, "bfloat16", 0.5, False, (17, 70)),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("d,dtype,alpha,masked,tokens", GRID,
+                         ids=["-".join(map(str, c)) for c in GRID])
+def test_kernel_grid(d, dtype, alpha, masked, tokens):
+    """Head dims 32/64/128, float32 and bfloat16, alpha 0 / 0.5 / 1, a key
+    padding mask (L counts the unmasked keys), the default blocks."""
+    t, s = tokens
+    q, k, v = inputs(2, t, s, 2, d, seed=2)
+    mask = key_padding(2, t, s, [s, s // 2 + 1]) if masked else None
+    compare(q, k, v, dtype=dtype, activation="relu", seq_len_exponent=alpha, mask=mask)
+
+
+@needs_kernel
+def test_kernel_with_a_general_mask_and_empty_rows_and_value_dim():
+    """A (B, T, S) mask (causal-like, one query with no key: zero output),
+    value dim != key dim."""
+    q, k, v = inputs(2, 19, 19, 2, 16, dv=24, seed=3)
+    mask = np.tril(np.ones((19, 19), bool))[None].repeat(2, 0)
+    mask[1, 4, :] = False
+    compare(q, k, v, activation="relu2", seq_len_exponent=1.0, mask=mask)
+    out = keras.ops.convert_to_numpy(pointwise_attention(q, k, v, mask=mask,
+                                                         implementation=KERNEL))
+    assert np.all(out[1, 4] == 0.0)
+
+
+@needs_kernel
+def test_padded_keys_add_nothing_and_do_not_count_in_L():
+    """The kernel with the last keys masked equals the kernel on the keys
+    left, and the naive formula with L = the unmasked count."""
+    q, k, v = inputs(1, 23, 40, 2, 16, seed=4)
+    mask = key_padding(1, 23, 40, [29])
+    masked = keras.ops.convert_to_numpy(pointwise_attention(
+        q, k, v, mask=mask, implementation=KERNEL))
+    cut = keras.ops.convert_to_numpy(pointwise_attention(
+        q, k[:, :29], v[:, :29], implementation=KERNEL))
+    np.testing.assert_allclose(masked, cut, rtol=1e-5, atol=1e-6)
+    scores = np.einsum("bthd,bshd->bhts", q, k[:, :29]) / 4.0
+    naive = np.einsum("bhts,bshd->bthd", np.maximum(scores, 0) / 29, v[:, :29])
+    np.testing.assert_allclose(masked, naive, rtol=1e-5, atol=1e-6)
+
+
+@needs_kernel
+def test_switch_dispatches_the_kernel_in_a_vit(monkeypatch):
+    """`set_kernel` / `use_kernel` route every block of a ViT through the
+    kernel, with the generic path's logits and weight gradients; "auto" on
+    a CPU and "generic" do not use it."""
+    module = __import__(f"keras_reluvit.{KERNEL}_attention", fromlist=["attention"])
+    calls = []
+    original = module.attention
+
+    def spy(*a, **k):
+        calls.append(a[3] if len(a) > 3 else k.get("activation"))
+        return original(*a, **k)
+
+    monkeypatch.setattr(module, "attention", spy)
+    model = kr.ViT(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64,
+                   num_classes=5, attention="relu", pool="tok")
+    x = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+
+    def logits_and_grads():
+        loss = lambda a: keras.ops.mean(keras.ops.square(model(a)))  # noqa: E731
+        _, g = grads(loss, model.trainable_variables, [x])
+        return keras.ops.convert_to_numpy(model(x)), g
+
+    with kr.use_kernel("generic"):
+        ref, g_ref = logits_and_grads()
+    assert calls == []
+    with kr.use_kernel("auto"):  # a CPU: today's CPU paths
+        model(x)
+    assert calls == []
+    with kr.use_kernel(KERNEL):
+        assert kr.get_kernel() == KERNEL
+        got, g_got = logits_and_grads()
+    assert kr.get_kernel() == "auto"
+    assert calls and set(calls) == {"relu"} and len(calls) >= 2  # both blocks
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    for a, b in zip(g_got, g_ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_kernel
+def test_forced_kernel_leaves_what_it_cannot_compute_to_the_generic_path(monkeypatch):
+    """Weights returned, attention dropout and a custom activation take the
+    generic path under a forced kernel (and still compute)."""
+    q, k, v = inputs(1, 9, 9, 2, 8)
+    with kr.use_kernel(KERNEL):
+        out, w = pointwise_attention(q, k, v, return_weights=True)
+        assert tuple(w.shape) == (1, 2, 9, 9)
+        custom = pointwise_attention(q, k, v, activation=lambda x: keras.ops.relu(x) * 2.0)
+    ref = pointwise_attention(q, k, v, implementation="generic")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(custom),
+                               2 * keras.ops.convert_to_numpy(ref), rtol=1e-5, atol=1e-6)
+
+
+def test_forced_kernel_on_the_wrong_backend():
+    q, k, v = inputs(1, 5, 5, 1, 8)
+    for kernel, home in (("pallas", "jax"), ("triton", "torch")):
+        if BACKEND == home:
+            continue
+        with kr.use_kernel(kernel):
+            with pytest.raises(ValueError, match=f"KERAS_RELUVIT_KERNEL={kernel} needs the "):
+                pointwise_attention(q, k, v)
+
+
+def test_switch_values_are_checked(monkeypatch):
+    with pytest.raises(ValueError, match="auto, pallas, triton, generic; got 'cuda'"):
+        kr.set_kernel("cuda")
+    monkeypatch.setenv("KERAS_RELUVIT_KERNEL", "Pallas")
+    assert kr.get_kernel() == "pallas"  # case-insensitive
+    monkeypatch.setenv("KERAS_RELUVIT_KERNEL", "flash")
+    with pytest.raises(ValueError, match="KERAS_RELUVIT_KERNEL must be one of"):
+        kr.get_kernel()
+    kr.set_kernel("generic")  # Python over the environment
+    try:
+        assert kr.get_kernel() == "generic"
+    finally:
+        kr.set_kernel(None)
+    monkeypatch.delenv("KERAS_RELUVIT_KERNEL")
+    assert kr.get_kernel() == "auto"
+
+
+def test_dispatch_rule_with_a_kernel():
+    c = kernels.choose
+    assert c("jax", "relu", None, False, False, 197, 197, None, kernel="pallas") == "pallas"
+    assert c("jax", "relu", "m", False, False, 197, 197, 64, kernel="pallas") == "pallas"
+    assert c("jax", "relu", None, True, False, 197, 197, None, kernel="pallas") == "generic"
+    assert c("jax", "relu", None, False, True, 197, 197, None, kernel="pallas") == "generic"
+    assert c("jax", "relu", None, False, False, 197, 197, None, sequence_parallel=True,
+             kernel="pallas") == "sequence_parallel"
+    assert c("torch", "relu", None, False, False, 197, 197, None, kernel="triton") == "triton"
+    assert c("torch", "relu", None, False, False, 197, 197, None, fused=True,
+             cpu_kernels=False) == "generic"
+
+
+# --- JAX only: lowering for TPU and CUDA ------------------------------------------
+if BACKEND == "jax":
+
+    @pytest.mark.parametrize("platform", ["tpu", "cuda"])
+    def test_vit_s16_lowers_to_the_kernel_in_every_block(platform):
+        """A whole ViT-S/16 ReLU/L forward and training step (value_and_grad)
+        traced on this CPU lower for TPU (Mosaic `tpu_custom_call`) and CUDA
+        (Pallas' Triton call): 12 forward kernels, and 12 forward + 24
+        backward kernels in the step."""
+        import jax
+        import jax.numpy as jnp
+
+        model = kr.ViT_S16(attention="relu", num_classes=10)
+        tv = [v.value for v in model.trainable_variables]
+        ntv = [v.value for v in model.non_trainable_variables]
+
+        def forward(tv, x):
+            return model.stateless_call(tv, ntv, x)[0]
+
+        def loss(tv, x):
+            return jnp.mean(jnp.square(forward(tv, x)))
+
+        x = jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32)
+        call = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}[platform]
+        other = {"tpu": "__gpu$xla.gpu.triton", "cuda": "tpu_custom_call"}[platform]
+        with kr.use_kernel("pallas"):
+            for fn, expected in ((forward, {"fwd": 12}),
+                                 (jax.value_and_grad(loss), {"fwd": 12, "dkdv": 12, "dq": 12})):
+                text = jax.jit(fn).trace(tv, x).lower(lowering_platforms=(platform,)).as_text()
+                calls = [line for line in text.splitlines()
+                         if re.search(rf"custom_call @{re.escape(call)}\b|"
+                                      rf"call_target_name = \"{re.escape(call)}\"", line)]
+                assert len(calls) == sum(expected.values()), (platform, len(calls))
+                for kind, n in expected.items():
+                    named = [c for c in calls if f"pointwise_attention_{kind}" in c]
+                    assert len(named) == n, (platform, kind, len(named))
+                assert other not in text and "interpret" not in text
+        with kr.use_kernel("generic"):  # a new function: jit caches traces per function
+            text = jax.jit(lambda *a: forward(*a)).trace(tv, x).lower(lowering_platforms=(platform,)).as_text()
+            assert call not in text
+
+    def test_one_trace_lowers_per_platform():
+        """The platform is chosen at lowering: one traced function gives the
+        Mosaic call for TPU, the Triton call for CUDA and runs (interpreted)
+        on this CPU."""
+        import jax
+
+        from keras_reluvit import pallas_attention
+
+        q, k, v = inputs(1, 20, 20, 2, 16)
+        traced = jax.jit(lambda a, b, c: pallas_attention.attention(a, b, c, "relu", 0.05)
+                         ).trace(q, k, v)
+        assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
+        assert "__gpu$xla.gpu.triton" in traced.lower(lowering_platforms=("cuda",)).as_text()
+        out = traced.lower().compile()(q, k, v)
+        ref = pointwise_attention(q, k, v, implementation="generic")
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-6)
+
+
+# --- PyTorch only: the Triton kernel on strided views; the CPU guard --------------
+if BACKEND == "torch":
+
+    def test_triton_reads_strided_views_in_place():
+        """q, k, v as the views of one fused qkv output (token stride 3 H D)
+        and transposed (B, H, T, D) storage: no copies needed, same result."""
+        import torch
+
+        from keras_reluvit import triton_attention
+
+        b, t, h, d = 2, 21, 2, 16
+        qkv = torch.randn(b, t, 3, h, d)
+        q, k, v = qkv.unbind(2)
+        assert q.stride(1) == 3 * h * d
+        kt = torch.randn(b, h, t, d).transpose(1, 2)
+        for key in (k, kt):
+            got = triton_attention.attention(q, key, v, "relu", 1.0 / t)
+            ref = keras.ops.convert_to_numpy(pointwise_attention(
+                q, key, v, implementation="generic"))
+            np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-6)
+
+    def test_triton_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
+        import torch
+
+        from keras_reluvit import triton_attention
+
+        monkeypatch.setattr(triton_attention, "interpreting", lambda: False)
+        q = torch.zeros(1, 4, 1, 16)
+        with kr.use_kernel("triton"):
+            with pytest.raises(ValueError, match="runs on CUDA tensors; these are on 'cpu'.*"
+                                                 "TRITON_INTERPRET=1"):
+                pointwise_attention(q, q, q)
+        with kr.use_kernel("auto"):  # auto never picks it for CPU tensors
+            pointwise_attention(q, q, q)
+
+    def test_environment_switch_is_read_per_call(monkeypatch):
+        calls = []
+        from keras_reluvit import triton_attention
+
+        original = triton_attention.attention
+        monkeypatch.setattr(triton_attention, "attention",
+                            lambda *a, **k: calls.append(1) or original(*a, **k))
+        q, k, v = inputs(1, 6, 6, 1, 16)
+        monkeypatch.setenv("KERAS_RELUVIT_KERNEL", "triton")
+        pointwise_attention(q, k, v)
+        monkeypatch.setenv("KERAS_RELUVIT_KERNEL", "generic")
+        pointwise_attention(q, k, v)
+        assert calls == [1]
+
+    def test_conftest_runs_triton_interpreted():
+        assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+if KERNEL is None:
+    for _name in KERNEL_TESTS:
+        del globals()[_name]
