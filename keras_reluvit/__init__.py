@@ -1,10 +1,6 @@
 """keras-reluvit: Vision Transformers with softmax or pointwise (ReLU/L)
 attention, for Keras 3 on JAX, TensorFlow and PyTorch."""
 
-from keras_reluvit import _preload
-
-_preload.triton()  # before anything imports TensorFlow (see the module)
-
 from keras_reluvit.attention import ACTIVATION_NAMES
 from keras_reluvit.attention import PointwiseAttention
 from keras_reluvit.attention import pointwise_attention

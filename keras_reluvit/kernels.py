@@ -104,13 +104,20 @@ def jax_accelerator():
 
 def triton_module():
     """`keras_reluvit.triton_attention`; raises ImportError / RuntimeError
-    naming why it cannot be used in this process."""
+    naming why it cannot be used in this process.
+
+    Triton and TensorFlow both carry LLVM: in one process, loading Triton's
+    after TensorFlow's aborts it ("CommandLine Error: Option ... registered
+    more than once"); the other order works. Keras' torch backend imports
+    `torch._dynamo`, which imports Triton when it is installed, so `import
+    keras` (or keras_reluvit) before TensorFlow / tensorflow_datasets is
+    what a PyTorch user with Triton needs; where TensorFlow came first this
+    says so instead of aborting."""
     if "triton" not in sys.modules and "tensorflow" in sys.modules:
-        # Both carry LLVM; loading Triton's after TensorFlow's aborts the process.
         raise RuntimeError(
             "TensorFlow was imported before Triton in this process, and loading Triton "
-            "after it aborts the process (both carry LLVM). Import keras_reluvit (which "
-            "imports Triton first on the torch backend) or triton before tensorflow.")
+            "after it aborts the process (both carry LLVM). Import keras (torch backend) "
+            "or triton before tensorflow.")
     try:
         from keras_reluvit import triton_attention
     except ImportError as error:
@@ -165,6 +172,8 @@ def fused_kernel(switch, backend, query, activation_name):
         except (ImportError, RuntimeError) as error:
             _warn_once(f"Pointwise attention on CUDA tensors without its Triton kernel "
                        f"(the generic path instead): {error}")
+            return None
+        if query.shape[-1] > module.MAX_HEAD_DIM:
             return None
         return "triton" if activation_name in module.ACTIVATIONS else None
     return None

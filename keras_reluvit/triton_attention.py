@@ -237,11 +237,21 @@ def _pow2(n, lo=16):
     return max(lo, 1 << max(0, (n - 1).bit_length()))
 
 
-def blocks(t, s, d, backward=False):
-    """`(block_q, block_k)`: 128 x 64 forward, 64 x 64 backward, smaller for
-    short sequences (at least 16: `tl.dot`'s minimum)."""
-    bq, bk = (64, 64) if backward or d > 64 else (128, 64)
+def blocks(t, s, d, backward=False, itemsize=2):
+    """`(block_q, block_k)` for T queries, S keys, head dim d and an element
+    size: shared memory stays <= ~150 KB on sm_90 (checked by compiling:
+    tests/once/test_accelerator_build.py; an H100/H200 has 227 KB, an A100
+    164 KB). 16-bit: 128 x 64 forward, 64 x 64 backward (64 x 64 both for
+    d > 64); float32: 64 x 64 forward and 64 x 32 backward (64 x 32 both for
+    d > 64). Smaller for short sequences (at least 16: `tl.dot`'s minimum)."""
+    if itemsize <= 2:
+        bq, bk = (64, 64) if backward or d > 64 else (128, 64)
+    else:
+        bq, bk = (64, 32) if backward or d > 64 else (64, 64)
     return min(bq, _pow2(t)), min(bk, _pow2(s))
+
+
+MAX_HEAD_DIM = 128
 
 
 def _precision(dtype):
@@ -280,7 +290,7 @@ def forward(q, k, v, r, mask, activation, block_q=None, block_k=None):
     import torch
 
     b, t, s, nh, d, dv, m, mstrides, strides, sizes, meta = _common(q, k, v, r, mask, activation)
-    dbq, dbk = blocks(t, s, d)
+    dbq, dbk = blocks(t, s, max(d, dv), itemsize=q.element_size())
     bq, bk = block_q or dbq, block_k or dbk
     out = torch.empty((b, t, nh, dv), dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(t, bq), b * nh)
@@ -293,7 +303,7 @@ def backward(q, k, v, r, mask, do, activation, block_q=None, block_k=None):
     import torch
 
     b, t, s, nh, d, dv, m, mstrides, strides, sizes, meta = _common(q, k, v, r, mask, activation)
-    dbq, dbk = blocks(t, s, d, backward=True)
+    dbq, dbk = blocks(t, s, max(d, dv), backward=True, itemsize=q.element_size())
     bq, bk = block_q or dbq, block_k or dbk
     do = do.contiguous()
     dq = torch.empty((b, t, nh, d), dtype=q.dtype, device=q.device)
@@ -373,6 +383,9 @@ def check(query, activation):
     """Raises a ValueError naming why these tensors cannot take the kernel."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"The Triton kernel computes {sorted(ACTIVATIONS)}, not {activation!r}.")
+    if query.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"The Triton kernel takes head dims up to {MAX_HEAD_DIM}; this one is "
+                         f"{query.shape[-1]} (KERAS_RELUVIT_KERNEL=auto uses the generic path).")
     if query.device.type != "cuda" and not interpreting():
         raise ValueError(
             f"The Triton kernel runs on CUDA tensors; these are on {query.device.type!r}. "
@@ -396,7 +409,7 @@ def compile_for(target=("cuda", 90, 32), activation="relu", dtype="bf16", mask=F
                  UPCAST=False, BLOCK_D=_pow2(head_dim), BLOCK_DV=_pow2(head_dim))
     compiled = {}
     for fn, backward in ((_forward_kernel, False), (_dkdv_kernel, True), (_dq_kernel, True)):
-        bq, bk = blocks(4096, 4096, head_dim, backward)
+        bq, bk = blocks(4096, 4096, head_dim, backward, 4 if dtype == "fp32" else 2)
         consts = dict(const, BLOCK_Q=bq, BLOCK_K=bk)
         sig = {}
         for name in fn.arg_names:

@@ -5,11 +5,10 @@ import os
 import tarfile
 
 # Triton's kernels run in its CPU interpreter in these tests; the variable is
-# read when Triton defines a kernel, so it is set before anything imports it,
-# and keras_reluvit is imported first so that Triton loads before TensorFlow
-# (the other order aborts the process: see keras_reluvit/_preload.py).
+# read when Triton defines a kernel, so it is set before anything imports it
+# (Keras' torch backend does, through torch._dynamo; keras is imported before
+# TensorFlow: see kernels.triton_module).
 os.environ.setdefault("TRITON_INTERPRET", "1")
-import keras_reluvit  # noqa: E402,F401
 
 import keras  # noqa: E402
 import numpy as np
