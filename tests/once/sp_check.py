@@ -6,7 +6,8 @@ subprocess by test_distribution.py; prints one JSON line).
    distribution, forward and gradient, for several activations, alpha and a
    learned scale.
    Token counts the axis does not divide (60 keys; one query, as the MAP
-   head's probe) are padded, with the same results.
+   head's probe) are padded, with the same results. Under the "pallas"
+   kernel switch each shard's partial sums come from the Pallas kernel.
 2. ViTs with gap (64 tokens), a class token (65) and a MAP head under
    `kr.distribution.model_parallel(..., sequence_axis="seq")`: the path is
    used, logits and three training steps equal one device.
@@ -97,6 +98,34 @@ def kernel_errors():
             grad=max(rel(a, r) for a, r in zip(grad, ref_grad)),
             out_sharding="'seq' (padded)",
         )
+    # Each shard's partial sums through the Pallas kernel (interpreted on
+    # this CPU): the 60-key padded case, on a (2, 4) mesh.
+    from keras_reluvit import pallas_attention
+
+    pallas_calls = []
+    original = pallas_attention.attention
+
+    def counting_pallas(*a, **kw):
+        pallas_calls.append(1)
+        return original(*a, **kw)
+
+    pallas_attention.attention = counting_pallas
+    mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "seq"], devices)
+    dist = kr.distribution.model_parallel(mesh, "data", sequence_axis="seq")
+    args = (q[:, :60], k[:, :60], v[:, :60])
+    ref_f, ref_g = attention_fn("relu", 1.0, log_scale)
+    ref_out, ref_grad = ref_f(*args), ref_g(*args, w[:, :60])
+    before = calls["sequence_parallel"]
+    with dist.scope(), kr.use_kernel("pallas"):
+        f, g = attention_fn("relu", 1.0, log_scale)
+        out, grad = f(*args), g(*args, w[:, :60])
+    pallas_attention.attention = original
+    errors["2x4/pallas/relu/uneven_60"] = dict(
+        used=calls["sequence_parallel"] > before and len(pallas_calls) > 0,
+        forward=rel(out, ref_out),
+        grad=max(rel(a, r) for a, r in zip(grad, ref_grad)),
+        out_sharding=str(out.sharding.spec),
+    )
     return errors
 
 
