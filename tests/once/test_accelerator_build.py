@@ -82,3 +82,24 @@ def test_triton_kernel_beside_tensorflow_when_keras_comes_first():
     assert proc.returncode == 0, proc.stderr[-3000:]
     # relu(q.k / 4) = 4 for all 4 keys, times 1/L = 1/4: 4 per output entry.
     assert float(proc.stdout.strip().splitlines()[-1]) == pytest.approx(4 * 16 * 4.0)
+
+
+def test_accelerator_benchmark_runs_end_to_end_in_smoke_mode(tmp_path):
+    """benchmarks/accelerator.py at tiny sizes on this CPU (kernels
+    interpreted): every row of both backends is measured, the table and
+    its file are written. The real run needs a GPU (README)."""
+    out = tmp_path / "table.md"
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "accelerator.py")
+    e = env()
+    e.pop("KERAS_BACKEND")
+    proc = subprocess.run([sys.executable, script, "--smoke", "--out", str(out)], env=e,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    text = out.read_text()
+    assert "## Errors" not in text, text
+    rows = [line for line in text.splitlines() if line.startswith("| jax |")
+            or line.startswith("| torch |")]
+    # 2 lengths x 2 dtypes x 2 modes per backend, plus one ViT row each.
+    assert sum(r.startswith("| jax |") for r in rows) == 9
+    assert sum(r.startswith("| torch |") for r in rows) == 9
+    assert "softmax sdpa flash" in text and "softmax xla" in text

@@ -1,0 +1,391 @@
+"""ReLU/L attention's fused kernels against the best softmax attention on one
+GPU (or TPU), side by side in one run; prints a table and writes it to a file.
+
+    python benchmarks/accelerator.py                       # JAX and torch, all parts
+    python benchmarks/accelerator.py --backends jax --parts attention
+    python benchmarks/accelerator.py --smoke               # tiny sizes on a CPU: checks the script
+
+Parts (each backend in its own process, so that JAX's and torch's allocators
+do not share the GPU):
+
+- attention: fwd and fwd+bwd, bf16 and fp32, L = 197, 785, 3137, 12545
+  (ViT-B/16 at 224 px; S/8 or B/16 at 448 px; S/8 at 448 px; B/16 at
+  1792 px), 12 heads of 64, batch x heads sized to ~50k tokens per call.
+  JAX: ours (Pallas, `pallas_attention.attention`) vs
+  `jax.nn.dot_product_attention(implementation="cudnn")` (bf16; cuDNN has no
+  fp32 flash attention, so fp32 compares against XLA's softmax) vs our
+  generic ReLU/L path (einsums). torch: ours (Triton) vs SDPA's flash kernel
+  (bf16; fp32 has no flash kernel: the memory-efficient one) vs generic.
+  Peak memory of each at the longest L (JAX: the compiled program's temp
+  bytes; torch: `max_memory_allocated` above the inputs).
+- vit: training steps (AdamW, bf16 mixed precision), images/s, ReLU/L vs
+  softmax, ViT-B/16 (224, batch 128) and ViT-S/8 (224, batch 64), on each
+  backend (JAX: `jit_compile=True`; torch: eager, torch_fast's fused layers).
+
+Ratios are ours / baseline in the same process; the table file also holds
+the device, versions and the command. On a device machine without Keras
+(the H200 image), run `benchmarks/accelerator.sh`, which installs carried
+wheels first (README, section "Accelerators").
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LENGTHS = (197, 785, 3137, 12545)
+TOKENS = 50_432  # 256 x 197: batch x L per call (x 12 heads)
+HEADS, HEAD_DIM = 12, 64
+VITS = (("B/16", 224, 128), ("S/8", 224, 64))
+
+
+def sizes(smoke):
+    if smoke:
+        return dict(lengths=(20, 70), tokens=140, heads=2, head_dim=16,
+                    vits=(("Ti/16", 32, 4),), min_time=0.0, min_iters=1)
+    return dict(lengths=LENGTHS, tokens=TOKENS, heads=HEADS, head_dim=HEAD_DIM, vits=VITS,
+                min_time=0.25, min_iters=5)
+
+
+def timed(fn, sync, min_time, min_iters):
+    """Median milliseconds of `fn()` after two warm-up calls."""
+    for _ in range(2):
+        sync(fn())
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_iters or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        sync(fn())
+        times.append((time.perf_counter() - t0) * 1e3)
+        if len(times) >= 200:
+            break
+    times.sort()
+    return times[len(times) // 2]
+
+
+def emit(**row):
+    print("ROW " + json.dumps(row), flush=True)
+
+
+def is_oom(error):
+    text = str(error).lower()
+    return "out of memory" in text or "resource_exhausted" in text or "oom" in text
+
+
+# --- JAX ---------------------------------------------------------------------------
+def jax_attention(cfg, smoke):
+    import jax
+    import jax.numpy as jnp
+
+    from keras_reluvit import kernels, pallas_attention
+
+    sync = jax.block_until_ready
+    for length in cfg["lengths"]:
+        b = max(1, cfg["tokens"] // length)
+        shape = (b, length, cfg["heads"], cfg["head_dim"])
+        keys = jax.random.split(jax.random.PRNGKey(0), 4)
+        for dtype in ("bfloat16", "float32"):
+            q, k, v, cot = (jax.random.normal(kk, shape, dtype) for kk in keys)
+            softmax_impl = "cudnn" if dtype == "bfloat16" and not smoke else "xla"
+            impls = {
+                "relu/L pallas": lambda a, b_, c: pallas_attention.attention(
+                    a, b_, c, "relu", 1.0 / length),
+                "relu/L generic": lambda a, b_, c: kernels.generic(
+                    a, b_, c, jax.nn.relu, None, 1.0 / length)[0],
+                f"softmax {softmax_impl}": lambda a, b_, c: jax.nn.dot_product_attention(
+                    a, b_, c, implementation=softmax_impl),
+            }
+            for mode in ("fwd", "fwd+bwd"):
+                for impl, f in impls.items():
+                    if mode == "fwd":
+                        fn = jax.jit(f)
+                    else:
+                        def loss(a, b_, c, f=f):
+                            return jnp.sum(f(a, b_, c).astype(jnp.float32) * cot)
+                        fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+                    row = dict(part="attention", backend="jax", impl=impl, dtype=dtype,
+                               L=length, batch=b, mode=mode)
+                    try:
+                        compiled = fn.lower(q, k, v).compile()
+                        row["ms"] = timed(lambda: compiled(q, k, v), sync, cfg["min_time"],
+                                          cfg["min_iters"])
+                        if length == cfg["lengths"][-1]:
+                            mem = compiled.memory_analysis()
+                            row["temp_bytes"] = getattr(mem, "temp_size_in_bytes", None)
+                    except Exception as error:  # noqa: BLE001 -- reported in the table
+                        row["error"] = "OOM" if is_oom(error) else type(error).__name__
+                        row["detail"] = str(error)[:300]
+                    emit(**row)
+
+
+def setup(backend, smoke):
+    import keras_reluvit as kr
+
+    if smoke:  # a CPU: the kernels in their interpreters
+        kr.set_kernel("pallas" if backend == "jax" else "triton")
+
+
+# --- torch -------------------------------------------------------------------------
+def torch_attention(cfg, smoke):
+    import torch
+    import torch.nn.functional as F
+
+    from keras_reluvit import kernels, triton_attention
+
+    device = "cpu" if smoke else "cuda"
+
+    def sync(x):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return x
+
+    def sdpa(backend_name):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, backend_name)
+
+        def f(a, b_, c):
+            args = (a.transpose(1, 2), b_.transpose(1, 2), c.transpose(1, 2))
+            if device != "cuda":  # the smoke run: whichever CPU kernel SDPA picks
+                return F.scaled_dot_product_attention(*args).transpose(1, 2)
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(*args).transpose(1, 2)
+        return f
+
+    for length in cfg["lengths"]:
+        b = max(1, cfg["tokens"] // length)
+        shape = (b, length, cfg["heads"], cfg["head_dim"])
+        for dtype in ("bfloat16", "float32"):
+            tdt = getattr(torch, dtype)
+            gen = torch.Generator(device=device).manual_seed(0)
+            q, k, v, cot = (torch.randn(shape, generator=gen, device=device, dtype=tdt)
+                            for _ in range(4))
+            soft = "FLASH_ATTENTION" if dtype == "bfloat16" else "EFFICIENT_ATTENTION"
+            impls = {
+                "relu/L triton": lambda a, b_, c: triton_attention.attention(
+                    a, b_, c, "relu", 1.0 / length),
+                "relu/L generic": lambda a, b_, c: kernels.generic(
+                    a, b_, c, torch.relu, None, 1.0 / length)[0],
+                f"softmax sdpa {soft.split('_')[0].lower()}": sdpa(soft),
+            }
+            for mode in ("fwd", "fwd+bwd"):
+                for impl, f in impls.items():
+                    row = dict(part="attention", backend="torch", impl=impl, dtype=dtype,
+                               L=length, batch=b, mode=mode)
+                    xs = [x.detach().requires_grad_(mode != "fwd") for x in (q, k, v)]
+
+                    def step(f=f, xs=xs, mode=mode):
+                        if mode == "fwd":
+                            with torch.no_grad():
+                                return f(*xs)
+                        out = f(*xs)
+                        return torch.autograd.grad((out * cot).sum(), xs)
+                    try:
+                        if device == "cuda":
+                            torch.cuda.empty_cache()
+                            torch.cuda.reset_peak_memory_stats()
+                            base = torch.cuda.memory_allocated()
+                        row["ms"] = timed(step, sync, cfg["min_time"], cfg["min_iters"])
+                        if device == "cuda" and length == cfg["lengths"][-1]:
+                            row["temp_bytes"] = torch.cuda.max_memory_allocated() - base
+                    except Exception as error:  # noqa: BLE001 -- reported in the table
+                        row["error"] = "OOM" if is_oom(error) else type(error).__name__
+                        row["detail"] = str(error)[:300]
+                    emit(**row)
+                    del xs
+
+
+# --- whole ViTs --------------------------------------------------------------------
+def vit_steps(backend, cfg, smoke):
+    import keras
+    import numpy as np
+
+    import keras_reluvit as kr
+
+    if not smoke:
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    for variant, image, batch in cfg["vits"]:
+        rng = np.random.default_rng(0)
+        x = rng.uniform(-1, 1, (batch, image, image, 3)).astype("float32")
+        y = keras.utils.to_categorical(rng.integers(0, 1000, batch), 1000)
+        for attention in ("relu", "softmax"):
+            row = dict(part="vit", backend=backend, impl=f"ViT-{variant} {attention}",
+                       L=(image // int(variant.split("/")[1])) ** 2 + 1, batch=batch,
+                       dtype="mixed_bfloat16" if not smoke else "float32", mode="train step")
+            try:
+                keras.utils.set_random_seed(0)
+                extra = dict(image_size=32, patch_size=16, width=32, depth=2, num_heads=2,
+                             mlp_dim=64) if smoke else {}
+                model = kr.ViT(variant, attention=attention, num_classes=1000, **extra)
+                model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+                              loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+                              jit_compile=backend == "jax")
+                ms = timed(lambda: model.train_on_batch(x, y), lambda r: r,
+                           cfg["min_time"], max(3, cfg["min_iters"]) if not smoke else 1)
+                row["ms"] = ms
+                row["images_per_s"] = batch / ms * 1e3
+            except Exception as error:  # noqa: BLE001 -- reported in the table
+                row["error"] = "OOM" if is_oom(error) else type(error).__name__
+                row["detail"] = str(error)[:300]
+            emit(**row)
+            del model
+
+
+def worker(backend, parts, smoke):
+    cfg = sizes(smoke)
+    import keras
+
+    assert keras.backend.backend() == backend, keras.backend.backend()
+    info = dict(backend=backend, keras=keras.__version__)
+    if backend == "jax":
+        import jax
+
+        info.update(jax=jax.__version__, device=str(jax.devices()[0].device_kind))
+    else:
+        import torch
+
+        info.update(torch=torch.__version__, device=(torch.cuda.get_device_name()
+                                                     if torch.cuda.is_available() else "cpu"))
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except ImportError:
+            info["triton"] = None
+    print("INFO " + json.dumps(info), flush=True)
+    setup(backend, smoke)
+    if "attention" in parts:
+        (jax_attention if backend == "jax" else torch_attention)(cfg, smoke)
+    if "vit" in parts:
+        vit_steps(backend, cfg, smoke)
+
+
+# --- the table ---------------------------------------------------------------------
+def baseline_of(row, rows):
+    """(softmax row, generic row) of the same backend / dtype / L / mode."""
+    same = [r for r in rows if r["part"] == row["part"] and r["backend"] == row["backend"]
+            and r["dtype"] == row["dtype"] and r["L"] == row["L"] and r["mode"] == row["mode"]]
+    soft = [r for r in same if r["impl"].startswith("softmax")]
+    generic = [r for r in same if r["impl"] == "relu/L generic"]
+    return (soft[0] if soft else None), (generic[0] if generic else None)
+
+
+def table(rows, infos, command, elapsed):
+    lines = ["# Accelerator benchmark", "", f"command: `{command}`", f"wall time: {elapsed:.0f} s",
+             ""]
+    for info in infos:
+        lines.append("- " + ", ".join(f"{k} {v}" for k, v in info.items()))
+    lines += ["", "## Attention (ms per call, median; ratio = baseline ms / ours ms, > 1: "
+              "ours faster)", "",
+              "| backend | dtype | mode | L | batch | ours ms | softmax ms (impl) | "
+              "vs softmax | generic ms | vs generic | peak temp MB ours / softmax / generic |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ms(r):
+        if r is None:
+            return "-"
+        return r.get("error") or f"{r['ms']:.3f}"
+
+    def ratio(base, ours):
+        if base is None or "ms" not in base or "ms" not in ours:
+            return "-"
+        return f"{base['ms'] / ours['ms']:.2f}x"
+
+    def mb(r):
+        if r is None or r.get("temp_bytes") is None:
+            return "-"
+        return f"{r['temp_bytes'] / 2**20:.0f}"
+
+    for r in rows:
+        if r["part"] != "attention" or r["impl"].split()[-1] not in ("pallas", "triton"):
+            continue
+        soft, gen = baseline_of(r, rows)
+        mem = " / ".join(mb(x) for x in (r, soft, gen)) if r.get("temp_bytes") else "-"
+        lines.append(f"| {r['backend']} | {r['dtype']} | {r['mode']} | {r['L']} | {r['batch']} | "
+                     f"{ms(r)} | {ms(soft)} ({soft['impl'] if soft else '-'}) | "
+                     f"{ratio(soft, r)} | {ms(gen)} | {ratio(gen, r)} | {mem} |")
+    vit = [r for r in rows if r["part"] == "vit"]
+    if vit:
+        lines += ["", "## Training steps (images/s)", "",
+                  "| backend | model | tokens | batch | images/s | relu/softmax |",
+                  "|---|---|---|---|---|---|"]
+        for r in vit:
+            if not r["impl"].endswith(" relu"):
+                continue
+            soft = next((s for s in vit if s["backend"] == r["backend"]
+                         and s["impl"] == r["impl"].replace(" relu", " softmax")), None)
+            ips = r.get("error") or f"{r['images_per_s']:.1f}"
+            sips = (soft.get("error") or f"{soft['images_per_s']:.1f}") if soft else "-"
+            rat = (f"{r['images_per_s'] / soft['images_per_s']:.2f}x"
+                   if soft and "images_per_s" in r and "images_per_s" in soft else "-")
+            lines.append(f"| {r['backend']} | {r['impl'][:-5]} | {r['L']} | {r['batch']} | "
+                         f"{ips} vs {sips} | {rat} |")
+    errors = [r for r in rows if r.get("error")]
+    if errors:
+        lines += ["", "## Errors", ""]
+        lines += [f"- {r['backend']} {r['impl']} {r['dtype']} L={r['L']} {r['mode']}: "
+                  f"{r['error']}: {r.get('detail', '')}" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backends", default="jax,torch")
+    parser.add_argument("--parts", default="attention,vit")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes; kernels interpreted on a CPU (checks the script)")
+    parser.add_argument("--out", default=None, help="table file (default: "
+                        "benchmarks/results/accelerator-<device>.md)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per backend")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    if args.worker:
+        worker(args.worker, parts, args.smoke)
+        return 0
+    start = time.time()
+    rows, infos = [], []
+    for backend in args.backends.split(","):
+        env = dict(os.environ, KERAS_BACKEND=backend, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                   TF_CPP_MIN_LOG_LEVEL="3")
+        if args.smoke and backend == "torch":
+            env["TRITON_INTERPRET"] = "1"
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", backend,
+               "--parts", args.parts] + (["--smoke"] if args.smoke else [])
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                  timeout=args.timeout, cwd=ROOT)
+            out, err, rc = proc.stdout, proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err, rc = f"timed out after {args.timeout} s", "timeout"
+        for line in out.splitlines():
+            if line.startswith("ROW "):
+                rows.append(json.loads(line[4:]))
+            elif line.startswith("INFO "):
+                infos.append(json.loads(line[5:]))
+        if rc != 0:
+            infos.append(dict(backend=backend, failed=rc, stderr=err.strip()[-500:]))
+            print(err[-3000:], file=sys.stderr)
+    command = "python benchmarks/accelerator.py " + " ".join(argv if argv is not None
+                                                             else sys.argv[1:])
+    text = table(rows, infos, command.strip(), time.time() - start)
+    print(text)
+    device = next((i.get("device") for i in infos if i.get("device")), platform.node())
+    out = args.out or os.path.join(ROOT, "benchmarks", "results", "accelerator-"
+                                   + "".join(c if c.isalnum() else "-" for c in device.lower())
+                                   + ("-smoke" if args.smoke else "") + ".md")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text)
+        f.write("\n<!-- rows\n" + json.dumps(rows, indent=0) + "\n-->\n")
+    print(f"wrote {out}")
+    return 0 if all("failed" not in i for i in infos) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
