@@ -12,8 +12,9 @@ do not share the GPU):
   (ViT-B/16 at 224 px; S/8 or B/16 at 448 px; S/8 at 448 px; B/16 at
   1792 px), 12 heads of 64, batch x heads sized to ~50k tokens per call.
   JAX: ours (Pallas, `pallas_attention.attention`) vs
-  `jax.nn.dot_product_attention(implementation="cudnn")` (bf16; cuDNN has no
-  fp32 flash attention, so fp32 compares against XLA's softmax) vs our
+  `jax.nn.dot_product_attention(implementation="cudnn")` (bf16 on a GPU;
+  cuDNN has no fp32 flash attention, so fp32 -- and a TPU -- compare against
+  XLA's softmax) vs our
   generic ReLU/L path (einsums). torch: ours (Triton) vs SDPA's flash kernel
   (bf16; fp32 has no flash kernel: the memory-efficient one) vs generic.
   Peak memory of each at the longest L (JAX: the compiled program's temp
@@ -84,13 +85,15 @@ def jax_attention(cfg, smoke):
     from keras_reluvit import kernels, pallas_attention
 
     sync = jax.block_until_ready
+    gpu = jax.default_backend() == "gpu" and not smoke
     for length in cfg["lengths"]:
         b = max(1, cfg["tokens"] // length)
         shape = (b, length, cfg["heads"], cfg["head_dim"])
         keys = jax.random.split(jax.random.PRNGKey(0), 4)
         for dtype in ("bfloat16", "float32"):
             q, k, v, cot = (jax.random.normal(kk, shape, dtype) for kk in keys)
-            softmax_impl = "cudnn" if dtype == "bfloat16" and not smoke else "xla"
+            # cuDNN's flash attention: GPUs, 16-bit only; elsewhere XLA's softmax.
+            softmax_impl = "cudnn" if dtype == "bfloat16" and gpu else "xla"
             impls = {
                 "relu/L pallas": lambda a, b_, c: pallas_attention.attention(
                     a, b_, c, "relu", 1.0 / length),
@@ -256,6 +259,10 @@ def worker(backend, parts, smoke):
             info["triton"] = triton.__version__
         except ImportError:
             info["triton"] = None
+        if not smoke and not torch.cuda.is_available():
+            info["skipped"] = "no CUDA device (the Triton kernel is for CUDA tensors)"
+            print("INFO " + json.dumps(info), flush=True)
+            return
     print("INFO " + json.dumps(info), flush=True)
     setup(backend, smoke)
     if "attention" in parts:
@@ -332,7 +339,7 @@ def table(rows, infos, command, elapsed):
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", default="jax,torch")
     parser.add_argument("--parts", default="attention,vit")
@@ -343,6 +350,17 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=300, help="seconds per backend")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    for backend in args.backends.split(","):
+        if backend not in ("jax", "torch"):
+            parser.error(f"--backends takes jax and/or torch, not {backend!r}")
+    for part in args.parts.split(","):
+        if part not in ("attention", "vit"):
+            parser.error(f"--parts takes attention and/or vit, not {part!r}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     parts = args.parts.split(",")
     if args.worker:
         worker(args.worker, parts, args.smoke)

@@ -52,10 +52,10 @@ def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
     for i, block in enumerate(code):
         for marker in ("y = layer(x, x)", "kr.load_checkpoint(", "kr.data.imagenet(",
                        "kr.export.saved_model(", "sequence_axis=", "strategy=\"fsdp\"",
-                       "def squareplus", "serve_preprocessed_xla("):
+                       "def squareplus", "serve_preprocessed_xla(", "kr.use_kernel("):
             if marker in block:
                 by_marker.setdefault(marker, i)
-    assert len(by_marker) == 8, by_marker
+    assert len(by_marker) == 9, by_marker
     monkeypatch.chdir(tmp_path)
     make_checkpoints(str(tmp_path))
     ns = {"x": np.random.default_rng(0).normal(size=(2, 197, 384)).astype("float32")}
@@ -84,9 +84,12 @@ def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
         small(code[by_marker[m]], [("attention=\"relu\")", "attention=\"relu\", image_size=32, depth=1)")],
               m) for m in ('strategy="fsdp"', "sequence_axis="))
     script += "\nprint('shape', model.output_shape)\n"
+    # The kernel-switch block (the Pallas kernel: JAX), interpreted here.
+    script += code[by_marker["kr.use_kernel("]] + "\nprint('kernel', y.shape, kr.get_kernel())\n"
     env = subprocess_env("jax")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "shape (None, 1000)" in proc.stdout
+    assert "kernel (2, 197, 6, 64) auto" in proc.stdout
