@@ -121,36 +121,52 @@ def _valid(rq, rk, T, S, M, sm_b, sm_t, sm_s, b, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
+def _tile(P, b, h, s_b, s_h, rows, s_t, n_rows, cols, n_cols):
+    """The (rows x cols) tile of head h of batch b; zeros past the ends."""
+    return tl.load(P + b * s_b + h * s_h + rows[:, None] * s_t + cols[None, :],
+                   mask=(rows < n_rows)[:, None] & (cols < n_cols)[None, :], other=0.0)
+
+
+@triton.jit
+def _put(P, x, b, h, s_b, s_h, rows, s_t, n_rows, cols, n_cols):
+    tl.store(P + b * s_b + h * s_h + rows[:, None] * s_t + cols[None, :],
+             x.to(P.dtype.element_ty), mask=(rows < n_rows)[:, None] & (cols < n_cols)[None, :])
+
+
+@triton.jit
+def _scaled_do(DO, R, b, h, so_b, so_h, rq, so_t, T, rdv, DV, sr_b, sr_t, sr_h, dtype,
+               UPCAST: tl.constexpr):
+    """`r dO` for a block of query rows, as a dot operand of `dtype`."""
+    do = _tile(DO, b, h, so_b, so_h, rq, so_t, T, rdv, DV)
+    r = tl.load(R + b * sr_b + h * sr_h + rq * sr_t, mask=rq < T, other=0.0)
+    return _low(do.to(tl.float32) * r[:, None], dtype, UPCAST)
+
+
+@triton.jit
 def _forward_kernel(Q, K, V, R, M, O,
                     sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                     so_b, so_t, so_h, sr_b, sr_t, sr_h, sm_b, sm_t, sm_s,
                     H, T, S, D, DV, scale,
-                    ACT: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_DV: tl.constexpr):
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+                    ACT: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+                    UPCAST: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    b = tl.program_id(1) // H
+    h = tl.program_id(1) % H
     rq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     rd = tl.arange(0, BLOCK_D)
     rdv = tl.arange(0, BLOCK_DV)
-    q = tl.load(Q + b * sq_b + h * sq_h + rq[:, None] * sq_t + rd[None, :],
-                mask=(rq < T)[:, None] & (rd < D)[None, :], other=0.0)
+    q = _tile(Q, b, h, sq_b, sq_h, rq, sq_t, T, rd, D)
     acc = tl.zeros((BLOCK_Q, BLOCK_DV), dtype=tl.float32)
     for start in range(0, S, BLOCK_K):
         rk = start + tl.arange(0, BLOCK_K)
-        k = tl.load(K + b * sk_b + h * sk_h + rk[:, None] * sk_s + rd[None, :],
-                    mask=(rk < S)[:, None] & (rd < D)[None, :], other=0.0)
+        k = _tile(K, b, h, sk_b, sk_h, rk, sk_s, S, rd, D)
         s = _mm(q, tl.trans(k), PRECISION, UPCAST) * scale
         valid = _valid(rq, rk, T, S, M, sm_b, sm_t, sm_s, b, HAS_MASK)
         w = tl.where(valid, _act(s, ACT), 0.0)
-        v = tl.load(V + b * sv_b + h * sv_h + rk[:, None] * sv_s + rdv[None, :],
-                    mask=(rk < S)[:, None] & (rdv < DV)[None, :], other=0.0)
+        v = _tile(V, b, h, sv_b, sv_h, rk, sv_s, S, rdv, DV)
         acc += _mm(_low(w, v.dtype, UPCAST), v, PRECISION, UPCAST)
     r = tl.load(R + b * sr_b + h * sr_h + rq * sr_t, mask=rq < T, other=0.0)
-    acc = acc * r[:, None]
-    tl.store(O + b * so_b + h * so_h + rq[:, None] * so_t + rdv[None, :],
-             acc.to(O.dtype.element_ty), mask=(rq < T)[:, None] & (rdv < DV)[None, :])
+    _put(O, acc * r[:, None], b, h, so_b, so_h, rq, so_t, T, rdv, DV)
 
 
 @triton.jit
@@ -158,30 +174,25 @@ def _dkdv_kernel(Q, K, V, R, M, DO, DK, DV_,
                  sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                  so_b, so_t, so_h, sr_b, sr_t, sr_h, sm_b, sm_t, sm_s,
                  H, T, S, D, DV, scale,
-                 ACT: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_DV: tl.constexpr):
-    # dK, dV of one key block; DO, DK, DV_ are contiguous like O: (B, T|S, H, D).
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+                 ACT: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    # dK, dV of one key block, looping over query blocks; DK and DV_ are
+    # contiguous (B, S, H, D) and (B, S, H, Dv).
+    b = tl.program_id(1) // H
+    h = tl.program_id(1) % H
     rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     rd = tl.arange(0, BLOCK_D)
     rdv = tl.arange(0, BLOCK_DV)
-    k = tl.load(K + b * sk_b + h * sk_h + rk[:, None] * sk_s + rd[None, :],
-                mask=(rk < S)[:, None] & (rd < D)[None, :], other=0.0)
-    v = tl.load(V + b * sv_b + h * sv_h + rk[:, None] * sv_s + rdv[None, :],
-                mask=(rk < S)[:, None] & (rdv < DV)[None, :], other=0.0)
+    k = _tile(K, b, h, sk_b, sk_h, rk, sk_s, S, rd, D)
+    v = _tile(V, b, h, sv_b, sv_h, rk, sv_s, S, rdv, DV)
     dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_K, BLOCK_DV), dtype=tl.float32)
     for start in range(0, T, BLOCK_Q):
         rq = start + tl.arange(0, BLOCK_Q)
-        q = tl.load(Q + b * sq_b + h * sq_h + rq[:, None] * sq_t + rd[None, :],
-                    mask=(rq < T)[:, None] & (rd < D)[None, :], other=0.0)
-        do = tl.load(DO + b * so_b + h * so_h + rq[:, None] * so_t + rdv[None, :],
-                     mask=(rq < T)[:, None] & (rdv < DV)[None, :], other=0.0)
-        r = tl.load(R + b * sr_b + h * sr_h + rq * sr_t, mask=rq < T, other=0.0)
-        dor = _low(do.to(tl.float32) * r[:, None], q.dtype, UPCAST)
+        q = _tile(Q, b, h, sq_b, sq_h, rq, sq_t, T, rd, D)
+        dor = _scaled_do(DO, R, b, h, so_b, so_h, rq, so_t, T, rdv, DV, sr_b, sr_t, sr_h,
+                         q.dtype, UPCAST)
         s = _mm(q, tl.trans(k), PRECISION, UPCAST) * scale
         valid = _valid(rq, rk, T, S, M, sm_b, sm_t, sm_s, b, HAS_MASK)
         w = tl.where(valid, _act(s, ACT), 0.0)
@@ -189,10 +200,8 @@ def _dkdv_kernel(Q, K, V, R, M, DO, DK, DV_,
         dv += _mm(tl.trans(_low(w, q.dtype, UPCAST)), dor, PRECISION, UPCAST)
         ds = _mm(dor, tl.trans(v), PRECISION, UPCAST) * g * scale
         dk += _mm(tl.trans(_low(ds, q.dtype, UPCAST)), q, PRECISION, UPCAST)
-    tl.store(DK + (b * S * H + h) * D + rk[:, None] * (H * D) + rd[None, :],
-             dk.to(DK.dtype.element_ty), mask=(rk < S)[:, None] & (rd < D)[None, :])
-    tl.store(DV_ + (b * S * H + h) * DV + rk[:, None] * (H * DV) + rdv[None, :],
-             dv.to(DV_.dtype.element_ty), mask=(rk < S)[:, None] & (rdv < DV)[None, :])
+    _put(DK, dk, b, h, S * H * D, D, rk, H * D, S, rd, D)
+    _put(DV_, dv, b, h, S * H * DV, DV, rk, H * DV, S, rdv, DV)
 
 
 @triton.jit
@@ -200,36 +209,29 @@ def _dq_kernel(Q, K, V, R, M, DO, DQ,
                sq_b, sq_t, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                so_b, so_t, so_h, sr_b, sr_t, sr_h, sm_b, sm_t, sm_s,
                H, T, S, D, DV, scale,
-               ACT: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-               BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_DV: tl.constexpr):
-    # dQ of one query block; DQ is contiguous (B, T, H, D).
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+               ACT: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+               UPCAST: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    # dQ of one query block, looping over key blocks; DQ is contiguous (B, T, H, D).
+    b = tl.program_id(1) // H
+    h = tl.program_id(1) % H
     rq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     rd = tl.arange(0, BLOCK_D)
     rdv = tl.arange(0, BLOCK_DV)
-    q = tl.load(Q + b * sq_b + h * sq_h + rq[:, None] * sq_t + rd[None, :],
-                mask=(rq < T)[:, None] & (rd < D)[None, :], other=0.0)
-    do = tl.load(DO + b * so_b + h * so_h + rq[:, None] * so_t + rdv[None, :],
-                 mask=(rq < T)[:, None] & (rdv < DV)[None, :], other=0.0)
-    r = tl.load(R + b * sr_b + h * sr_h + rq * sr_t, mask=rq < T, other=0.0)
-    dor = _low(do.to(tl.float32) * r[:, None], q.dtype, UPCAST)
+    q = _tile(Q, b, h, sq_b, sq_h, rq, sq_t, T, rd, D)
+    dor = _scaled_do(DO, R, b, h, so_b, so_h, rq, so_t, T, rdv, DV, sr_b, sr_t, sr_h,
+                     q.dtype, UPCAST)
     dq = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)
     for start in range(0, S, BLOCK_K):
         rk = start + tl.arange(0, BLOCK_K)
-        k = tl.load(K + b * sk_b + h * sk_h + rk[:, None] * sk_s + rd[None, :],
-                    mask=(rk < S)[:, None] & (rd < D)[None, :], other=0.0)
-        v = tl.load(V + b * sv_b + h * sv_h + rk[:, None] * sv_s + rdv[None, :],
-                    mask=(rk < S)[:, None] & (rdv < DV)[None, :], other=0.0)
+        k = _tile(K, b, h, sk_b, sk_h, rk, sk_s, S, rd, D)
+        v = _tile(V, b, h, sv_b, sv_h, rk, sv_s, S, rdv, DV)
         s = _mm(q, tl.trans(k), PRECISION, UPCAST) * scale
         valid = _valid(rq, rk, T, S, M, sm_b, sm_t, sm_s, b, HAS_MASK)
         g = tl.where(valid, _act_grad(s, ACT), 0.0)
         ds = _mm(dor, tl.trans(v), PRECISION, UPCAST) * g * scale
         dq += _mm(_low(ds, k.dtype, UPCAST), k, PRECISION, UPCAST)
-    tl.store(DQ + (b * T * H + h) * D + rq[:, None] * (H * D) + rd[None, :],
-             dq.to(DQ.dtype.element_ty), mask=(rq < T)[:, None] & (rd < D)[None, :])
+    _put(DQ, dq, b, h, T * H * D, D, rq, H * D, T, rd, D)
 
 
 # --- launchers -----------------------------------------------------------------
