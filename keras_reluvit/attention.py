@@ -377,15 +377,16 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
                 f"{kwargs['attention_axes']!r} is not supported."
             )
         kwargs.pop("attention_axes", None)
-        if kwargs.get("flash_attention"):
-            raise ValueError(
-                "`flash_attention=True` is a softmax-only switch of "
-                "MultiHeadAttention; PointwiseAttention chooses its own "
-                "kernels. Leave it unset."
-            )
-        kwargs.pop("flash_attention", None)
+        flash_attention = kwargs.pop("flash_attention", None)
         self._activation_name, self._activation_fn, self._seq_len_exponent = check_attention_args(
             activation, seq_len_exponent, learned_scale=learned_scale, dropout=dropout)
+        if flash_attention and self._activation_name != SOFTMAX:
+            raise ValueError(
+                "`flash_attention=True` is a softmax-only switch of "
+                "MultiHeadAttention; pointwise attention has its own fused "
+                "kernels, chosen by KERAS_RELUVIT_KERNEL / kr.set_kernel. "
+                "Leave it unset."
+            )
         self._activation = activation
         super().__init__(
             num_heads=num_heads,
@@ -395,11 +396,15 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             use_bias=use_bias,
             output_shape=output_shape,
             use_gate=gated,
-            flash_attention=False,
+            flash_attention=flash_attention if self._activation_name == SOFTMAX else False,
             **kwargs,
         )
-        # MultiHeadAttention reads the global flash switch; we decide here.
-        self._flash_attention = False
+        if self._activation_name != SOFTMAX:
+            # MultiHeadAttention reads Keras' global flash switch; pointwise
+            # attention never takes the softmax flash path. Softmax keeps
+            # MultiHeadAttention's choice (None: the backend decides, e.g.
+            # cuDNN's flash attention for 16-bit inputs on a JAX GPU).
+            self._flash_attention = False
         self._qk_norm = check_qk_norm(qk_norm)
         self._qk_norm_epsilon = float(qk_norm_epsilon)
         self._gated = gated

@@ -361,3 +361,22 @@ if BACKEND == "torch":
 if KERNEL is None:
     for _name in KERNEL_TESTS:
         del globals()[_name]
+
+
+def test_softmax_keeps_multiheadattention_flash_choice():
+    """Softmax layers leave flash attention to Keras (None: the backend picks,
+    e.g. cuDNN for 16-bit inputs on a JAX GPU; True/False as given); a
+    pointwise layer refuses `flash_attention=True`, naming the kernel switch."""
+    assert kr.PointwiseAttention(2, 8, activation="softmax")._flash_attention is None
+    assert kr.PointwiseAttention(2, 8, activation="softmax",
+                                 flash_attention=True)._flash_attention is True
+    assert kr.PointwiseAttention(2, 8, activation="relu")._flash_attention is False
+    with pytest.raises(ValueError, match="softmax-only switch.*KERAS_RELUVIT_KERNEL"):
+        kr.PointwiseAttention(2, 8, activation="relu", flash_attention=True)
+    x = np.random.default_rng(0).normal(size=(2, 5, 16)).astype("float32")
+    mha = keras.layers.MultiHeadAttention(2, 8)
+    ours = kr.PointwiseAttention(2, 8, activation="softmax")
+    mha(x, x), ours(x, x)
+    ours.set_weights(mha.get_weights())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(x, x)),
+                               keras.ops.convert_to_numpy(mha(x, x)), rtol=1e-5, atol=1e-6)
