@@ -210,10 +210,12 @@ def pointwise_attention(
     alpha = check_seq_len_exponent(seq_len_exponent)
     query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
     check_chunk_size(chunk_size)
+    kernel_mask = None  # what the fused kernels read: a key mask stays (B, 1, S)
     if mask is not None:
         mask = ops.cast(mask, "bool")
         while len(mask.shape) < 3:
             mask = ops.expand_dims(mask, 0)
+        kernel_mask = mask
         shape = ops.shape(query)[:2] + ops.shape(key)[1:2]
         mask = ops.broadcast_to(mask, shape)
     t, s = ops.shape(query)[1], ops.shape(key)[1]
@@ -280,13 +282,13 @@ def pointwise_attention(
         if backend != "jax" or name not in pallas_attention.ACTIVATIONS:
             raise ValueError("implementation='pallas' needs the JAX backend and an activation "
                              f"of {sorted(pallas_attention.ACTIVATIONS)}.")
-        return pallas_attention.attention(query, key, value, name, factor, mask)
+        return pallas_attention.attention(query, key, value, name, factor, kernel_mask)
     if path == "triton":
         module = kernels.triton_module() if backend == "torch" else None
         if module is None or name not in module.ACTIVATIONS:
             raise ValueError("implementation='triton' needs the PyTorch backend and an "
                              "activation of the Triton kernel.")
-        return module.attention(query, key, value, name, factor, mask)
+        return module.attention(query, key, value, name, factor, kernel_mask)
     raise ValueError(f"Unknown implementation {path!r}; valid: generic, chunked, torch_tiled, "
                      "torch_fused, sequence_parallel, pallas, triton.")
 

@@ -36,8 +36,8 @@ Limits: each program keeps one head's keys and values for the whole sequence
 resident (`S x D` twice; bf16, D = 64, L = 12545: 3.2 MB): fine for GPUs and
 for TPU VMEM up to a few ten thousand tokens (the scoped VMEM limit is raised
 only where the blocks need it: ~32 MiB for float32, D = 128, L = 12545).
-Masks are read as int32 blocks (a `(B, T, S)` mask is a T x S *read*, never a
-write). Checked on a CPU: the interpreter's numbers and both lowerings (Pallas
+Masks are read as int32 blocks: a key mask `(B, 1, S)` as one row, a general
+`(B, T, S)` mask as a T x S *read* (the caller's array), never a write. Checked on a CPU: the interpreter's numbers and both lowerings (Pallas
 -> Mosaic / Triton IR); not Mosaic's or XLA's final compile to a TPU / GPU
 binary, which needs the device.
 """
@@ -154,8 +154,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q,
         q = q_ref[rows, :]
         s = _dot(q, k, _NT) * scale
         valid = key_valid
-        if mask_ref is not None:
-            m = mask_ref[rows, :] != 0
+        if mask_ref is not None:  # a (T, bk) block, or (1, bk) for a key mask
+            m = (mask_ref[...] if mask_ref.shape[0] == 1 else mask_ref[rows, :]) != 0
             valid = m if valid is None else jnp.logical_and(valid, m)
         w, g = h(s), dh(s)
         if valid is not None:
@@ -243,6 +243,14 @@ def _spec(shape, index_map):
     return pl.BlockSpec(shape, index_map)
 
 
+def _query_mask_spec(mask, bq, sp):
+    """A query block's mask rows: `(bq, S)` of a `(B, T, S)` mask, or the one
+    row of a `(B, 1, S)` key mask (never broadcast to T x S in HBM)."""
+    if mask.shape[1] == 1:
+        return _spec((None, 1, sp), lambda b_, h_, i: (b_, 0, 0))
+    return _spec((None, bq, sp), lambda b_, h_, i: (b_, i, 0))
+
+
 def _forward(cfg, mode, q, k, v, r, mask):
     act, num_keys, bq, bk, scale = cfg
     b, nh, tp, dp = q.shape
@@ -252,7 +260,7 @@ def _forward(cfg, mode, q, k, v, r, mask):
                 _spec((None, None, sp, dvp), kv_map), _spec((None, None, bq, 1), q_map)]
     args = [q, k, v, r]
     if mask is not None:
-        in_specs.append(_spec((None, bq, sp), lambda b_, h_, i: (b_, i, 0)))
+        in_specs.append(_query_mask_spec(mask, bq, sp))
         args.append(mask)
     kernel = functools.partial(_forward_kernel, act=act, scale=scale, block_k=bk,
                                num_keys=num_keys, has_mask=mask is not None)
@@ -273,7 +281,7 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
                 _spec((None, None, tp, dvp), full)]
     args = [q, k, v, r, do]
     if has_mask:
-        in_specs.append(_spec((None, tp, bk), lambda b_, h_, j: (b_, 0, j)))
+        in_specs.append(_spec((None, mask.shape[1], bk), lambda b_, h_, j: (b_, 0, j)))
         args.append(mask)
     kernel = functools.partial(_dkdv_kernel, act=act, scale=scale, block_q=bq,
                                num_keys=num_keys, padded_keys=sp, has_mask=has_mask)
@@ -289,7 +297,7 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
                 _spec((None, None, bq, dvp), q_map)]
     args = [q, k, v, r, do]
     if has_mask:
-        in_specs.append(_spec((None, bq, sp), lambda b_, h_, i: (b_, i, 0)))
+        in_specs.append(_query_mask_spec(mask, bq, sp))
         args.append(mask)
     kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk,
                                num_keys=num_keys, has_mask=has_mask)
@@ -375,6 +383,8 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
         factor: the row factor `exp(s_h) * L_i^-alpha`: None (1), a float, or
             an array broadcastable to `(B, T, H, 1)` (differentiable).
         mask: optional boolean, broadcastable to `(B, T, S)`; True = attend.
+            A `(B, 1, S)` (or `(B, S)`-like) key mask is read as one row per
+            batch element, never expanded to `T x S`.
         interpret: True runs Pallas' interpreter (any platform); False/None
             let the platform decide at lowering: Mosaic on TPU, Triton on
             CUDA GPUs, the interpreter elsewhere.
@@ -397,8 +407,11 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
     q, k, v = layout(query, tp, dp), layout(key, sp, dp), layout(value, sp, dvp)
     r = _pad_to(r, 2, tp)
     if mask is not None:
-        mask = jnp.broadcast_to(jnp.asarray(mask, bool), (b, t, s)).astype(jnp.int32)
-        mask = _pad_to(_pad_to(mask, 1, tp), 2, sp)
+        mask = jnp.asarray(mask, bool)
+        mask = mask.reshape((1,) * (3 - mask.ndim) + mask.shape)
+        rows = 1 if mask.shape[1] == 1 else t  # a key mask stays one row
+        mask = jnp.broadcast_to(mask, (b, rows, s)).astype(jnp.int32)
+        mask = _pad_to(_pad_to(mask, 1, tp if rows > 1 else 1), 2, sp)
     cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d))
     out = _fused(cfg, bool(interpret), q, k, v, r, mask)
     return jnp.transpose(out[:, :, :t, :dv], (0, 2, 1, 3))

@@ -138,6 +138,15 @@ def test_kernel_with_a_general_mask_and_empty_rows_and_value_dim():
 
 
 @needs_kernel
+def test_key_mask_of_one_row():
+    """A `(B, 1, S)` key mask (the kernels read it as one row per batch
+    element) gives the generic path's outputs and gradients."""
+    q, k, v = inputs(2, 21, 45, 2, 16, seed=6)
+    mask = key_padding(2, 1, 45, [45, 17])
+    compare(q, k, v, activation="sigmoid", seq_len_exponent=1.0, mask=mask)
+
+
+@needs_kernel
 def test_padded_keys_add_nothing_and_do_not_count_in_L():
     """The kernel with the last keys masked equals the kernel on the keys
     left, and the naive formula with L = the unmasked count."""
