@@ -97,7 +97,10 @@ def jax_accelerator():
     if backend == "tpu":
         return "tpu"
     if backend == "gpu":
-        version = getattr(jax.devices()[0].client, "platform_version", "") or ""
+        try:  # "cuda 12080" / "rocm ..."; a private-ish attribute: tolerate its absence
+            version = str(jax.devices()[0].client.platform_version)
+        except Exception:  # noqa: BLE001
+            version = ""
         return None if "rocm" in version.lower() else "cuda"
     return None
 
