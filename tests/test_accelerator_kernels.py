@@ -389,3 +389,24 @@ def test_softmax_keeps_multiheadattention_flash_choice():
     ours.set_weights(mha.get_weights())
     np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(x, x)),
                                keras.ops.convert_to_numpy(mha(x, x)), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_picks_the_kernel_on_accelerators(monkeypatch):
+    """`auto`: Pallas when JAX's default device is a TPU or CUDA GPU (faked
+    here), Triton for CUDA tensors on torch (a stand-in tensor), head dims
+    past the Triton kernel's 128 and custom activations generic."""
+    import types
+
+    monkeypatch.setattr(kernels, "jax_accelerator", lambda: "tpu")
+    q = np.zeros((1, 4, 1, 64), "float32")
+    assert kernels.fused_kernel("auto", "jax", q, "relu") == "pallas"
+    assert kernels.fused_kernel("auto", "jax", q, None) is None
+    assert kernels.fused_kernel("generic", "jax", q, "relu") is None
+    assert kernels.fused_kernel("auto", "tensorflow", q, "relu") is None
+    monkeypatch.setattr(kernels, "jax_accelerator", lambda: None)
+    assert kernels.fused_kernel("auto", "jax", q, "relu") is None
+    if BACKEND == "torch":
+        cuda = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"), shape=q.shape)
+        assert kernels.fused_kernel("auto", "torch", cuda, "gelu") == "triton"
+        wide = types.SimpleNamespace(device=cuda.device, shape=(1, 4, 1, 256))
+        assert kernels.fused_kernel("auto", "torch", wide, "relu") is None
