@@ -41,4 +41,4 @@ from keras_reluvit import distribution  # noqa: E402
 from keras_reluvit import export  # noqa: E402
 from keras_reluvit import recipes  # noqa: E402
 
-__version__ = "0.1.0"
+from keras_reluvit._version import __version__  # noqa: E402

@@ -479,7 +479,7 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         if torch_fast.attention_eligible(
                 self, query, value, key, (query_mask, value_mask, key_mask, attention_mask),
                 return_attention_scores, training, use_causal_mask):
-            return torch_fast.self_attention(self, query, training=training)
+            return torch_fast.self_attention(self, query, pointwise_attention, training=training)
         return super().call(query, value, key=key, query_mask=query_mask,
                             value_mask=value_mask, key_mask=key_mask,
                             attention_mask=attention_mask,

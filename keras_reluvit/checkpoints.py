@@ -37,8 +37,9 @@ import keras
 import numpy as np
 
 from keras_reluvit import vit as V
+from keras_reluvit._version import __version__
 from keras_reluvit.presets import deserialize_attention
-from keras_reluvit.zoo import resample_posemb
+from keras_reluvit.layers import resample_posemb
 
 # Widths of the standard variants -> heads (timm state dicts store no head
 # count; the tables of big_vision / timm name one per width).
@@ -1053,8 +1054,6 @@ def save_to_preset(model, directory, source=None):
     with open(os.path.join(directory, PRESET_CONFIG), "w") as f:
         json.dump(config, f, indent=2)
     model.save_weights(os.path.join(directory, PRESET_WEIGHTS))
-    from keras_reluvit import __version__
-
     source = source or getattr(model, "checkpoint_source", None)
     meta = dict(
         keras_reluvit_version=__version__, keras_version=keras.__version__,

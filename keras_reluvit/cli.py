@@ -205,6 +205,9 @@ def _presets(args):
 def parser():
     p = argparse.ArgumentParser(prog="keras-reluvit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from keras_reluvit._version import __version__
+
+    p.add_argument("--version", action="version", version=f"keras-reluvit {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a ViT (default: the embedded digits data set)")

@@ -8,7 +8,7 @@ three bias adds. On PyTorch our layers instead call
 - `linear(dense, x)` for the MLP's `Dense` layers: one
   `torch.nn.functional.linear` (an addmm, the bias fused; the `(in, out)`
   Keras kernel passed transposed, no copy);
-- `self_attention(layer, x, training)` for `PointwiseAttention` used as
+- `self_attention(layer, x, attend, training)` for `PointwiseAttention` used as
   self-attention: q, k and v from *one* GEMM against the three kernels
   concatenated at call time (the weights keep MultiHeadAttention's
   `(D, H, Dh)` layout, so checkpoints, sharding rules and the other backends
@@ -73,12 +73,12 @@ def attention_eligible(layer, query, value, key, masks, return_scores, training,
             and not (training and layer._dropout > 0.0))
 
 
-def self_attention(layer, x, training=None):
-    """What `layer(x, x)` computes, with fused projections (see the module)."""
+def self_attention(layer, x, attend, training=None):
+    """What `layer(x, x)` computes, with fused projections (see the module).
+    `attend` is the attention dispatch point (`pointwise_attention`, passed
+    in by the layer so that this module needs nothing that needs it back)."""
     import torch
     import torch.nn.functional as F
-
-    from keras_reluvit.attention import pointwise_attention
 
     b, t, d = x.shape
     h, dh = layer._num_heads, layer._key_dim
@@ -95,7 +95,7 @@ def self_attention(layer, x, training=None):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              v.transpose(1, 2)).transpose(1, 2)
     else:
-        out = pointwise_attention(
+        out = attend(
             q, k, v, activation=layer._activation_name or layer._activation_fn,
             seq_len_exponent=layer._seq_len_exponent,
             log_scale=layer.log_scale if layer._learned_scale else None,

@@ -6,41 +6,8 @@ import os
 import keras
 import numpy as np
 
+from keras_reluvit.layers import resample_posemb  # noqa: F401 (public here too)
 from keras_reluvit.vit import ViT
-
-
-def resample_posemb(posemb, new_grid, old_grid=None, num_prefix_tokens=0):
-    """Bilinearly resamples a `(1, prefix + h*w, D)` position embedding.
-
-    As big_vision's high-resolution fine-tuning: prefix (class token) rows are
-    kept, the patch grid is resized. `old_grid` defaults to a square grid.
-    """
-    posemb = np.asarray(posemb, dtype="float32")
-    prefix, grid = (
-        posemb[:, :num_prefix_tokens],
-        posemb[:, num_prefix_tokens:],
-    )
-    n = grid.shape[1]
-    if old_grid is None:
-        side = int(round(math.sqrt(n)))
-        if side * side != n:
-            raise ValueError(
-                f"Cannot infer the grid of a position embedding with {n} "
-                "patch positions; pass old_grid=(h, w)."
-            )
-        old_grid = (side, side)
-    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
-    if old_grid[0] * old_grid[1] != n:
-        raise ValueError(f"old_grid {old_grid} does not hold {n} positions.")
-    if old_grid != new_grid:
-        grid = grid.reshape(1, *old_grid, -1)
-        grid = keras.ops.convert_to_numpy(
-            keras.ops.image.resize(
-                grid, new_grid, interpolation="bilinear", antialias=False
-            )
-        )
-        grid = grid.reshape(1, new_grid[0] * new_grid[1], -1)
-    return np.concatenate([prefix, grid], axis=1)
 
 
 def transfer_weights(source, target):

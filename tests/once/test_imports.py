@@ -1,0 +1,94 @@
+"""No import circles inside keras_reluvit/: every `import` statement of the
+package (module level and inside functions) is an edge; a cycle fails."""
+
+import ast
+import os
+
+PKG = "keras_reluvit"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def modules():
+    found = {}
+    for dirpath, _, files in os.walk(os.path.join(ROOT, PKG)):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                found[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
+    return found
+
+
+def import_graph():
+    mods = modules()
+    edges = {m: set() for m in mods}
+    for name, path in mods.items():
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative import
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                # `from pkg import sub` imports the submodule; `from mod import name`, mod.
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                           for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in mods:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges[name].add(target)
+    return edges
+
+
+def find_cycle(edges):
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(edges[m]):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                cycle = visit(n)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[m] = "done"
+        return None
+
+    for m in sorted(edges):
+        if m not in state:
+            cycle = visit(m)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_graph_sees_function_level_imports():
+    edges = import_graph()
+    assert "keras_reluvit.kernels" in edges["keras_reluvit.attention"]  # inside a function
+    assert "keras_reluvit.pallas_attention" in edges["keras_reluvit.kernels"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+# The one circle left: ViT.from_preset / save_to_preset (vit.py) call the
+# checkpoint readers, which build ViTs. It goes with the split of
+# checkpoints.py into one module per format (issue: "One room per concept"),
+# where the preset format gets the class passed in. Listed edges are left out
+# of the search; an edge that no longer exists fails, so the list only shrinks.
+KNOWN = {("keras_reluvit.vit", "keras_reluvit.checkpoints")}
+
+
+def test_no_import_circles_in_the_package():
+    edges = import_graph()
+    for a, b in KNOWN:
+        assert b in edges[a], f"{a} no longer imports {b}: remove it from KNOWN"
+        edges[a].discard(b)
+    cycle = find_cycle(edges)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
