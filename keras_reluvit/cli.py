@@ -303,12 +303,28 @@ def parser():
     return p
 
 
+# A missing third-party module -> the extra of pyproject.toml that installs it.
+EXTRA_OF = {
+    "tensorflow": "train", "tensorflow_datasets": "train", "sklearn": "train",
+    "matplotlib": "train", "tensorboard": "train", "importlib_resources": "train",
+    "tf2onnx": "onnx", "onnx": "onnx", "onnxruntime": "onnx",
+    "jax": "jax", "torch": "torch", "triton": "cuda",
+}
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     try:
         args.func(args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"keras-reluvit: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        top = (e.name or "").split(".")[0]
+        if top not in EXTRA_OF:
+            raise
+        print(f"keras-reluvit: error: `keras-reluvit {args.command}` needs {top}, which is not "
+              f"installed: pip install \"keras-reluvit[{EXTRA_OF[top]}]\"", file=sys.stderr)
         return 2
     return 0
 

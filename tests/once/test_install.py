@@ -81,3 +81,20 @@ def test_readme_install_lines_name_the_extras():
     for extras in ("[jax]", "[jax,train]", "[torch,train,onnx]"):
         assert f'pip install -e ".{extras}"' in text, extras
     assert "download.pytorch.org/whl/cpu" in text
+
+
+def test_cli_names_the_missing_extra_instead_of_a_traceback(tmp_path):
+    """`pip install ".[jax]"` then `keras-reluvit train`: tensorflow_datasets
+    is missing (blocked here); the command says which extra installs it."""
+    import subprocess
+
+    code = ("import sys; sys.modules['tensorflow_datasets'] = None\n"
+            "from keras_reluvit import cli\n"
+            f"sys.exit(cli.main(['train', '--epochs', '1', '--output', {str(tmp_path)!r}]))\n")
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert ('`keras-reluvit train` needs tensorflow_datasets, which is not installed: '
+            'pip install "keras-reluvit[train]"') in proc.stderr
