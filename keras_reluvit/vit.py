@@ -177,162 +177,18 @@ class ViT(keras.Model):
         name=None,
         **kwargs,
     ):
-        dims = parse_variant(variant)
-        for key, value in dict(
-            width=width,
-            depth=depth,
-            mlp_dim=mlp_dim,
-            num_heads=num_heads,
-            patch_size=patch_size,
-        ).items():
-            if value is not None:
-                dims[key] = value
-        if "patch_size" not in dims:
-            raise ValueError(
-                f"Variant {variant!r} names no patch size; use e.g. "
-                f"'{variant}/16' or pass patch_size."
-            )
-        for key in dims:
-            dims[key] = _positive_int(dims[key], key)
-        width, heads = dims["width"], dims["num_heads"]
-        check_heads(width, heads)
-        image_size = _pair(image_size, "image_size")
-        patch = dims["patch_size"]
-        if image_size[0] % patch or image_size[1] % patch:
-            raise ValueError(
-                f"image_size {image_size} is not divisible by the patch size "
-                f"{patch}; use a multiple of {patch} such as "
-                f"{(image_size[0] // patch or 1) * patch}."
-            )
-        if pool not in POOLS:
-            raise ValueError(f"Unknown pool {pool!r}; valid: {POOLS}.")
-        if posemb not in POSEMBS:
-            raise ValueError(f"Unknown posemb {posemb!r}; valid: {POSEMBS}.")
-        L.check_mlp_activation(mlp_activation)
-        dropout = check_rate(dropout, "dropout")
-        if include_top:
-            num_classes = _positive_int(num_classes, "num_classes")
-        if representation_size is not None:
-            representation_size = _positive_int(
-                representation_size, "representation_size"
-            )
-        attention_args = resolve_attention(attention)
-        check_attention_args(**attention_args)  # fail now, with the layer's messages
-        qk_norm = check_qk_norm(qk_norm)
-        class_token = pool == "tok" if class_token is None else bool(class_token)
-        if pool == "tok" and not class_token:
-            raise ValueError('pool="tok" pools the class token; it needs class_token=True.')
-        num_register_tokens = (
-            _positive_int(num_register_tokens, "num_register_tokens")
-            if num_register_tokens else 0
-        )
-        if layer_scale is not None:
-            layer_scale = float(layer_scale)
-        layer_norm_epsilon = float(layer_norm_epsilon)
-        if not layer_norm_epsilon > 0:
-            raise ValueError(
-                f"`layer_norm_epsilon` must be > 0, got {layer_norm_epsilon!r}.")
-
-        policy = keras.dtype_policies.get(dtype or keras.config.dtype_policy())
-        grid = (image_size[0] // patch, image_size[1] // patch)
-        prefix = int(class_token) + num_register_tokens
-        posemb_prefix = bool(posemb_prefix)
-        ln = dict(epsilon=layer_norm_epsilon, dtype=policy)
-
-        stem = keras.layers.Conv2D(
-            width,
-            patch,
-            strides=patch,
-            padding="valid",
-            kernel_initializer="lecun_normal",
-            name="embedding",
-            dtype=policy,
-        )
-        to_tokens = keras.layers.Reshape((grid[0] * grid[1], width))
-        cls = ClassToken(name="cls", dtype=policy) if class_token else None
-        reg = (
-            ClassToken(num_register_tokens, name="reg", dtype=policy)
-            if num_register_tokens
-            else None
-        )
-        pos = L.PositionEmbedding(
-            grid,
-            posemb,
-            prefix if posemb_prefix else 0,
-            name="pos_embedding",
-            dtype=policy,
-        )
-        drop = keras.layers.Dropout(dropout, dtype=policy)
-        blocks = [
-            L.EncoderBlock(
-                heads,
-                dims["mlp_dim"],
-                attention_args,
-                qk_norm,
-                mlp_activation,
-                dropout,
-                layer_scale=layer_scale,
-                layer_norm_epsilon=layer_norm_epsilon,
-                name=f"block_{i:02d}",
-                dtype=policy,
-            )
-            for i in range(dims["depth"])
-        ]
-        norm = keras.layers.LayerNormalization(name="encoder_norm", **ln)
-        map_head = (
-            L.MAPHead(
-                heads,
-                dims["mlp_dim"],
-                attention_args,
-                qk_norm,
-                mlp_activation,
-                layer_norm_epsilon=layer_norm_epsilon,
-                name="map_head",
-                dtype=policy,
-            )
-            if pool == "map"
-            else None
-        )
-        pre_logits = (
-            keras.layers.Dense(
-                representation_size,
-                activation="tanh",
-                name="pre_logits",
-                dtype=policy,
-            )
-            if representation_size
-            else None
-        )
-        head_policy = "float32" if policy.compute_dtype != "float32" else policy
-        head = (
-            keras.layers.Dense(
-                num_classes,
-                kernel_initializer="zeros",
-                bias_initializer=keras.initializers.Constant(head_bias_init),
-                name="head",
-                dtype=head_policy,
-            )
-            if include_top
-            else None
-        )
-        parts = dict(
-            stem=stem,
-            to_tokens=to_tokens,
-            cls=cls,
-            reg=reg,
-            pos=pos,
-            posemb_prefix=posemb_prefix,
-            num_prefix_tokens=prefix,
-            fc_norm=fc_norm,
-            drop=drop,
-            blocks=blocks,
-            norm=norm,
-            map_head=map_head,
-            pre_logits=pre_logits,
-            head=head,
-            pool=pool,
-        )
-        inputs = keras.Input((*image_size, 3), name="images", dtype="float32")
+        config, attention_args = _checked_config(
+            variant=variant, attention=attention, num_classes=num_classes,
+            image_size=image_size, pool=pool, posemb=posemb, qk_norm=qk_norm,
+            representation_size=representation_size, dropout=dropout,
+            include_top=include_top, mlp_activation=mlp_activation,
+            head_bias_init=head_bias_init, width=width, depth=depth, mlp_dim=mlp_dim,
+            num_heads=num_heads, patch_size=patch_size, class_token=class_token,
+            num_register_tokens=num_register_tokens, posemb_prefix=posemb_prefix,
+            fc_norm=fc_norm, layer_scale=layer_scale,
+            layer_norm_epsilon=layer_norm_epsilon, dtype=dtype)
+        parts = _build_parts(config, attention_args)
+        inputs = keras.Input((*config["image_size"], 3), name="images", dtype="float32")
         outputs = _forward(parts, inputs)["output"]
         if name is None:
             name = "vit_" + re.sub(r"\W", "", str(variant)).lower()
@@ -341,28 +197,7 @@ class ViT(keras.Model):
         # to do; Keras' generic input-spec check would pre-empt some of them.
         self.input_spec = None
         self._parts = parts
-        self._config = dict(
-            variant=variant,
-            attention=attention,
-            num_classes=num_classes,
-            image_size=image_size,
-            pool=pool,
-            posemb=posemb,
-            qk_norm=qk_norm,
-            representation_size=representation_size,
-            dropout=float(dropout),
-            include_top=bool(include_top),
-            mlp_activation=mlp_activation,
-            head_bias_init=float(head_bias_init),
-            **dims,
-            class_token=class_token,
-            num_register_tokens=num_register_tokens,
-            posemb_prefix=posemb_prefix,
-            fc_norm=bool(fc_norm),
-            layer_scale=layer_scale,
-            layer_norm_epsilon=layer_norm_epsilon,
-            dtype=dtype,
-        )
+        self._config = config
 
     # ---- properties -------------------------------------------------------
     @property
@@ -482,6 +317,111 @@ class ViT(keras.Model):
 
 
 from keras_reluvit.layers import ClassToken  # noqa: E402
+
+
+def _checked_config(variant, attention, num_classes, image_size, pool, posemb, qk_norm,
+                    representation_size, dropout, include_top, mlp_activation,
+                    head_bias_init, width, depth, mlp_dim, num_heads, patch_size,
+                    class_token, num_register_tokens, posemb_prefix, fc_norm, layer_scale,
+                    layer_norm_epsilon, dtype):
+    """The ViT's arguments checked (a ValueError naming the argument and what
+    would work) and canonical: `(config, attention_args)`, the config as
+    `get_config` returns it."""
+    dims = parse_variant(variant)
+    for key, value in dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=num_heads,
+                           patch_size=patch_size).items():
+        if value is not None:
+            dims[key] = value
+    if "patch_size" not in dims:
+        raise ValueError(
+            f"Variant {variant!r} names no patch size; use e.g. "
+            f"'{variant}/16' or pass patch_size."
+        )
+    for key in dims:
+        dims[key] = _positive_int(dims[key], key)
+    check_heads(dims["width"], dims["num_heads"])
+    image_size = _pair(image_size, "image_size")
+    patch = dims["patch_size"]
+    if image_size[0] % patch or image_size[1] % patch:
+        raise ValueError(
+            f"image_size {image_size} is not divisible by the patch size "
+            f"{patch}; use a multiple of {patch} such as "
+            f"{(image_size[0] // patch or 1) * patch}."
+        )
+    if pool not in POOLS:
+        raise ValueError(f"Unknown pool {pool!r}; valid: {POOLS}.")
+    if posemb not in POSEMBS:
+        raise ValueError(f"Unknown posemb {posemb!r}; valid: {POSEMBS}.")
+    L.check_mlp_activation(mlp_activation)
+    dropout = check_rate(dropout, "dropout")
+    if include_top:
+        num_classes = _positive_int(num_classes, "num_classes")
+    if representation_size is not None:
+        representation_size = _positive_int(representation_size, "representation_size")
+    attention_args = resolve_attention(attention)
+    check_attention_args(**attention_args)  # fail now, with the layer's messages
+    class_token = pool == "tok" if class_token is None else bool(class_token)
+    if pool == "tok" and not class_token:
+        raise ValueError('pool="tok" pools the class token; it needs class_token=True.')
+    num_register_tokens = (_positive_int(num_register_tokens, "num_register_tokens")
+                           if num_register_tokens else 0)
+    layer_norm_epsilon = float(layer_norm_epsilon)
+    if not layer_norm_epsilon > 0:
+        raise ValueError(f"`layer_norm_epsilon` must be > 0, got {layer_norm_epsilon!r}.")
+    config = dict(
+        variant=variant, attention=attention, num_classes=num_classes,
+        image_size=image_size, pool=pool, posemb=posemb, qk_norm=check_qk_norm(qk_norm),
+        representation_size=representation_size, dropout=float(dropout),
+        include_top=bool(include_top), mlp_activation=mlp_activation,
+        head_bias_init=float(head_bias_init), **dims, class_token=class_token,
+        num_register_tokens=num_register_tokens, posemb_prefix=bool(posemb_prefix),
+        fc_norm=bool(fc_norm), layer_scale=None if layer_scale is None else float(layer_scale),
+        layer_norm_epsilon=layer_norm_epsilon, dtype=dtype,
+    )
+    return config, attention_args
+
+
+def _build_parts(c, attention_args):
+    """The layers of a ViT with the checked config `c`, by role (what
+    `_forward` wires: stem, tokens, prefix tokens, position embedding,
+    blocks, final norm, pooling head, pre-logits, classifier)."""
+    policy = keras.dtype_policies.get(c["dtype"] or keras.config.dtype_policy())
+    width, heads, patch, mlp = c["width"], c["num_heads"], c["patch_size"], c["mlp_dim"]
+    grid = (c["image_size"][0] // patch, c["image_size"][1] // patch)
+    prefix = int(c["class_token"]) + c["num_register_tokens"]
+    eps = c["layer_norm_epsilon"]
+    block_args = (heads, mlp, attention_args, c["qk_norm"], c["mlp_activation"])
+    head_policy = "float32" if policy.compute_dtype != "float32" else policy
+    return dict(
+        stem=keras.layers.Conv2D(width, patch, strides=patch, padding="valid",
+                                 kernel_initializer="lecun_normal", name="embedding",
+                                 dtype=policy),
+        to_tokens=keras.layers.Reshape((grid[0] * grid[1], width)),
+        cls=ClassToken(name="cls", dtype=policy) if c["class_token"] else None,
+        reg=(ClassToken(c["num_register_tokens"], name="reg", dtype=policy)
+             if c["num_register_tokens"] else None),
+        pos=L.PositionEmbedding(grid, c["posemb"], prefix if c["posemb_prefix"] else 0,
+                                name="pos_embedding", dtype=policy),
+        posemb_prefix=c["posemb_prefix"],
+        num_prefix_tokens=prefix,
+        fc_norm=c["fc_norm"],
+        drop=keras.layers.Dropout(c["dropout"], dtype=policy),
+        blocks=[L.EncoderBlock(*block_args, c["dropout"], layer_scale=c["layer_scale"],
+                               layer_norm_epsilon=eps, name=f"block_{i:02d}", dtype=policy)
+                for i in range(c["depth"])],
+        norm=keras.layers.LayerNormalization(name="encoder_norm", epsilon=eps, dtype=policy),
+        map_head=(L.MAPHead(*block_args, layer_norm_epsilon=eps, name="map_head",
+                            dtype=policy) if c["pool"] == "map" else None),
+        pre_logits=(keras.layers.Dense(c["representation_size"], activation="tanh",
+                                       name="pre_logits", dtype=policy)
+                    if c["representation_size"] else None),
+        head=(keras.layers.Dense(c["num_classes"], kernel_initializer="zeros",
+                                 bias_initializer=keras.initializers.Constant(
+                                     c["head_bias_init"]),
+                                 name="head", dtype=head_policy)
+              if c["include_top"] else None),
+        pool=c["pool"],
+    )
 
 
 class _WithScores(keras.layers.Layer):
