@@ -200,7 +200,7 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, **comp
             On TensorFlow `jit_compile` defaults to True (XLA) unless
             `run_eagerly` is set or a `keras.distribution` is active: Keras'
             own "auto" leaves XLA off on machines without a GPU, where the
-            unfused graph trains a ViT-S/16 ~1.4x slower (README section 10).
+            unfused graph trains a ViT-S/16 ~1.4x slower (benchmarks/README.md).
 
     With a sigmoid cross-entropy recipe, a freshly built head (bias all zero)
     gets the recipe's bias init (-6.9 / -10, as big_vision).

@@ -1,4 +1,5 @@
-"""Every shell command in the README is a command that exists, with
+"""Every shell command in the READMEs (README.md, benchmarks/README.md,
+examples/README.md) is a command that exists, with
 arguments its parser accepts (what the commands *do* is tested by the
 tests named next to each kind below)."""
 
@@ -20,8 +21,12 @@ NOT_RUNNABLE = {
 }
 
 
+# The README and the two it links for the long tables and write-ups.
+READMES = ("README.md", "benchmarks/README.md", "examples/README.md")
+
+
 def readme_commands():
-    text = open(os.path.join(ROOT, "README.md")).read()
+    text = "\n".join(open(os.path.join(ROOT, name)).read() for name in READMES)
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
