@@ -1,44 +1,58 @@
 """keras-reluvit: Vision Transformers with softmax or pointwise (ReLU/L)
 attention, for Keras 3 on JAX, TensorFlow and PyTorch."""
 
-from keras_reluvit.attention import ACTIVATION_NAMES
-from keras_reluvit.attention import PointwiseAttention
-from keras_reluvit.attention import pointwise_attention
-from keras_reluvit.checkpoints import load_checkpoint
-from keras_reluvit.kernels import get_kernel
-from keras_reluvit.kernels import set_kernel
-from keras_reluvit.kernels import use_kernel
-from keras_reluvit.layers import ClassToken
-from keras_reluvit.layers import EncoderBlock
-from keras_reluvit.layers import MAPHead
-from keras_reluvit.layers import MLPBlock
-from keras_reluvit.layers import PositionEmbedding
-from keras_reluvit.presets import attention_presets
-from keras_reluvit.vit import VARIANTS
-from keras_reluvit.vit import ViT
-from keras_reluvit.zoo import BUILDERS
-from keras_reluvit.zoo import ViT_B8
-from keras_reluvit.zoo import ViT_B16
-from keras_reluvit.zoo import ViT_B32
-from keras_reluvit.zoo import ViT_H14
-from keras_reluvit.zoo import ViT_L8
-from keras_reluvit.zoo import ViT_L16
-from keras_reluvit.zoo import ViT_L32
-from keras_reluvit.zoo import ViT_S8
-from keras_reluvit.zoo import ViT_S16
-from keras_reluvit.zoo import ViT_S32
-from keras_reluvit.zoo import ViT_Ti8
-from keras_reluvit.zoo import ViT_Ti16
-from keras_reluvit.zoo import ViT_Ti32
-from keras_reluvit.zoo import load_weights
-from keras_reluvit.zoo import resample_posemb
-from keras_reluvit.zoo import resize_model
-from keras_reluvit.zoo import transfer_weights
+import os as _os
+import sys as _sys
 
-from keras_reluvit import callbacks  # noqa: E402
-from keras_reluvit import data  # noqa: E402
-from keras_reluvit import distribution  # noqa: E402
-from keras_reluvit import export  # noqa: E402
-from keras_reluvit import recipes  # noqa: E402
+from keras_reluvit._version import __version__
 
-from keras_reluvit._version import __version__  # noqa: E402
+
+def _command_line_help_only():
+    """`keras-reluvit --help` / `--version` / `<command> --help`: argparse
+    answers and exits before any command runs, so nothing below (Keras, a
+    backend) needs importing and the answer comes in a fraction of a second."""
+    argv = _sys.argv
+    return bool(argv) and _os.path.basename(argv[0]) == "keras-reluvit" and (
+        len(argv) == 1 or any(a in ("-h", "--help", "--version") for a in argv[1:]))
+
+
+if not _command_line_help_only():
+    from keras_reluvit.attention import ACTIVATION_NAMES
+    from keras_reluvit.attention import PointwiseAttention
+    from keras_reluvit.attention import pointwise_attention
+    from keras_reluvit.checkpoints import load_checkpoint
+    from keras_reluvit.kernels import get_kernel
+    from keras_reluvit.kernels import set_kernel
+    from keras_reluvit.kernels import use_kernel
+    from keras_reluvit.layers import ClassToken
+    from keras_reluvit.layers import EncoderBlock
+    from keras_reluvit.layers import MAPHead
+    from keras_reluvit.layers import MLPBlock
+    from keras_reluvit.layers import PositionEmbedding
+    from keras_reluvit.presets import attention_presets
+    from keras_reluvit.vit import VARIANTS
+    from keras_reluvit.vit import ViT
+    from keras_reluvit.zoo import BUILDERS
+    from keras_reluvit.zoo import ViT_B8
+    from keras_reluvit.zoo import ViT_B16
+    from keras_reluvit.zoo import ViT_B32
+    from keras_reluvit.zoo import ViT_H14
+    from keras_reluvit.zoo import ViT_L8
+    from keras_reluvit.zoo import ViT_L16
+    from keras_reluvit.zoo import ViT_L32
+    from keras_reluvit.zoo import ViT_S8
+    from keras_reluvit.zoo import ViT_S16
+    from keras_reluvit.zoo import ViT_S32
+    from keras_reluvit.zoo import ViT_Ti8
+    from keras_reluvit.zoo import ViT_Ti16
+    from keras_reluvit.zoo import ViT_Ti32
+    from keras_reluvit.zoo import load_weights
+    from keras_reluvit.zoo import resample_posemb
+    from keras_reluvit.zoo import resize_model
+    from keras_reluvit.zoo import transfer_weights
+
+    from keras_reluvit import callbacks
+    from keras_reluvit import data
+    from keras_reluvit import distribution
+    from keras_reluvit import export
+    from keras_reluvit import recipes
