@@ -81,6 +81,97 @@ def _read_timm_file(path):
     return out
 
 
+class _Link:
+    """timm keys <-> our variable paths, with the two conversions. `optional`:
+    a timm checkpoint may lack it (biases of `qkv_bias=False` models): zeros
+    of the shapes `zeros(width, heads)` then stand in."""
+
+    def __init__(self, keys, ours, to_ours=None, to_timm=None, optional=False, zeros=None):
+        self.keys, self.ours = tuple(keys), tuple(ours)
+        self.to_ours = to_ours or (lambda xs: xs)
+        self.to_timm = to_timm or (lambda xs: xs)
+        self.optional, self.zeros = optional, zeros
+
+
+def name_map(arch):
+    """The one name map of the timm layout for a ViT config `arch` (width,
+    num_heads, depth, qk_norm, layer_scale, pool, class_token, ...): the
+    reader and the writer both walk it, so ours -> timm -> ours is symmetric
+    by construction."""
+    D, H = arch["width"], arch["num_heads"]
+    dh = D // H
+
+    def norm(key, ours):
+        yield _Link([key + ".weight"], [ours + "/gamma"])
+        yield _Link([key + ".bias"], [ours + "/beta"], zeros=lambda d, h: [(d // h,)])
+
+    def fused(key, ours_names, ours_prefix):
+        # timm's fused projections (qkv, kv): stacked (n * D, D) <-> n (D, H, dh).
+        n = len(ours_names)
+        yield _Link([key + ".weight"], [f"{ours_prefix}/{o}/kernel" for o in ours_names],
+                    lambda xs: [m.T.reshape(D, H, dh) for m in np.split(xs[0], n)],
+                    lambda xs: [np.concatenate([x.reshape(D, D).T for x in xs])])
+        yield _Link([key + ".bias"], [f"{ours_prefix}/{o}/bias" for o in ours_names],
+                    lambda xs: [b.reshape(H, dh) for b in np.split(xs[0], n)],
+                    lambda xs: [np.concatenate([x.reshape(D) for x in xs])],
+                    optional=True, zeros=lambda d, h: [(h, d // h)] * n)
+
+    def out_proj(key, ours):
+        yield _Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].T.reshape(H, dh, D)],
+                    lambda xs: [xs[0].reshape(D, D).T])
+        yield _Link([key + ".bias"], [ours + "/bias"], optional=True, zeros=lambda d, h: [(d,)])
+
+    def linear(key, ours, out):
+        yield _Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].T],
+                    lambda xs: [xs[0].T])
+        yield _Link([key + ".bias"], [ours + "/bias"], optional=True,
+                    zeros=lambda d, h, out=out: [(out,)])
+
+    links = [_Link(["patch_embed.proj.weight"], ["embedding/kernel"],
+                   lambda xs: [xs[0].transpose(2, 3, 1, 0)],
+                   lambda xs: [xs[0].transpose(3, 2, 0, 1)]),
+             _Link(["patch_embed.proj.bias"], ["embedding/bias"], optional=True,
+                   zeros=lambda d, h: [(d,)]),
+             _Link(["pos_embed"], ["pos_embedding/embedding"])]
+    if arch.get("class_token"):
+        links.append(_Link(["cls_token"], ["cls/token"]))
+    if arch.get("num_register_tokens"):
+        links.append(_Link(["reg_token"], ["reg/token"]))
+    mlp = arch["mlp_dim"]
+    for i in range(arch["depth"]):
+        b, o = f"blocks.{i}.", f"block_{i:02d}/"
+        links += fused(b + "attn.qkv", ("query", "key", "value"), o + "attention")
+        links += out_proj(b + "attn.proj", o + "attention/attention_output")
+        if arch.get("qk_norm"):
+            links += norm(b + "attn.q_norm", o + "attention/query_norm")
+            links += norm(b + "attn.k_norm", o + "attention/key_norm")
+        links += norm(b + "norm1", o + "norm1")
+        links += norm(b + "norm2", o + "norm2")
+        links += linear(b + "mlp.fc1", o + "mlp/fc1", mlp)
+        links += linear(b + "mlp.fc2", o + "mlp/fc2", D)
+        if arch.get("layer_scale") is not None:
+            links += [_Link([b + "ls1.gamma"], [o + "ls1"]), _Link([b + "ls2.gamma"], [o + "ls2"])]
+    links += norm("fc_norm" if arch.get("fc_norm") else "norm", "encoder_norm")
+    if arch["pool"] == "map":
+        links.append(_Link(["attn_pool.latent"], ["map_head/probe"]))
+        links.append(_Link(["attn_pool.q.weight"], ["map_head/attention/query/kernel"],
+                           lambda xs: [xs[0].T.reshape(D, H, dh)],
+                           lambda xs: [xs[0].reshape(D, D).T]))
+        links.append(_Link(["attn_pool.q.bias"], ["map_head/attention/query/bias"],
+                           lambda xs: [xs[0].reshape(H, dh)], lambda xs: [xs[0].reshape(D)],
+                           optional=True, zeros=lambda d, h: [(h, d // h)]))
+        links += fused("attn_pool.kv", ("key", "value"), "map_head/attention")
+        links += out_proj("attn_pool.proj", "map_head/attention/attention_output")
+        links += norm("attn_pool.norm", "map_head/norm")
+        links += linear("attn_pool.mlp.fc1", "map_head/mlp/fc1", mlp)
+        links += linear("attn_pool.mlp.fc2", "map_head/mlp/fc2", D)
+    if arch.get("representation_size"):
+        links += linear("pre_logits.fc", "pre_logits", arch["representation_size"])
+    if arch.get("include_top"):
+        links += linear("head", "head", arch["num_classes"])
+    return links
+
+
 def _timm(sd, path, overrides):
     _require(sd, "patch_embed.proj.weight", path, "timm VisionTransformer state dict")
     _refuse(path, [
@@ -114,7 +205,6 @@ def _timm(sd, path, overrides):
         )
     if width % heads:
         raise CheckpointError(f"{path}: width {width} is not divisible by num_heads {heads}.")
-    dh = width // heads
     class_token = "cls_token" in sd
     regs = sd["reg_token"].shape[1] if "reg_token" in sd else 0
     prefix = int(class_token) + regs
@@ -151,84 +241,29 @@ def _timm(sd, path, overrides):
         include_top="head.weight" in sd,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 1000,
     )
-    w = _Weights()
-    w.put("embedding/kernel", proj.transpose(2, 3, 1, 0), "patch_embed.proj.weight")
-    w.put("embedding/bias", sd.get("patch_embed.proj.bias", np.zeros(width)),
-          "patch_embed.proj.bias")
-    if class_token:
-        w.put("cls/token", sd["cls_token"], "cls_token")
-    if regs:
-        w.put("reg/token", sd["reg_token"], "reg_token")
     if "pos_embed" not in sd:
         raise CheckpointError(f"{path}: no pos_embed (models without an absolute "
                               "position embedding are not supported).")
     covers, n = _posemb_layout(sd["pos_embed"].shape[1], prefix, path, "pos_embed")
     arch["posemb_prefix"] = overrides.get("posemb_prefix", covers)
     arch["_grid"] = n
-    w.put("pos_embedding/embedding", sd["pos_embed"], "pos_embed")
-
-    def dense(ours, key, weight, bias, shape=None, bias_shape=None):
-        kernel = weight.T if shape is None else weight.T.reshape(shape)
-        w.put(f"{ours}/kernel", kernel, key + ".weight")
-        if bias is None:
-            bias = np.zeros(weight.shape[0])
-        w.put(f"{ours}/bias", bias if bias_shape is None else bias.reshape(bias_shape),
-              key + ".bias")
-
-    def norm(ours, key):
-        w.put(f"{ours}/gamma", sd[key + ".weight"], key + ".weight")
-        w.put(f"{ours}/beta", sd[key + ".bias"], key + ".bias")
-
-    def attention(ours, q, qb, k, kb, v, vb, key_q, key_k, key_v, proj_key):
-        for name, m, b, key in (("query", q, qb, key_q), ("key", k, kb, key_k),
-                                ("value", v, vb, key_v)):
-            w.put(f"{ours}/{name}/kernel", m.T.reshape(width, heads, dh), key + ".weight")
-            b = np.zeros(width) if b is None else b
-            w.put(f"{ours}/{name}/bias", b.reshape(heads, dh), key + ".bias")
-        dense(f"{ours}/attention_output", proj_key, sd[proj_key + ".weight"],
-              sd.get(proj_key + ".bias"), shape=(heads, dh, width))
-
     for i in range(depth):
-        b, o = f"blocks.{i}.", f"block_{i:02d}/"
-        qkv = sd[b + "attn.qkv.weight"]
-        if qkv.shape != (3 * width, width):
-            raise CheckpointError(f"{path}: {b}attn.qkv.weight has shape {qkv.shape}, "
+        qkv = sd.get(f"blocks.{i}.attn.qkv.weight")
+        if qkv is not None and qkv.shape != (3 * width, width):
+            raise CheckpointError(f"{path}: blocks.{i}.attn.qkv.weight has shape {qkv.shape}, "
                                   f"expected {(3 * width, width)}.")
-        qkvb = sd.get(b + "attn.qkv.bias")
-        qb, kb, vb = (None,) * 3 if qkvb is None else np.split(qkvb, 3)
-        q, k, v = np.split(qkv, 3)
-        key = b + "attn.qkv"
-        attention(o + "attention", q, qb, k, kb, v, vb, key, key, key, b + "attn.proj")
-        if qk_norm:
-            norm(o + "attention/query_norm", b + "attn.q_norm")
-            norm(o + "attention/key_norm", b + "attn.k_norm")
-        norm(o + "norm1", b + "norm1")
-        norm(o + "norm2", b + "norm2")
-        for fc in ("fc1", "fc2"):
-            dense(o + f"mlp/{fc}", b + f"mlp.{fc}", sd[b + f"mlp.{fc}.weight"],
-                  sd.get(b + f"mlp.{fc}.bias"))
-        if arch["layer_scale"] is not None:
-            w.put(o + "ls1", sd[b + "ls1.gamma"], b + "ls1.gamma")
-            w.put(o + "ls2", sd[b + "ls2.gamma"], b + "ls2.gamma")
-    norm("encoder_norm", "fc_norm" if has_fc_norm else "norm")
-    if pool == "map":
-        kv = sd["attn_pool.kv.weight"]
-        kvb = sd.get("attn_pool.kv.bias")
-        kb, vb = (None, None) if kvb is None else np.split(kvb, 2)
-        k, v = np.split(kv, 2)
-        w.put("map_head/probe", sd["attn_pool.latent"], "attn_pool.latent")
-        attention("map_head/attention", sd["attn_pool.q.weight"], sd.get("attn_pool.q.bias"),
-                  k, kb, v, vb, "attn_pool.q", "attn_pool.kv", "attn_pool.kv",
-                  "attn_pool.proj")
-        norm("map_head/norm", "attn_pool.norm")
-        for fc in ("fc1", "fc2"):
-            key = f"attn_pool.mlp.{fc}"
-            dense(f"map_head/mlp/{fc}", key, sd[key + ".weight"], sd.get(key + ".bias"))
-    if arch["representation_size"]:
-        dense("pre_logits", "pre_logits.fc", sd["pre_logits.fc.weight"],
-              sd.get("pre_logits.fc.bias"))
-    if arch["include_top"]:
-        dense("head", "head", sd["head.weight"], sd.get("head.bias"))
+    w = _Weights()
+    for link in name_map(arch):
+        missing = [k for k in link.keys if k not in sd]
+        if missing and link.optional:
+            values = [np.zeros(shape) for shape in link.zeros(width, heads)]
+        elif missing:
+            raise CheckpointError(f"{path}: missing {missing[0]!r}, which this ViT "
+                                  f"({depth} blocks, pool={pool!r}) needs.")
+        else:
+            values = link.to_ours([sd[k] for k in link.keys])
+        for ours, value in zip(link.ours, values):
+            w.put(ours, value, link.keys[0] if len(link.keys) == 1 else "+".join(link.keys))
     return arch, w
 
 
@@ -258,71 +293,19 @@ def timm_state_dict(model, path=None, strict=True):
                          f"{cfg['representation_size']}.")
     if model.attention_args.get("gated") or model.attention_args.get("learned_scale"):
         raise ValueError("timm has no attention gate or learned attention scale.")
+    if cfg["pool"] == "map" and cfg["qk_norm"]:
+        raise ValueError("timm's attention pool has no qk-norm; this MAP ViT has one.")
     w = _model_weights(model)
     D, H = cfg["width"], cfg["num_heads"]
+    if cfg["posemb"] != "learn":  # sincos2d: written as timm's learned pos_embed
+        w["pos_embedding/embedding"] = model.get_layer("pos_embedding")._fixed.astype("float32")
     sd = {}
-    sd["patch_embed.proj.weight"] = w["embedding/kernel"].transpose(3, 2, 0, 1)
-    sd["patch_embed.proj.bias"] = w["embedding/bias"]
-    if cfg["class_token"]:
-        sd["cls_token"] = w["cls/token"]
-    if cfg["num_register_tokens"]:
-        sd["reg_token"] = w["reg/token"]
-    if cfg["posemb"] == "learn":
-        sd["pos_embed"] = w["pos_embedding/embedding"]
-    else:
-        sd["pos_embed"] = model.get_layer("pos_embedding")._fixed.astype("float32")
-
-    def attn(ours, qkv_key=None):
-        qkv = [w[f"{ours}/{n}/kernel"].reshape(D, D).T for n in ("query", "key", "value")]
-        qkvb = [w[f"{ours}/{n}/bias"].reshape(D) for n in ("query", "key", "value")]
-        out = {}
-        if qkv_key:
-            out[qkv_key + ".weight"] = np.concatenate(qkv)
-            out[qkv_key + ".bias"] = np.concatenate(qkvb)
-        return out, qkv, qkvb
-
-    def dense(key, ours):
-        return {key + ".weight": w[ours + "/kernel"].T, key + ".bias": w[ours + "/bias"]}
-
-    def norm(key, ours, bias=True):
-        out = {key + ".weight": w[ours + "/gamma"]}
-        out[key + ".bias"] = w[ours + "/beta"] if bias else np.zeros_like(out[key + ".weight"])
-        return out
-
-    affine = cfg["qk_norm"] == "affine"
-    for i in range(cfg["depth"]):
-        b, o = f"blocks.{i}.", f"block_{i:02d}/"
-        part, _, _ = attn(o + "attention", b + "attn.qkv")
-        sd.update(part)
-        sd[b + "attn.proj.weight"] = w[o + "attention/attention_output/kernel"].reshape(D, D).T
-        sd[b + "attn.proj.bias"] = w[o + "attention/attention_output/bias"]
-        if cfg["qk_norm"]:
-            sd.update(norm(b + "attn.q_norm", o + "attention/query_norm", affine))
-            sd.update(norm(b + "attn.k_norm", o + "attention/key_norm", affine))
-        sd.update(norm(b + "norm1", o + "norm1"))
-        sd.update(norm(b + "norm2", o + "norm2"))
-        sd.update(dense(b + "mlp.fc1", o + "mlp/fc1"))
-        sd.update(dense(b + "mlp.fc2", o + "mlp/fc2"))
-        if cfg["layer_scale"] is not None:
-            sd[b + "ls1.gamma"] = w[o + "ls1"]
-            sd[b + "ls2.gamma"] = w[o + "ls2"]
-    sd.update(norm("fc_norm" if cfg["fc_norm"] else "norm", "encoder_norm"))
-    if cfg["pool"] == "map":
-        if cfg["qk_norm"]:
-            raise ValueError("timm's attention pool has no qk-norm; this MAP ViT has one.")
-        _, qkv, qkvb = attn("map_head/attention")
-        sd["attn_pool.latent"] = w["map_head/probe"]
-        sd["attn_pool.q.weight"], sd["attn_pool.q.bias"] = qkv[0], qkvb[0]
-        sd["attn_pool.kv.weight"] = np.concatenate(qkv[1:])
-        sd["attn_pool.kv.bias"] = np.concatenate(qkvb[1:])
-        sd["attn_pool.proj.weight"] = (
-            w["map_head/attention/attention_output/kernel"].reshape(D, D).T)
-        sd["attn_pool.proj.bias"] = w["map_head/attention/attention_output/bias"]
-        sd.update(norm("attn_pool.norm", "map_head/norm"))
-        sd.update(dense("attn_pool.mlp.fc1", "map_head/mlp/fc1"))
-        sd.update(dense("attn_pool.mlp.fc2", "map_head/mlp/fc2"))
-    if cfg["include_top"]:
-        sd.update(dense("head", "head"))
+    for link in name_map(dict(cfg, num_heads=H)):
+        if link.ours[0] not in w:  # a bias-free LayerNorm: timm's has a bias (zeros)
+            values = [np.zeros(shape) for shape in link.zeros(D, H)]
+        else:
+            values = link.to_timm([w[o] for o in link.ours])
+        sd.update(zip(link.keys, values))
     sd = {k: np.ascontiguousarray(v, dtype="float32") for k, v in sd.items()}
     kwargs = dict(
         img_size=tuple(cfg["image_size"]), patch_size=cfg["patch_size"], embed_dim=D,
