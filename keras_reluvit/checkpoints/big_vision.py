@@ -37,6 +37,60 @@ def _read_npz(path):
     return out
 
 
+def _block_names(augreg):
+    """A block's parts: (LayerNorm before attention, LayerNorm before the MLP,
+    attention, MLP), in big_vision's naming or AugReg's."""
+    if augreg:
+        return "LayerNorm_0", "LayerNorm_2", "MultiHeadDotProductAttention_1", "MlpBlock_3"
+    return "LayerNorm_0", "LayerNorm_1", "MultiHeadDotProductAttention_0", "MlpBlock_0"
+
+
+def name_map(arch, augreg=False):
+    """The one name map of the big_vision layout for a ViT config `arch`:
+    `(top, per_block)`, lists of `(npz key, our variable path)`; block keys
+    are relative to `Transformer/encoderblock_N/` (or the scanned
+    `Transformer/encoderblock/`, a leading layer axis) and our paths to
+    `block_NN/`. AugReg's files name the block's parts differently
+    (`augreg=True`). The reader and `big_vision_npz` both walk it (the
+    position embedding, whose key depends on the file, apart)."""
+    ln1, ln2, mha, mlp = _block_names(augreg)
+
+    def attention(key, ours):
+        pairs = [(f"{key}/{name}/{part}", f"{ours}/{target}/{part}")
+                 for name, target in (("query", "query"), ("key", "key"), ("value", "value"),
+                                      ("out", "attention_output"))
+                 for part in ("kernel", "bias")]
+        if arch.get("qk_norm"):
+            pairs += [(f"{key}/query_ln/scale", f"{ours}/query_norm/gamma"),
+                      (f"{key}/key_ln/scale", f"{ours}/key_norm/gamma")]
+        return pairs
+
+    def norm(key, ours):
+        return [(key + "/scale", ours + "/gamma"), (key + "/bias", ours + "/beta")]
+
+    def mlp_pairs(key, ours):
+        return [(f"{key}/{dense}/{part}", f"{ours}/{fc}/{part}")
+                for dense, fc in (("Dense_0", "fc1"), ("Dense_1", "fc2"))
+                for part in ("kernel", "bias")]
+
+    per_block = (norm(ln1, "norm1") + attention(mha, "attention") + norm(ln2, "norm2")
+                 + mlp_pairs(mlp, "mlp"))
+    top = [("embedding/kernel", "embedding/kernel"), ("embedding/bias", "embedding/bias")]
+    if arch.get("class_token"):
+        top.append(("cls", "cls/token"))
+    top += norm("Transformer/encoder_norm", "encoder_norm")
+    if arch.get("pool") == "map":
+        top.append(("MAPHead_0/probe", "map_head/probe"))
+        top += attention("MAPHead_0/MultiHeadDotProductAttention_0", "map_head/attention")
+        top += norm("MAPHead_0/LayerNorm_0", "map_head/norm")
+        top += mlp_pairs("MAPHead_0/MlpBlock_0", "map_head/mlp")
+    if arch.get("representation_size"):
+        top += [("pre_logits/kernel", "pre_logits/kernel"), ("pre_logits/bias", "pre_logits/bias")]
+    if arch.get("include_top"):
+        top += [("head/kernel", "head/kernel"), ("head/bias", "head/bias")]
+    return top, per_block
+
+
 def _big_vision(p, path, overrides):
     _require(p, "embedding/kernel", path, "big_vision / ViT .npz")
     used = set()
@@ -56,11 +110,7 @@ def _big_vision(p, path, overrides):
         blocks = sorted({int(m.group(1)) for k in p
                          for m in [re.match(r"Transformer/encoderblock_(\d+)/", k)] if m})
     augreg = any("MultiHeadDotProductAttention_1" in k for k in p)
-    ln1, ln2, mha, mlp = (
-        ("LayerNorm_0", "LayerNorm_2", "MultiHeadDotProductAttention_1", "MlpBlock_3")
-        if augreg else
-        ("LayerNorm_0", "LayerNorm_1", "MultiHeadDotProductAttention_0", "MlpBlock_0")
-    )
+    ln1, _, mha, mlp = _block_names(augreg)
     if scanned:
         depth = p[f"Transformer/encoderblock/{ln1}/scale"].shape[0]
     else:
@@ -97,10 +147,6 @@ def _big_vision(p, path, overrides):
         num_classes=p["head/kernel"].shape[-1] if "head/kernel" in p else 1000,
     )
     w = _Weights()
-    w.put("embedding/kernel", stem, "embedding/kernel")
-    w.put("embedding/bias", get("embedding/bias"), "embedding/bias")
-    if class_token:
-        w.put("cls/token", get("cls"), "cls")
     for key in ("pos_embedding", "Transformer/posembed_input/pos_embedding",
                 "Transformer/pos_embedding"):
         if key in p:
@@ -112,52 +158,12 @@ def _big_vision(p, path, overrides):
             break
     else:
         arch["posemb"] = "sincos2d"
-
-    def norm(ours, key, value=None):
-        w.put(f"{ours}/gamma", get(key + "/scale") if value is None else value[0], key + "/scale")
-        if value is None:
-            w.put(f"{ours}/beta", get(key + "/bias"), key + "/bias")
-        elif value[1] is not None:
-            w.put(f"{ours}/beta", value[1], key + "/bias")
-
-    def attention(ours, fetch, key):
-        for name in ("query", "key", "value", "out"):
-            target = "attention_output" if name == "out" else name
-            w.put(f"{ours}/{target}/kernel", fetch(f"{name}/kernel"), f"{key}/{name}/kernel")
-            w.put(f"{ours}/{target}/bias", fetch(f"{name}/bias"), f"{key}/{name}/bias")
-
+    top, per_block = name_map(arch, augreg=augreg)
+    for key, ours in top:
+        w.put(ours, get(key), key)
     for i in range(depth):
-        o = f"block_{i:02d}/"
-        for ours, key in (("norm1", ln1), ("norm2", ln2)):
-            norm(o + ours, bkey(i, key), (block(i, key + "/scale"), block(i, key + "/bias")))
-        attention(o + "attention", lambda k, i=i: block(i, f"{mha}/{k}"), bkey(i, mha))
-        if qk_norm:
-            for ours, key in (("query_norm", "query_ln"), ("key_norm", "key_ln")):
-                w.put(f"{o}attention/{ours}/gamma", block(i, f"{mha}/{key}/scale"),
-                      bkey(i, f"{mha}/{key}/scale"))
-        for fc, dense in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
-            for part in ("kernel", "bias"):
-                w.put(f"{o}mlp/{fc}/{part}", block(i, f"{mlp}/{dense}/{part}"),
-                      bkey(i, f"{mlp}/{dense}/{part}"))
-    norm("encoder_norm", "Transformer/encoder_norm")
-    if map_head:
-        w.put("map_head/probe", get("MAPHead_0/probe"), "MAPHead_0/probe")
-        attention("map_head/attention",
-                  lambda k: get(f"MAPHead_0/MultiHeadDotProductAttention_0/{k}"),
-                  "MAPHead_0/MultiHeadDotProductAttention_0")
-        if qk_norm:
-            for ours, key in (("query_norm", "query_ln"), ("key_norm", "key_ln")):
-                k = f"MAPHead_0/MultiHeadDotProductAttention_0/{key}/scale"
-                w.put(f"map_head/attention/{ours}/gamma", get(k), k)
-        norm("map_head/norm", "MAPHead_0/LayerNorm_0")
-        for fc, dense in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
-            for part in ("kernel", "bias"):
-                k = f"MAPHead_0/MlpBlock_0/{dense}/{part}"
-                w.put(f"map_head/mlp/{fc}/{part}", get(k), k)
-    for name in ("pre_logits", "head"):
-        if f"{name}/kernel" in p:
-            for part in ("kernel", "bias"):
-                w.put(f"{name}/{part}", get(f"{name}/{part}"), f"{name}/{part}")
+        for key, ours in per_block:
+            w.put(f"block_{i:02d}/{ours}", block(i, key), bkey(i, key))
     _refuse(path, set(p) - used)
     return arch, w
 
@@ -181,46 +187,16 @@ def big_vision_npz(model, path=None):
     if unsupported:
         raise ValueError(f"big_vision's ViT has no {', '.join(unsupported)}.")
     w = _model_weights(model)
-    out = {"embedding/kernel": w["embedding/kernel"], "embedding/bias": w["embedding/bias"]}
-    if cfg["class_token"]:
-        out["cls"] = w["cls/token"]
+    out = {}
     if cfg["posemb"] == "learn":
         key = ("Transformer/posembed_input/pos_embedding" if model.posemb_prefix_tokens
                else "pos_embedding")
         out[key] = w["pos_embedding/embedding"]
-
-    def attention(key, ours):
-        for name, target in (("query", "query"), ("key", "key"), ("value", "value"),
-                             ("out", "attention_output")):
-            out[f"{key}/{name}/kernel"] = w[f"{ours}/{target}/kernel"]
-            out[f"{key}/{name}/bias"] = w[f"{ours}/{target}/bias"]
-        if cfg["qk_norm"]:
-            out[f"{key}/query_ln/scale"] = w[f"{ours}/query_norm/gamma"]
-            out[f"{key}/key_ln/scale"] = w[f"{ours}/key_norm/gamma"]
-
-    def norm(key, ours):
-        out[key + "/scale"], out[key + "/bias"] = w[ours + "/gamma"], w[ours + "/beta"]
-
-    def mlp(key, ours):
-        for dense, fc in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
-            out[f"{key}/{dense}/kernel"] = w[f"{ours}/{fc}/kernel"]
-            out[f"{key}/{dense}/bias"] = w[f"{ours}/{fc}/bias"]
-
+    top, per_block = name_map(cfg)
+    out.update((key, w[ours]) for key, ours in top)
     for i in range(cfg["depth"]):
-        b, o = f"Transformer/encoderblock_{i}/", f"block_{i:02d}/"
-        norm(b + "LayerNorm_0", o + "norm1")
-        attention(b + "MultiHeadDotProductAttention_0", o + "attention")
-        norm(b + "LayerNorm_1", o + "norm2")
-        mlp(b + "MlpBlock_0", o + "mlp")
-    norm("Transformer/encoder_norm", "encoder_norm")
-    if cfg["pool"] == "map":
-        out["MAPHead_0/probe"] = w["map_head/probe"]
-        attention("MAPHead_0/MultiHeadDotProductAttention_0", "map_head/attention")
-        norm("MAPHead_0/LayerNorm_0", "map_head/norm")
-        mlp("MAPHead_0/MlpBlock_0", "map_head/mlp")
-    for name in ("pre_logits", "head"):
-        if f"{name}/kernel" in w:
-            out[f"{name}/kernel"], out[f"{name}/bias"] = w[f"{name}/kernel"], w[f"{name}/bias"]
+        out.update((f"Transformer/encoderblock_{i}/{key}", w[f"block_{i:02d}/{ours}"])
+                   for key, ours in per_block)
     if path is not None:
         np.savez(os.fspath(path), **out)
     return out
