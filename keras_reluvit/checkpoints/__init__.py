@@ -38,11 +38,12 @@ import zipfile
 import keras
 import numpy as np
 
-from keras_reluvit import vit as V
+from keras_reluvit import variants
 from keras_reluvit.checkpoints.big_vision import _big_vision
 from keras_reluvit.checkpoints.big_vision import _read_npz
 from keras_reluvit.checkpoints.big_vision import big_vision_npz  # noqa: F401
 from keras_reluvit.checkpoints.common import CheckpointError
+from keras_reluvit.checkpoints.common import model_class
 from keras_reluvit.checkpoints.common import _square_grid
 from keras_reluvit.checkpoints.common import assign
 from keras_reluvit.checkpoints.preset import PRESET_CONFIG
@@ -58,7 +59,7 @@ from keras_reluvit.presets import deserialize_attention
 
 
 def _variant_name(width, patch):
-    for name, (w, *_rest) in V.VARIANTS.items():
+    for name, (w, *_rest) in variants.VARIANTS.items():
         if w == width:
             return f"{name}/{patch}"
     return f"B/{patch}"  # every dimension is passed explicitly anyway
@@ -122,7 +123,7 @@ def read_checkpoint(path, **overrides):
             model = keras.saving.load_model(path, compile=False)
         except Exception as e:
             raise CheckpointError(f"{path}: cannot load the .keras file ({e}).") from e
-        if not isinstance(model, V.ViT):
+        if not isinstance(model, model_class()):
             raise CheckpointError(f"{path} does not hold a keras_reluvit ViT.")
         arch, w = _ours(model)
     else:
@@ -216,7 +217,7 @@ def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrid
     if not arch.get("include_top", True):  # features: the checkpoint's head is dropped
         weights = {k: v for k, v in weights.items() if not k.startswith("head/")}
     try:
-        model = V.ViT(**arch)
+        model = model_class()(**arch)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from e
     assign(model, weights, path, fresh_head=fresh_head)

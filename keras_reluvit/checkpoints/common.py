@@ -13,6 +13,18 @@ import numpy as np
 from keras_reluvit.layers import resample_posemb
 
 
+def model_class():
+    """The `ViT` class, from Keras' registry of serializable classes (where
+    `keras_reluvit.vit` registers it as `keras_reluvit>ViT`), as keras-hub's
+    presets find theirs: the checkpoint package builds ViTs without importing
+    vit.py, whose `ViT.from_preset` / `save_to_preset` import the package."""
+    cls = keras.saving.get_registered_object("keras_reluvit>ViT")
+    if cls is None:
+        raise RuntimeError("keras_reluvit.ViT is not registered yet: import keras_reluvit "
+                           "before reading checkpoints.")
+    return cls
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read into a ViT (names file and key)."""
 

@@ -8,9 +8,9 @@ import os
 
 import keras
 
-from keras_reluvit import vit as V
 from keras_reluvit._version import __version__
 from keras_reluvit.checkpoints.common import CheckpointError
+from keras_reluvit.checkpoints.common import model_class
 from keras_reluvit.checkpoints.common import _model_weights
 from keras_reluvit.checkpoints.common import _Weights
 from keras_reluvit.checkpoints.keras_hub import _keras_hub
@@ -43,7 +43,7 @@ def _read_preset(directory, path):
     if config.get("class_name") != "ViT":
         raise CheckpointError(f"{path}: {PRESET_CONFIG} describes a "
                               f"{config.get('class_name')!r}, not a ViT.")
-    model = V.ViT.from_config(config["config"])
+    model = model_class().from_config(config["config"])
     weights = os.path.join(directory, PRESET_WEIGHTS)
     try:
         model.load_weights(weights)

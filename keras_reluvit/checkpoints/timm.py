@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from keras_reluvit import vit as V
+from keras_reluvit import variants
 from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import _model_weights
 from keras_reluvit.checkpoints.common import _posemb_layout
@@ -18,7 +18,7 @@ from keras_reluvit.checkpoints.common import _Weights
 # Widths of the standard variants -> heads (timm state dicts store no head
 # count; the tables of big_vision / timm name one per width).
 _HEADS_BY_WIDTH = {}
-for _w, _d, _m, _h in V.VARIANTS.values():
+for _w, _d, _m, _h in variants.VARIANTS.values():
     _HEADS_BY_WIDTH.setdefault(_w, _h)
 
 

@@ -79,18 +79,6 @@ def test_the_graph_sees_function_level_imports():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
-# The one circle left: ViT.from_preset / save_to_preset (vit.py) call the
-# checkpoint package, which builds ViTs. Breaking it means the package gets
-# the model class passed in rather than importing vit (next step of the
-# checkpoint redesign). Listed edges are left out of the search; an edge that
-# no longer exists fails, so the list only shrinks.
-KNOWN = {("keras_reluvit.vit", "keras_reluvit.checkpoints")}
-
-
 def test_no_import_circles_in_the_package():
-    edges = import_graph()
-    for a, b in KNOWN:
-        assert b in edges[a], f"{a} no longer imports {b}: remove it from KNOWN"
-        edges[a].discard(b)
-    cycle = find_cycle(edges)
+    cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
