@@ -68,6 +68,18 @@ def timed(fn, sync, min_time, min_iters):
     return times[len(times) // 2]
 
 
+_DEADLINE = [float("inf")]
+
+
+def out_of_time(row):
+    """Past this part's share of the time budget: the row says so (and is
+    emitted by the caller) instead of being measured."""
+    if time.perf_counter() > _DEADLINE[0]:
+        row["error"] = "skipped (time budget)"
+        return True
+    return False
+
+
 def emit(**row):
     print("ROW " + json.dumps(row), flush=True)
 
@@ -86,11 +98,11 @@ def jax_attention(cfg, smoke):
 
     sync = jax.block_until_ready
     gpu = jax.default_backend() == "gpu" and not smoke
-    for length in cfg["lengths"]:
+    for dtype, length in [(d, n) for d in ("bfloat16", "float32") for n in cfg["lengths"]]:
         b = max(1, cfg["tokens"] // length)
         shape = (b, length, cfg["heads"], cfg["head_dim"])
         keys = jax.random.split(jax.random.PRNGKey(0), 4)
-        for dtype in ("bfloat16", "float32"):
+        if True:  # one (dtype, L) pair: bf16 at every L first, then fp32
             q, k, v, cot = (jax.random.normal(kk, shape, dtype) for kk in keys)
             # cuDNN's flash attention: GPUs, 16-bit only; elsewhere XLA's softmax.
             softmax_impl = "cudnn" if dtype == "bfloat16" and gpu else "xla"
@@ -112,6 +124,9 @@ def jax_attention(cfg, smoke):
                         fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
                     row = dict(part="attention", backend="jax", impl=impl, dtype=dtype,
                                L=length, batch=b, mode=mode)
+                    if out_of_time(row):
+                        emit(**row)
+                        continue
                     try:
                         compiled = fn.lower(q, k, v).compile()
                         row["ms"] = timed(lambda: compiled(q, k, v), sync, cfg["min_time"],
@@ -159,10 +174,10 @@ def torch_attention(cfg, smoke):
                 return F.scaled_dot_product_attention(*args).transpose(1, 2)
         return f
 
-    for length in cfg["lengths"]:
+    for dtype, length in [(d, n) for d in ("bfloat16", "float32") for n in cfg["lengths"]]:
         b = max(1, cfg["tokens"] // length)
         shape = (b, length, cfg["heads"], cfg["head_dim"])
-        for dtype in ("bfloat16", "float32"):
+        if True:  # one (dtype, L) pair: bf16 at every L first, then fp32
             tdt = getattr(torch, dtype)
             gen = torch.Generator(device=device).manual_seed(0)
             q, k, v, cot = (torch.randn(shape, generator=gen, device=device, dtype=tdt)
@@ -179,6 +194,9 @@ def torch_attention(cfg, smoke):
                 for impl, f in impls.items():
                     row = dict(part="attention", backend="torch", impl=impl, dtype=dtype,
                                L=length, batch=b, mode=mode)
+                    if out_of_time(row):
+                        emit(**row)
+                        continue
                     xs = [x.detach().requires_grad_(mode != "fwd") for x in (q, k, v)]
 
                     def step(f=f, xs=xs, mode=mode):
@@ -219,6 +237,9 @@ def vit_steps(backend, cfg, smoke):
             row = dict(part="vit", backend=backend, impl=f"ViT-{variant} {attention}",
                        L=(image // int(variant.split("/")[1])) ** 2 + 1, batch=batch,
                        dtype="mixed_bfloat16" if not smoke else "float32", mode="train step")
+            if out_of_time(row):
+                emit(**row)
+                continue
             try:
                 keras.utils.set_random_seed(0)
                 extra = dict(image_size=32, patch_size=16, width=32, depth=2, num_heads=2,
@@ -235,10 +256,10 @@ def vit_steps(backend, cfg, smoke):
                 row["error"] = "OOM" if is_oom(error) else type(error).__name__
                 row["detail"] = str(error)[:300]
             emit(**row)
-            del model
+            model = None
 
 
-def worker(backend, parts, smoke):
+def worker(backend, parts, smoke, budget=float("inf")):
     cfg = sizes(smoke)
     import keras
 
@@ -265,9 +286,13 @@ def worker(backend, parts, smoke):
             return
     print("INFO " + json.dumps(info), flush=True)
     setup(backend, smoke)
-    if "attention" in parts:
+    start = time.perf_counter()
+    if "attention" in parts:  # 60 % of the budget when the ViTs follow
+        share = 0.6 if "vit" in parts else 1.0
+        _DEADLINE[0] = start + share * budget
         (jax_attention if backend == "jax" else torch_attention)(cfg, smoke)
     if "vit" in parts:
+        _DEADLINE[0] = start + budget
         vit_steps(backend, cfg, smoke)
 
 
@@ -331,7 +356,10 @@ def table(rows, infos, command, elapsed):
                    if soft and "images_per_s" in r and "images_per_s" in soft else "-")
             lines.append(f"| {r['backend']} | {r['impl'][:-5]} | {r['L']} | {r['batch']} | "
                          f"{ips} vs {sips} | {rat} |")
-    errors = [r for r in rows if r.get("error")]
+    errors = [r for r in rows if r.get("error") and "budget" not in r["error"]]
+    skipped = [r for r in rows if "budget" in (r.get("error") or "")]
+    if skipped:
+        lines += ["", f"{len(skipped)} measurements skipped at the time budget (--budget)."]
     if errors:
         lines += ["", "## Errors", ""]
         lines += [f"- {r['backend']} {r['impl']} {r['dtype']} L={r['L']} {r['mode']}: "
@@ -347,7 +375,11 @@ def parse_args(argv=None):
                         help="tiny sizes; kernels interpreted on a CPU (checks the script)")
     parser.add_argument("--out", default=None, help="table file (default: "
                         "benchmarks/results/accelerator-<device>.md)")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per backend")
+    parser.add_argument("--budget", type=float, default=150,
+                        help="seconds of measuring per backend (default 150: both backends "
+                        "in < 6 min); rows past it are marked skipped")
+    parser.add_argument("--timeout", type=float, default=280,
+                        help="seconds per backend process before it is stopped")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for backend in args.backends.split(","):
@@ -363,7 +395,7 @@ def main(argv=None):
     args = parse_args(argv)
     parts = args.parts.split(",")
     if args.worker:
-        worker(args.worker, parts, args.smoke)
+        worker(args.worker, parts, args.smoke, args.budget)
         return 0
     start = time.time()
     rows, infos = [], []
@@ -373,7 +405,8 @@ def main(argv=None):
         if args.smoke and backend == "torch":
             env["TRITON_INTERPRET"] = "1"
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", backend,
-               "--parts", args.parts] + (["--smoke"] if args.smoke else [])
+               "--parts", args.parts, "--budget", str(args.budget)] + (
+                   ["--smoke"] if args.smoke else [])
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                   timeout=args.timeout, cwd=ROOT)
