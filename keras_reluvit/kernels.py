@@ -176,9 +176,11 @@ def fused_kernel(switch, backend, query, activation_name):
             _warn_once(f"Pointwise attention on CUDA tensors without its Triton kernel "
                        f"(the generic path instead): {error}")
             return None
-        if query.shape[-1] > module.MAX_HEAD_DIM:
+        try:  # an activation or head dim it does not take: the generic path
+            module.check(query, activation_name)
+        except ValueError:
             return None
-        return "triton" if activation_name in module.ACTIVATIONS else None
+        return "triton"
     return None
 
 

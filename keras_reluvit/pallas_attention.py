@@ -94,9 +94,15 @@ def _dot(a, b, dims):
     return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
+def _pow2(n):
+    """The smallest power of two >= n, at least 16 (head dims are padded to
+    it; `tl.dot`'s minimum tile)."""
+    return max(16, 1 << max(0, (n - 1).bit_length()))
+
+
 def _block(n):
     """Block size for n tokens: a power of two in [16, MAX_BLOCK]."""
-    return min(MAX_BLOCK, max(16, 1 << max(0, (n - 1).bit_length())))
+    return min(MAX_BLOCK, _pow2(n))
 
 
 def _valid(start, size, num_keys, padded_keys, mask):
@@ -251,20 +257,38 @@ def _query_mask_spec(mask, bq, sp):
     return _spec((None, bq, sp), lambda b_, h_, i: (b_, i, 0))
 
 
-def _forward(cfg, mode, q, k, v, r, mask):
-    act, num_keys, bq, bk, scale = cfg
-    b, nh, tp, dp = q.shape
-    sp, dvp = k.shape[2], v.shape[3]
-    q_map, kv_map = (lambda b_, h_, i: (b_, h_, i, 0)), (lambda b_, h_, i: (b_, h_, 0, 0))
-    in_specs = [_spec((None, None, bq, dp), q_map), _spec((None, None, sp, dp), kv_map),
-                _spec((None, None, sp, dvp), kv_map), _spec((None, None, bq, 1), q_map)]
+def _block_i(b, h, i):  # index map: block i of the token axis of head (b, h)
+    return b, h, i, 0
+
+
+def _whole(b, h, i):  # index map: all tokens of head (b, h)
+    return b, h, 0, 0
+
+
+def _query_block_inputs(bq, q, k, v, r, mask, do=None):
+    """`(in_specs, args)` of a program that owns one query block and reads
+    every key (the forward; dQ, which also reads that block of dO)."""
+    dp, sp, dvp = q.shape[3], k.shape[2], v.shape[3]
+    in_specs = [_spec((None, None, bq, dp), _block_i), _spec((None, None, sp, dp), _whole),
+                _spec((None, None, sp, dvp), _whole), _spec((None, None, bq, 1), _block_i)]
     args = [q, k, v, r]
+    if do is not None:
+        in_specs.append(_spec((None, None, bq, dvp), _block_i))
+        args.append(do)
     if mask is not None:
         in_specs.append(_query_mask_spec(mask, bq, sp))
         args.append(mask)
+    return in_specs, args
+
+
+def _forward(cfg, mode, q, k, v, r, mask):
+    act, num_keys, bq, bk, scale = cfg
+    b, nh, tp, dp = q.shape
+    dvp = v.shape[3]
+    in_specs, args = _query_block_inputs(bq, q, k, v, r, mask)
     kernel = functools.partial(_forward_kernel, act=act, scale=scale, block_k=bk,
                                num_keys=num_keys, has_mask=mask is not None)
-    return _pallas(kernel, (b, nh, tp // bq), in_specs, _spec((None, None, bq, dvp), q_map),
+    return _pallas(kernel, (b, nh, tp // bq), in_specs, _spec((None, None, bq, dvp), _block_i),
                    jax.ShapeDtypeStruct((b, nh, tp, dvp), q.dtype), mode, dp,
                    "pointwise_attention_fwd")(*args)
 
@@ -275,10 +299,9 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
     sp, dvp = k.shape[2], v.shape[3]
     has_mask = mask is not None
     # dK, dV: one program per key block, looping over query blocks.
-    k_map, full = (lambda b_, h_, j: (b_, h_, j, 0)), (lambda b_, h_, j: (b_, h_, 0, 0))
-    in_specs = [_spec((None, None, tp, dp), full), _spec((None, None, bk, dp), k_map),
-                _spec((None, None, bk, dvp), k_map), _spec((None, None, tp, 1), full),
-                _spec((None, None, tp, dvp), full)]
+    in_specs = [_spec((None, None, tp, dp), _whole), _spec((None, None, bk, dp), _block_i),
+                _spec((None, None, bk, dvp), _block_i), _spec((None, None, tp, 1), _whole),
+                _spec((None, None, tp, dvp), _whole)]
     args = [q, k, v, r, do]
     if has_mask:
         in_specs.append(_spec((None, mask.shape[1], bk), lambda b_, h_, j: (b_, 0, j)))
@@ -286,22 +309,15 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
     kernel = functools.partial(_dkdv_kernel, act=act, scale=scale, block_q=bq,
                                num_keys=num_keys, padded_keys=sp, has_mask=has_mask)
     dk, dv = _pallas(kernel, (b, nh, sp // bk), in_specs,
-                     [_spec((None, None, bk, dp), k_map), _spec((None, None, bk, dvp), k_map)],
+                     [_spec((None, None, bk, dp), _block_i), _spec((None, None, bk, dvp), _block_i)],
                      [jax.ShapeDtypeStruct(k.shape, k.dtype),
                       jax.ShapeDtypeStruct(v.shape, v.dtype)],
                      mode, dp, "pointwise_attention_dkdv")(*args)
     # dQ: one program per query block, looping over key blocks.
-    q_map, full = (lambda b_, h_, i: (b_, h_, i, 0)), (lambda b_, h_, i: (b_, h_, 0, 0))
-    in_specs = [_spec((None, None, bq, dp), q_map), _spec((None, None, sp, dp), full),
-                _spec((None, None, sp, dvp), full), _spec((None, None, bq, 1), q_map),
-                _spec((None, None, bq, dvp), q_map)]
-    args = [q, k, v, r, do]
-    if has_mask:
-        in_specs.append(_query_mask_spec(mask, bq, sp))
-        args.append(mask)
+    in_specs, args = _query_block_inputs(bq, q, k, v, r, mask, do)
     kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk,
                                num_keys=num_keys, has_mask=has_mask)
-    dq = _pallas(kernel, (b, nh, tp // bq), in_specs, _spec((None, None, bq, dp), q_map),
+    dq = _pallas(kernel, (b, nh, tp // bq), in_specs, _spec((None, None, bq, dp), _block_i),
                  jax.ShapeDtypeStruct(q.shape, q.dtype), mode, dp,
                  "pointwise_attention_dq")(*args)
     return dq, dk, dv
@@ -326,9 +342,6 @@ def _fused(cfg, interpret, q, k, v, r, mask):
 
 
 def _run_forward(cfg, interpret, q, k, v, r, mask):
-    if mask is None:
-        return _on_platform(lambda c, m, *a: _forward(c, m, *a, None), cfg, q, k, v, r,
-                            interpret=interpret)
     return _on_platform(_forward, cfg, q, k, v, r, mask, interpret=interpret)
 
 
@@ -339,11 +352,7 @@ def _fused_fwd(cfg, interpret, q, k, v, r, mask):
 
 def _fused_bwd(cfg, interpret, residuals, do):
     q, k, v, r, mask, out = residuals
-    if mask is None:
-        dq, dk, dv = _on_platform(lambda c, m, *a: _backward(c, m, *a[:4], None, a[4]), cfg,
-                                  q, k, v, r, do, interpret=interpret)
-    else:
-        dq, dk, dv = _on_platform(_backward, cfg, q, k, v, r, mask, do, interpret=interpret)
+    dq, dk, dv = _on_platform(_backward, cfg, q, k, v, r, mask, do, interpret=interpret)
     # o = r * u, so dr = sum_d do * u = sum_d do * o / r (r > 0 on real rows;
     # padded rows have r = 0 and no gradient).
     dot = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
@@ -397,7 +406,7 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
     s, dv = key.shape[1], value.shape[-1]
     bq, bk = block_q or _block(t), block_k or _block(s)
     tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
-    dp, dvp = _block_dim(d), _block_dim(dv)
+    dp, dvp = _pow2(d), _pow2(dv)
     r = row_factor_array(factor, b, t, nh)
 
     def layout(x, tokens, dim):  # (B, T, H, D) -> padded (B, H, T, D)
@@ -415,7 +424,3 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
     cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d))
     out = _fused(cfg, bool(interpret), q, k, v, r, mask)
     return jnp.transpose(out[:, :, :t, :dv], (0, 2, 1, 3))
-
-
-def _block_dim(d):
-    return max(16, 1 << max(0, (d - 1).bit_length()))

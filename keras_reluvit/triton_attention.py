@@ -268,11 +268,14 @@ def _inner_contiguous(x):
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _common(q, k, v, r, mask, activation):
+def _common(q, k, v, r, mask, activation, backward, block_q, block_k):
+    """What the three kernels' launches share: sizes, the mask pointer and
+    strides, the q/k/v strides, the constexprs and the blocks."""
     import torch
 
     b, t, nh, d = q.shape
     s, dv = k.shape[1], v.shape[-1]
+    dbq, dbk = blocks(t, s, max(d, dv), backward=backward, itemsize=q.element_size())
     if mask is None:
         m, mstrides = r, (0, 0, 0)  # a placeholder pointer, never read
     else:
@@ -282,7 +285,9 @@ def _common(q, k, v, r, mask, activation):
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     meta = dict(ACT=ACTIVATIONS[activation], HAS_MASK=mask is not None,
                 PRECISION=_precision(q.dtype),
-                UPCAST=interpreting() and q.dtype == torch.bfloat16, BLOCK_D=_pow2(d), BLOCK_DV=_pow2(dv))
+                UPCAST=interpreting() and q.dtype == torch.bfloat16,
+                BLOCK_Q=block_q or dbq, BLOCK_K=block_k or dbk,
+                BLOCK_D=_pow2(d), BLOCK_DV=_pow2(dv))
     sizes = (nh, t, s, d, dv, 1.0 / math.sqrt(d))
     return b, t, s, nh, d, dv, m, mstrides, strides, sizes, meta
 
@@ -291,31 +296,29 @@ def forward(q, k, v, r, mask, activation, block_q=None, block_k=None):
     """`(B, T, H, Dv)` outputs; r: float32 `(B, T, H)` row factors."""
     import torch
 
-    b, t, s, nh, d, dv, m, mstrides, strides, sizes, meta = _common(q, k, v, r, mask, activation)
-    dbq, dbk = blocks(t, s, max(d, dv), itemsize=q.element_size())
-    bq, bk = block_q or dbq, block_k or dbk
+    b, t, s, nh, d, dv, m, mstrides, strides, sizes, meta = _common(
+        q, k, v, r, mask, activation, False, block_q, block_k)
     out = torch.empty((b, t, nh, dv), dtype=q.dtype, device=q.device)
-    grid = (triton.cdiv(t, bq), b * nh)
+    grid = (triton.cdiv(t, meta["BLOCK_Q"]), b * nh)
     _forward_kernel[grid](q, k, v, r, m, out, *strides, *out.stride()[:3], *r.stride(),
-                          *mstrides, *sizes, BLOCK_Q=bq, BLOCK_K=bk, **meta)
+                          *mstrides, *sizes, **meta)
     return out
 
 
 def backward(q, k, v, r, mask, do, activation, block_q=None, block_k=None):
     import torch
 
-    b, t, s, nh, d, dv, m, mstrides, strides, sizes, meta = _common(q, k, v, r, mask, activation)
-    dbq, dbk = blocks(t, s, max(d, dv), backward=True, itemsize=q.element_size())
-    bq, bk = block_q or dbq, block_k or dbk
+    b, t, s, nh, d, dv, m, mstrides, strides, sizes, meta = _common(
+        q, k, v, r, mask, activation, True, block_q, block_k)
     do = do.contiguous()
     dq = torch.empty((b, t, nh, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((b, s, nh, d), dtype=k.dtype, device=q.device)
     dvv = torch.empty((b, s, nh, dv), dtype=v.dtype, device=q.device)
     common = (*strides, *do.stride()[:3], *r.stride(), *mstrides, *sizes)
-    _dkdv_kernel[(triton.cdiv(s, bk), b * nh)](q, k, v, r, m, do, dk, dvv, *common,
-                                                BLOCK_Q=bq, BLOCK_K=bk, **meta)
-    _dq_kernel[(triton.cdiv(t, bq), b * nh)](q, k, v, r, m, do, dq, *common,
-                                              BLOCK_Q=bq, BLOCK_K=bk, **meta)
+    _dkdv_kernel[(triton.cdiv(s, meta["BLOCK_K"]), b * nh)](q, k, v, r, m, do, dk, dvv,
+                                                             *common, **meta)
+    _dq_kernel[(triton.cdiv(t, meta["BLOCK_Q"]), b * nh)](q, k, v, r, m, do, dq, *common,
+                                                           **meta)
     return dq, dk, dvv
 
 
