@@ -82,9 +82,11 @@ def _read_timm_file(path):
 
 
 class _Link:
-    """timm keys <-> our variable paths, with the two conversions. `optional`:
-    a timm checkpoint may lack it (biases of `qkv_bias=False` models): zeros
-    of the shapes `zeros(width, heads)` then stand in."""
+    """timm keys <-> our variable paths, with the two conversions. `zeros`:
+    the shapes of our arrays; with `optional`, a timm checkpoint may lack the
+    key (biases of `qkv_bias=False` models) and zeros of those shapes stand
+    in (the writer writes zeros for a bias our layer lacks: a bias-free
+    LayerNorm)."""
 
     def __init__(self, keys, ours, to_ours=None, to_timm=None, optional=False, zeros=None):
         self.keys, self.ours = tuple(keys), tuple(ours)
@@ -101,12 +103,12 @@ def name_map(arch):
     D, H = arch["width"], arch["num_heads"]
     dh = D // H
 
-    def norm(key, ours):
+    def norm(key, ours, dim=D):
         yield _Link([key + ".weight"], [ours + "/gamma"])
-        yield _Link([key + ".bias"], [ours + "/beta"], zeros=lambda d, h: [(d // h,)])
+        yield _Link([key + ".bias"], [ours + "/beta"], zeros=[(dim,)])
 
     def fused(key, ours_names, ours_prefix):
-        # timm's fused projections (qkv, kv): stacked (n * D, D) <-> n (D, H, dh).
+        # timm's fused projections (qkv, kv; q alone): stacked (n * D, D) <-> n (D, H, dh).
         n = len(ours_names)
         yield _Link([key + ".weight"], [f"{ours_prefix}/{o}/kernel" for o in ours_names],
                     lambda xs: [m.T.reshape(D, H, dh) for m in np.split(xs[0], n)],
@@ -114,24 +116,22 @@ def name_map(arch):
         yield _Link([key + ".bias"], [f"{ours_prefix}/{o}/bias" for o in ours_names],
                     lambda xs: [b.reshape(H, dh) for b in np.split(xs[0], n)],
                     lambda xs: [np.concatenate([x.reshape(D) for x in xs])],
-                    optional=True, zeros=lambda d, h: [(h, d // h)] * n)
+                    optional=True, zeros=[(H, dh)] * n)
 
     def out_proj(key, ours):
         yield _Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].T.reshape(H, dh, D)],
                     lambda xs: [xs[0].reshape(D, D).T])
-        yield _Link([key + ".bias"], [ours + "/bias"], optional=True, zeros=lambda d, h: [(d,)])
+        yield _Link([key + ".bias"], [ours + "/bias"], optional=True, zeros=[(D,)])
 
     def linear(key, ours, out):
         yield _Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].T],
                     lambda xs: [xs[0].T])
-        yield _Link([key + ".bias"], [ours + "/bias"], optional=True,
-                    zeros=lambda d, h, out=out: [(out,)])
+        yield _Link([key + ".bias"], [ours + "/bias"], optional=True, zeros=[(out,)])
 
     links = [_Link(["patch_embed.proj.weight"], ["embedding/kernel"],
                    lambda xs: [xs[0].transpose(2, 3, 1, 0)],
                    lambda xs: [xs[0].transpose(3, 2, 0, 1)]),
-             _Link(["patch_embed.proj.bias"], ["embedding/bias"], optional=True,
-                   zeros=lambda d, h: [(d,)]),
+             _Link(["patch_embed.proj.bias"], ["embedding/bias"], optional=True, zeros=[(D,)]),
              _Link(["pos_embed"], ["pos_embedding/embedding"])]
     if arch.get("class_token"):
         links.append(_Link(["cls_token"], ["cls/token"]))
@@ -143,8 +143,8 @@ def name_map(arch):
         links += fused(b + "attn.qkv", ("query", "key", "value"), o + "attention")
         links += out_proj(b + "attn.proj", o + "attention/attention_output")
         if arch.get("qk_norm"):
-            links += norm(b + "attn.q_norm", o + "attention/query_norm")
-            links += norm(b + "attn.k_norm", o + "attention/key_norm")
+            links += norm(b + "attn.q_norm", o + "attention/query_norm", dh)
+            links += norm(b + "attn.k_norm", o + "attention/key_norm", dh)
         links += norm(b + "norm1", o + "norm1")
         links += norm(b + "norm2", o + "norm2")
         links += linear(b + "mlp.fc1", o + "mlp/fc1", mlp)
@@ -154,12 +154,7 @@ def name_map(arch):
     links += norm("fc_norm" if arch.get("fc_norm") else "norm", "encoder_norm")
     if arch["pool"] == "map":
         links.append(_Link(["attn_pool.latent"], ["map_head/probe"]))
-        links.append(_Link(["attn_pool.q.weight"], ["map_head/attention/query/kernel"],
-                           lambda xs: [xs[0].T.reshape(D, H, dh)],
-                           lambda xs: [xs[0].reshape(D, D).T]))
-        links.append(_Link(["attn_pool.q.bias"], ["map_head/attention/query/bias"],
-                           lambda xs: [xs[0].reshape(H, dh)], lambda xs: [xs[0].reshape(D)],
-                           optional=True, zeros=lambda d, h: [(h, d // h)]))
+        links += fused("attn_pool.q", ("query",), "map_head/attention")  # one of one
         links += fused("attn_pool.kv", ("key", "value"), "map_head/attention")
         links += out_proj("attn_pool.proj", "map_head/attention/attention_output")
         links += norm("attn_pool.norm", "map_head/norm")
@@ -256,7 +251,7 @@ def _timm(sd, path, overrides):
     for link in name_map(arch):
         missing = [k for k in link.keys if k not in sd]
         if missing and link.optional:
-            values = [np.zeros(shape) for shape in link.zeros(width, heads)]
+            values = [np.zeros(shape) for shape in link.zeros]
         elif missing:
             raise CheckpointError(f"{path}: missing {missing[0]!r}, which this ViT "
                                   f"({depth} blocks, pool={pool!r}) needs.")
@@ -302,7 +297,7 @@ def timm_state_dict(model, path=None, strict=True):
     sd = {}
     for link in name_map(dict(cfg, num_heads=H)):
         if link.ours[0] not in w:  # a bias-free LayerNorm: timm's has a bias (zeros)
-            values = [np.zeros(shape) for shape in link.zeros(D, H)]
+            values = [np.zeros(shape) for shape in link.zeros]
         else:
             values = link.to_timm([w[o] for o in link.ours])
         sd.update(zip(link.keys, values))
