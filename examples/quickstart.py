@@ -30,8 +30,8 @@ def digits(size=32):
 def main():
     keras.utils.set_random_seed(0)
     print(f"backend: {keras.backend.backend()}")
-    print("attention presets:")
-    for name, doc in kr.attention_presets().items():
+    print("attention kinds:")
+    for name, doc in kr.attention_kinds().items():
         print(f"  {name:13s} {doc}")
     (x_train, y_train), (x_test, y_test) = digits()
     model = kr.ViT("Ti/8", attention="relu", image_size=32, num_classes=10,

@@ -31,7 +31,7 @@ def parse_args(argv=None):
     p.add_argument("--manual-dir", help="folder with ILSVRC2012_img_{train,val}.tar (first run)")
     p.add_argument("--prepare-only", action="store_true", help="build the tfds data set and exit")
     p.add_argument("--model", default="S/16", help="ViT variant, e.g. S/16, B/16, L/16")
-    p.add_argument("--attention", default="relu", help="attention preset, e.g. relu, softmax")
+    p.add_argument("--attention", default="relu", help="attention kind, e.g. relu, softmax")
     p.add_argument("--recipe", default="s16_i1k_90ep", choices=["s16_i1k_90ep", "augreg_i1k"])
     p.add_argument("--batch-size", type=int, help="global batch (default: the recipe's)")
     p.add_argument("--epochs", type=int, help="default: the recipe's")

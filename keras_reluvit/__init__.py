@@ -29,7 +29,8 @@ if not _command_line_help_only():
     from keras_reluvit.layers import MAPHead
     from keras_reluvit.layers import MLPBlock
     from keras_reluvit.layers import PositionEmbedding
-    from keras_reluvit.presets import attention_presets
+    from keras_reluvit.attention_kinds import attention_kinds
+    from keras_reluvit.attention_kinds import attention_presets  # deprecated alias
     from keras_reluvit.vit import VARIANTS
     from keras_reluvit.vit import ViT
     from keras_reluvit.zoo import BUILDERS

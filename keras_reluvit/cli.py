@@ -1,4 +1,4 @@
-"""`keras-reluvit train | eval | export | convert | prepare | bench | recipes | presets`.
+"""`keras-reluvit train | eval | export | convert | prepare | bench | recipes | attention`.
 
 Examples:
 
@@ -195,10 +195,13 @@ def _recipes(args):
     print(recipes.describe(args.name))
 
 
-def _presets(args):
-    from keras_reluvit.presets import attention_presets
+def _attention(args):
+    from keras_reluvit.attention_kinds import attention_kinds
 
-    for name, doc in attention_presets().items():
+    if args.command == "presets":
+        print("keras-reluvit: `presets` is renamed `attention` (it lists attention kinds); "
+              "the old name goes in 0.3.", file=sys.stderr)
+    for name, doc in attention_kinds().items():
         print(f"{name:13s} {doc}")
 
 
@@ -298,8 +301,10 @@ def parser():
     r.add_argument("name", nargs="?")
     r.set_defaults(func=_recipes)
 
-    s = sub.add_parser("presets", help="list the attention presets")
-    s.set_defaults(func=_presets)
+    s = sub.add_parser("attention", help="list the attention kinds (attention=...)")
+    s.set_defaults(func=_attention)
+    s = sub.add_parser("presets", help="deprecated name of `attention`")
+    s.set_defaults(func=_attention)
     return p
 
 

@@ -16,7 +16,7 @@ from keras_reluvit.attention import PointwiseAttention
 from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.attention import check_rate
-from keras_reluvit.presets import deserialize_attention
+from keras_reluvit.attention_kinds import deserialize_attention
 
 LN_EPS = 1e-6
 MLP_ACTIVATIONS = ("gelu_tanh", "gelu")

@@ -17,8 +17,8 @@ from keras_reluvit.attention import check_attention_args
 from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.attention import check_rate
-from keras_reluvit.presets import deserialize_attention
-from keras_reluvit.presets import resolve_attention
+from keras_reluvit.attention_kinds import deserialize_attention
+from keras_reluvit.attention_kinds import resolve_attention
 from keras_reluvit.variants import VARIANTS  # noqa: F401 (public here too)
 from keras_reluvit.variants import canonical_variant  # noqa: F401
 from keras_reluvit.variants import parse_variant
@@ -65,7 +65,7 @@ class ViT(keras.Model):
             (big_vision's widths/depths/MLP/heads). `width`, `depth`,
             `mlp_dim`, `num_heads`, `patch_size` override its parts (for tiny
             test models: `ViT("Ti/16", depth=2, width=64, num_heads=2, ...)`).
-        attention: a preset name (see `keras_reluvit.attention_presets()`;
+        attention: an attention kind (see `keras_reluvit.attention_kinds()`;
             default `"relu"`, the paper's ReLU/L) or a dict of
             `PointwiseAttention` arguments, e.g.
             `{"activation": "relu", "seq_len_exponent": 0.5}`.

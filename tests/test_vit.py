@@ -169,8 +169,8 @@ def test_sigmoid_xent_head_bias_init():
     np.testing.assert_allclose(to_np(model.get_layer("head").bias), -6.9, rtol=1e-6)
 
 
-@pytest.mark.parametrize("preset", list(kr.attention_presets()))
-def test_every_preset_builds_and_sets_the_attention(preset):
+@pytest.mark.parametrize("preset", list(kr.attention_kinds()))
+def test_every_attention_kind_builds_and_sets_the_attention(preset):
     model = tiny(attention=preset)
     out = to_np(model(images()))
     assert np.all(np.isfinite(out))
@@ -185,11 +185,16 @@ def test_every_preset_builds_and_sets_the_attention(preset):
     assert layer.qk_norm
 
 
-def test_presets_are_listed_with_descriptions():
-    presets = kr.attention_presets()
+def test_attention_kinds_are_listed_with_descriptions():
+    presets = kr.attention_kinds()
     assert set(presets) == {"softmax", "relu", "relu_noscale", "relu2", "gelu", "softplus",
                             "relu6", "sigmoid", "identity", "relu_gated", "relu_learned"}
     assert all(isinstance(d, str) and d for d in presets.values())
+
+
+def test_attention_presets_is_a_deprecated_alias():
+    with pytest.warns(DeprecationWarning, match="renamed attention_kinds"):
+        assert kr.attention_presets() == kr.attention_kinds()
 
 
 def test_keras_round_trip_and_config(tmp_path):
@@ -330,7 +335,7 @@ def test_builders_exist_with_their_variants():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(image_size=30), "not divisible by the patch size"),
     (dict(image_size=(32, 20)), "not divisible by the patch size"),
-    (dict(attention="relu_squared"), "Valid presets: softmax, relu"),
+    (dict(attention="relu_squared"), "Valid kinds: softmax, relu"),
     (dict(attention={"activation": "tanh"}), "Valid names"),
     (dict(attention={"activation": "relu", "seq_len_exponent": -1}), "seq_len_exponent"),
     (dict(attention={"activation": "relu", "qk_norm": False}), "Pass qk_norm to the model"),
@@ -418,3 +423,17 @@ def test_fused_torch_layers_give_keras_own_outputs_and_gradients(attention, monk
     assert len(results[0]) == len(model.trainable_weights) + 2
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_cli_lists_attention_kinds_and_the_old_command_warns(capsys):
+    from keras_reluvit import cli
+
+    assert cli.main(["attention"]) == 0
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert [ln.split()[0] for ln in lines] == list(kr.attention_kinds())
+    assert out.err == ""
+    assert cli.main(["presets"]) == 0
+    old = capsys.readouterr()
+    assert old.out.splitlines() == lines
+    assert "renamed `attention`" in old.err

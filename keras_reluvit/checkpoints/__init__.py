@@ -55,7 +55,7 @@ from keras_reluvit.checkpoints.preset import save_to_preset  # noqa: F401
 from keras_reluvit.checkpoints.timm import _read_timm_file
 from keras_reluvit.checkpoints.timm import _timm
 from keras_reluvit.checkpoints.timm import timm_state_dict  # noqa: F401
-from keras_reluvit.presets import deserialize_attention
+from keras_reluvit.attention_kinds import deserialize_attention
 
 
 def _variant_name(width, patch):

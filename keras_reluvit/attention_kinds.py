@@ -1,10 +1,14 @@
-"""Named attention presets: strings that stand for `PointwiseAttention` args."""
+"""Attention kinds: the strings `attention=` takes ("relu", "softmax", ...),
+each standing for a set of `PointwiseAttention` arguments.
+
+(Called "attention presets" before 0.2; "preset" now means only a saved model
+directory, as in keras-hub's `from_preset`.)"""
 
 import copy
 
 from keras_reluvit.attention import ACTIVATION_NAMES
 
-_PRESETS = {
+_KINDS = {
     "softmax": (
         dict(activation="softmax"),
         "softmax attention, the baseline (alpha ignored)",
@@ -49,34 +53,45 @@ _PRESETS = {
 ATTENTION_KEYS = ("activation", "seq_len_exponent", "gated", "learned_scale")
 
 
-def attention_presets():
-    """Returns `{name: one-line description}` of the attention presets.
+def attention_kinds():
+    """Returns `{name: one-line description}` of the attention kinds, the
+    strings a model's `attention=` argument takes.
 
     Example:
 
     >>> import keras_reluvit
-    >>> for name, doc in keras_reluvit.attention_presets().items():
+    >>> for name, doc in keras_reluvit.attention_kinds().items():
     ...     print(f"{name:13s} {doc}")  # doctest: +ELLIPSIS
     softmax       softmax attention, the baseline (alpha ignored)
     ...
     """
-    return {name: doc for name, (_, doc) in _PRESETS.items()}
+    return {name: doc for name, (_, doc) in _KINDS.items()}
+
+
+def attention_presets():
+    """Deprecated alias of `attention_kinds()` (renamed in 0.2: "preset" now
+    means only a saved model directory); removed in 0.3."""
+    import warnings
+
+    warnings.warn("keras_reluvit.attention_presets() is renamed attention_kinds(); "
+                  "the old name goes in 0.3.", DeprecationWarning, stacklevel=2)
+    return attention_kinds()
 
 
 def resolve_attention(attention):
-    """Turns a preset name or a dict of arguments into a dict of arguments.
+    """Turns an attention kind or a dict of arguments into a dict of arguments.
 
-    Raises `ValueError` naming the valid presets or keys.
+    Raises `ValueError` naming the valid kinds or keys.
     """
     if isinstance(attention, str):
-        if attention not in _PRESETS:
+        if attention not in _KINDS:
             raise ValueError(
-                f"Unknown attention preset {attention!r}. Valid presets: "
-                f"{', '.join(_PRESETS)} (see keras_reluvit.attention_presets())"
+                f"Unknown attention kind {attention!r}. Valid kinds: "
+                f"{', '.join(_KINDS)} (see keras_reluvit.attention_kinds())"
                 ", or pass a dict of PointwiseAttention arguments such as "
                 "{'activation': 'relu', 'seq_len_exponent': 0.5}."
             )
-        return copy.deepcopy(_PRESETS[attention][0])
+        return copy.deepcopy(_KINDS[attention][0])
     if isinstance(attention, dict):
         unknown = sorted(set(attention) - set(ATTENTION_KEYS))
         if unknown:
@@ -96,8 +111,8 @@ def resolve_attention(attention):
             )
         return dict(attention)
     raise ValueError(
-        "`attention` must be a preset name (one of "
-        f"{', '.join(_PRESETS)}) or a dict of PointwiseAttention arguments; "
+        "`attention` must be an attention kind (one of "
+        f"{', '.join(_KINDS)}) or a dict of PointwiseAttention arguments; "
         f"got {attention!r}."
     )
 
@@ -105,7 +120,7 @@ def resolve_attention(attention):
 def deserialize_attention(attention):
     """An `attention` dict read back from a config: a registered custom
     activation function was serialized to a dict; turn it back into the
-    function. Names and presets pass through."""
+    function. Kind names pass through."""
     if isinstance(attention, dict) and isinstance(attention.get("activation"), dict):
         import keras
 
