@@ -227,7 +227,7 @@ def parser():
     t.add_argument("--epochs", type=int)
     t.add_argument("--batch-size", type=int)
     t.add_argument("--image-size", type=int)
-    t.add_argument("--pool", choices=["gap", "tok", "map"])
+    t.add_argument("--pool", choices=["gap", "tok", "map", "tok_gap"])
     t.add_argument("--posemb", choices=["learn", "sincos2d"])
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--mesh", help="device mesh, e.g. batch=2,model=4 (JAX)")
@@ -288,7 +288,7 @@ def parser():
     c.add_argument("--image-size", type=int, help="resample the position embedding")
     c.add_argument("--num-classes", type=int, help="new head size (0: features only)")
     c.add_argument("--num-heads", type=int, help="heads, where the checkpoint has no count")
-    c.add_argument("--mlp-activation", choices=["gelu", "gelu_tanh"])
+    c.add_argument("--mlp-activation", choices=["gelu", "gelu_tanh", "quick_gelu"])
     c.set_defaults(func=_convert)
 
     pr = sub.add_parser("prepare", help="build a tfds data set (ImageNet from its archives)")

@@ -19,7 +19,7 @@ from keras_reluvit.attention import check_rate
 from keras_reluvit.attention_kinds import deserialize_attention
 
 LN_EPS = 1e-6
-MLP_ACTIVATIONS = ("gelu_tanh", "gelu")
+MLP_ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu")
 
 
 def resample_posemb(posemb, new_grid, old_grid=None, num_prefix_tokens=0):
@@ -173,7 +173,8 @@ class MLPBlock(keras.layers.Layer):
     Args:
         mlp_dim: hidden size.
         activation: `"gelu_tanh"` (big_vision / Flax default, as the paper
-            trained) or `"gelu"` (exact, as timm and keras-hub).
+            trained), `"gelu"` (exact, as timm and keras-hub) or
+            `"quick_gelu"` (`x * sigmoid(1.702 x)`, OpenAI's CLIP).
         dropout: rate after the activation.
     """
 
@@ -206,6 +207,8 @@ class MLPBlock(keras.layers.Layer):
             # tf.nn.gelu writes erfc, which ONNX has no op for (an exported
             # model would not load in onnxruntime): the same function with erf.
             x = 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
+        elif self.activation == "quick_gelu":
+            x = x * ops.sigmoid(1.702 * x)
         else:
             x = ops.gelu(x, approximate=self.activation == "gelu_tanh")
         x = self.drop(x, training=training)
@@ -291,7 +294,7 @@ class EncoderBlock(_AttentionOwner):
             seq_len_exponent, gated, learned_scale).
         qk_norm: LayerNorm on per-head queries and keys (True: without bias,
             `"affine"`: with bias, as timm).
-        mlp_activation: `"gelu_tanh"` or `"gelu"`.
+        mlp_activation: `"gelu_tanh"`, `"gelu"` or `"quick_gelu"`.
         dropout: rate after attention, inside and after the MLP.
         layer_scale: None, or the initial value of per-channel scales on the
             two residual branches (LayerScale, CaiT / DeiT-3; timm `ls1`/`ls2`).

@@ -23,7 +23,7 @@ from keras_reluvit.variants import VARIANTS  # noqa: F401 (public here too)
 from keras_reluvit.variants import canonical_variant  # noqa: F401
 from keras_reluvit.variants import parse_variant
 
-POOLS = ("gap", "tok", "map")
+POOLS = ("gap", "tok", "map", "tok_gap")
 POSEMBS = ("learn", "sincos2d")
 
 
@@ -71,16 +71,19 @@ class ViT(keras.Model):
             `{"activation": "relu", "seq_len_exponent": 0.5}`.
         num_classes: classifier outputs (with `include_top=True`).
         image_size: int or `(height, width)`, divisible by the patch size.
-        pool: `"gap"` (mean of the patch tokens), `"tok"` (class token) or
-            `"map"` (attention-pooling probe over the patch tokens).
+        pool: `"gap"` (mean of the patch tokens), `"tok"` (class token),
+            `"map"` (attention-pooling probe over the patch tokens) or
+            `"tok_gap"` (the class token concatenated with the mean of the
+            patch tokens, `2 * width` features: DINOv2's linear classifier).
         posemb: `"learn"` or `"sincos2d"` (fixed).
         qk_norm: LayerNorm on per-head q and k (default True, as the paper;
             `"affine"` adds a bias, as timm's `qk_norm=True`).
         representation_size: if set, a Dense + tanh pre-logits layer.
         dropout: dropout rate after posemb, attention and in the MLPs.
         include_top: False returns the pooled (pre-logits) features.
-        mlp_activation: `"gelu_tanh"` (default, big_vision and the paper) or
-            `"gelu"` (exact, timm and keras-hub checkpoints).
+        mlp_activation: `"gelu_tanh"` (default, big_vision and the paper),
+            `"gelu"` (exact, timm, keras-hub and Hugging Face checkpoints) or
+            `"quick_gelu"` (`x * sigmoid(1.702 x)`, OpenAI's CLIP towers).
         head_bias_init: initial head bias (big_vision uses -6.9 / -10 with a
             sigmoid cross-entropy); the head kernel is zero-initialised.
         class_token: prepend a learned class token (default: `pool == "tok"`;
@@ -91,6 +94,8 @@ class ViT(keras.Model):
             class/register tokens (original ViT, AugReg, timm's default) or is
             added to the patches only, before those tokens are prepended
             (big_vision, DeiT-3, timm `no_embed_class=True`).
+        pre_norm: a LayerNorm on the tokens after the position embedding,
+            before the first block (CLIP's `ln_pre`; timm `norm_pre`).
         fc_norm: the final LayerNorm after pooling instead of before (timm's
             `fc_norm`, MAE / BEiT-style `"gap"` models).
         layer_scale: None, or the initial value of per-channel LayerScale on
@@ -137,6 +142,7 @@ class ViT(keras.Model):
         posemb_prefix=True,
         fc_norm=False,
         layer_scale=None,
+        pre_norm=False,
         layer_norm_epsilon=L.LN_EPS,
         dtype=None,
         name=None,
@@ -150,7 +156,7 @@ class ViT(keras.Model):
             head_bias_init=head_bias_init, width=width, depth=depth, mlp_dim=mlp_dim,
             num_heads=num_heads, patch_size=patch_size, class_token=class_token,
             num_register_tokens=num_register_tokens, posemb_prefix=posemb_prefix,
-            fc_norm=fc_norm, layer_scale=layer_scale,
+            fc_norm=fc_norm, layer_scale=layer_scale, pre_norm=pre_norm,
             layer_norm_epsilon=layer_norm_epsilon, dtype=dtype)
         parts = _build_parts(config, attention_args)
         inputs = keras.Input((*config["image_size"], 3), name="images", dtype="float32")
@@ -288,7 +294,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
                     representation_size, dropout, include_top, mlp_activation,
                     head_bias_init, width, depth, mlp_dim, num_heads, patch_size,
                     class_token, num_register_tokens, posemb_prefix, fc_norm, layer_scale,
-                    layer_norm_epsilon, dtype):
+                    pre_norm, layer_norm_epsilon, dtype):
     """The ViT's arguments checked (a ValueError naming the argument and what
     would work) and canonical: `(config, attention_args)`, the config as
     `get_config` returns it."""
@@ -326,8 +332,11 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
     attention_args = resolve_attention(attention)
     check_attention_args(**attention_args)  # fail now, with the layer's messages
     class_token = pool == "tok" if class_token is None else bool(class_token)
-    if pool == "tok" and not class_token:
-        raise ValueError('pool="tok" pools the class token; it needs class_token=True.')
+    if pool in ("tok", "tok_gap") and not class_token:
+        raise ValueError(f'pool="{pool}" pools the class token; it needs class_token=True.')
+    if pool == "tok_gap" and fc_norm:
+        raise ValueError('pool="tok_gap" concatenates two normalised features; it has no '
+                         'fc_norm (the final LayerNorm comes before the pooling).')
     num_register_tokens = (_positive_int(num_register_tokens, "num_register_tokens")
                            if num_register_tokens else 0)
     layer_norm_epsilon = float(layer_norm_epsilon)
@@ -341,7 +350,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
         head_bias_init=float(head_bias_init), **dims, class_token=class_token,
         num_register_tokens=num_register_tokens, posemb_prefix=bool(posemb_prefix),
         fc_norm=bool(fc_norm), layer_scale=None if layer_scale is None else float(layer_scale),
-        layer_norm_epsilon=layer_norm_epsilon, dtype=dtype,
+        pre_norm=bool(pre_norm), layer_norm_epsilon=layer_norm_epsilon, dtype=dtype,
     )
     return config, attention_args
 
@@ -371,6 +380,8 @@ def _build_parts(c, attention_args):
         num_prefix_tokens=prefix,
         fc_norm=c["fc_norm"],
         drop=keras.layers.Dropout(c["dropout"], dtype=policy),
+        pre_norm=(keras.layers.LayerNormalization(name="pre_norm", epsilon=eps, dtype=policy)
+                  if c["pre_norm"] else None),
         blocks=[L.EncoderBlock(*block_args, c["dropout"], layer_scale=c["layer_scale"],
                                layer_norm_epsilon=eps, name=f"block_{i:02d}", dtype=policy)
                 for i in range(c["depth"])],
@@ -414,6 +425,8 @@ def _forward(parts, images, collect=False, attention_weights=False):
         x = parts["pos"](x)
     out["tokens"] = x
     x = parts["drop"](x)
+    if parts["pre_norm"] is not None:
+        x = parts["pre_norm"](x)
     for i, block in enumerate(parts["blocks"]):
         if collect and attention_weights:
             # A distinct operation: a Keras graph node must keep one output
@@ -431,6 +444,8 @@ def _forward(parts, images, collect=False, attention_weights=False):
         x = keras.ops.mean(x[:, prefix:] if prefix else x, axis=1)
     elif pool == "tok":
         x = x[:, 0]
+    elif pool == "tok_gap":
+        x = keras.ops.concatenate([x[:, 0], keras.ops.mean(x[:, prefix:], axis=1)], axis=-1)
     else:
         x = parts["map_head"](x[:, prefix:] if prefix else x)
     if parts["fc_norm"]:

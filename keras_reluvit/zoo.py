@@ -75,7 +75,7 @@ def resize_model(model, image_size):
 # their shapes: a checkpoint loaded into an existing model must agree on them.
 _SEMANTIC_KEYS = ("pool", "mlp_activation", "class_token", "num_register_tokens",
                   "posemb_prefix", "fc_norm", "qk_norm", "layer_norm_epsilon",
-                  "representation_size", "posemb")
+                  "representation_size", "posemb", "pre_norm")
 
 
 def load_weights(model, path):

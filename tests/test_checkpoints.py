@@ -538,9 +538,14 @@ def test_bad_checkpoints_name_the_file_and_the_key(tmp_path):
     with pytest.raises(C.CheckpointError, match=r"resnet.safetensors.*not a timm VisionTransformer"):
         kr.load_checkpoint(path)
     # a key the ViT cannot express
+    bad = dict(good, **{"patch_embed.norm.weight": np.ones(32, "float32")})
+    path = save_safetensors(bad, tmp_path / "eva.safetensors")
+    with pytest.raises(C.CheckpointError, match=r"eva.safetensors.*patch_embed.norm.weight"):
+        kr.load_checkpoint(path, num_heads=2)
+    # half of a part the ViT can express (CLIP's norm_pre without its bias)
     bad = dict(good, **{"norm_pre.weight": np.ones(32, "float32")})
     path = save_safetensors(bad, tmp_path / "clip.safetensors")
-    with pytest.raises(C.CheckpointError, match=r"clip.safetensors.*norm_pre.weight"):
+    with pytest.raises(C.CheckpointError, match=r"clip.safetensors: missing 'norm_pre.bias'"):
         kr.load_checkpoint(path, num_heads=2)
     # a missing key
     bad = {k: v for k, v in good.items() if k != "blocks.1.norm2.bias"}

@@ -179,7 +179,10 @@ def big_vision_npz(model, path=None):
     `{key: array}` dict and writes it to `path` (`np.savez`) when given.
     """
     cfg = model.get_config()
-    unsupported = [k for k in ("num_register_tokens", "layer_scale", "fc_norm") if cfg[k]]
+    unsupported = [k for k in ("num_register_tokens", "layer_scale", "fc_norm", "pre_norm")
+                   if cfg[k]]
+    if cfg["pool"] == "tok_gap":
+        unsupported.append("pool='tok_gap'")
     if cfg["qk_norm"] == "affine":
         unsupported.append("qk_norm='affine'")
     if cfg["class_token"] and cfg["pool"] != "tok":

@@ -82,8 +82,7 @@ def _refuse(path, keys, hint=""):
 
 
 # Weights a loaded model may lack in the checkpoint (new parts of an
-# attention preset: the gate of "relu_gated", the scales of "relu_learned").
-# attention preset: the gate of "relu_gated", the scales of "relu_learned").
+# attention kind: the gate of "relu_gated", the scales of "relu_learned").
 _FRESH_OK = re.compile(r".*attention/(gate|log_scale).*")
 
 
@@ -137,3 +136,110 @@ def _np(v):
 
 def _model_weights(model):
     return {v.path: _np(v) for v in model.weights}
+
+
+# ---- name maps: one list of links drives a format's reader and its writer ----
+
+class Link:
+    """Checkpoint keys <-> our variable paths, with the conversion each way
+    (`to_ours`, `to_theirs`: lists of arrays to lists of arrays). `zeros`:
+    the shapes of our arrays; with `optional`, a checkpoint may lack the key
+    (a bias of a bias-free projection) and zeros of those shapes stand in;
+    a writer writes zeros for a part our layer lacks (a bias-free LayerNorm)."""
+
+    def __init__(self, keys, ours, to_ours=None, to_theirs=None, optional=False, zeros=None):
+        self.keys, self.ours = tuple(keys), tuple(ours)
+        self.to_ours = to_ours or (lambda xs: xs)
+        self.to_theirs = to_theirs or (lambda xs: xs)
+        self.optional, self.zeros = optional, zeros
+
+
+def norm_links(key, ours, dim, weight="weight", bias="bias"):
+    """A PyTorch LayerNorm `key.weight` / `key.bias` <-> Keras gamma / beta."""
+    yield Link([f"{key}.{weight}"], [ours + "/gamma"])
+    yield Link([f"{key}.{bias}"], [ours + "/beta"], zeros=[(dim,)])
+
+
+def linear_links(key, ours, out):
+    """A PyTorch Linear `(out, in)` <-> a Keras Dense `(in, out)`."""
+    yield Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].T], lambda xs: [xs[0].T])
+    yield Link([key + ".bias"], [ours + "/bias"], optional=True, zeros=[(out,)])
+
+
+def head_links(key, ours, width, heads):
+    """A PyTorch `(D, D)` q, k or v projection <-> our `(D, H, dh)` kernel."""
+    dh = width // heads
+    yield Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].T.reshape(width, heads, dh)],
+               lambda xs: [xs[0].reshape(width, width).T])
+    yield Link([key + ".bias"], [ours + "/bias"], lambda xs: [xs[0].reshape(heads, dh)],
+               lambda xs: [xs[0].reshape(width)], optional=True, zeros=[(heads, dh)])
+
+
+def out_proj_links(key, ours, width, heads):
+    """A PyTorch `(D, D)` attention output projection <-> our `(H, dh, D)`."""
+    dh = width // heads
+    yield Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].T.reshape(heads, dh, width)],
+               lambda xs: [xs[0].reshape(width, width).T])
+    yield Link([key + ".bias"], [ours + "/bias"], optional=True, zeros=[(width,)])
+
+
+def patch_links(key, width, ours="embedding"):
+    """A PyTorch patch Conv2d `(D, 3, p, p)` <-> a Keras Conv2D `(p, p, 3, D)`
+    (a bias-free one, as CLIP's, loads a zero bias)."""
+    yield Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].transpose(2, 3, 1, 0)],
+               lambda xs: [xs[0].transpose(3, 2, 0, 1)])
+    yield Link([key + ".bias"], [ours + "/bias"], optional=True, zeros=[(width,)])
+
+
+def read_links(sd, links, path, context):
+    """Reads a checkpoint `{key: array}` through a name map into `_Weights`;
+    a required key the file lacks raises, naming it and `context` (what the
+    architecture read from the file needs it for)."""
+    w = _Weights()
+    for link in links:
+        missing = [k for k in link.keys if k not in sd]
+        if missing and link.optional:
+            values = [np.zeros(shape) for shape in link.zeros]
+        elif missing:
+            raise CheckpointError(f"{path}: missing {missing[0]!r}, which {context} needs.")
+        else:
+            values = link.to_ours([sd[k] for k in link.keys])
+        for ours, value in zip(link.ours, values):
+            w.put(ours, value, "+".join(link.keys))
+    return w
+
+
+def write_links(w, links, skip=()):
+    """Our `{variable path: array}` through a name map into the checkpoint's
+    `{key: float32 array}` (zeros where our model lacks a part the format
+    always has); links whose keys are in `skip` are left out."""
+    out = {}
+    for link in links:
+        if set(link.keys) & set(skip):
+            continue
+        if link.ours[0] not in w:
+            values = [np.zeros(shape) for shape in link.zeros]
+        else:
+            values = link.to_theirs([w[o] for o in link.ours])
+        out.update(zip(link.keys, values))
+    return {k: np.ascontiguousarray(v, dtype="float32") for k, v in out.items()}
+
+
+def read_json(path):
+    """A JSON object from `path`, or a CheckpointError naming the file."""
+    import json
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it ({e}).") from e
+    if not text.strip():
+        raise CheckpointError(f"{path}: the file is empty; expected a JSON object.")
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e}).") from e
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: holds a JSON {type(obj).__name__}, not an object.")
+    return obj

@@ -13,7 +13,13 @@ from keras_reluvit.checkpoints.common import _model_weights
 from keras_reluvit.checkpoints.common import _posemb_layout
 from keras_reluvit.checkpoints.common import _refuse
 from keras_reluvit.checkpoints.common import _require
-from keras_reluvit.checkpoints.common import _Weights
+from keras_reluvit.checkpoints.common import Link
+from keras_reluvit.checkpoints.common import linear_links
+from keras_reluvit.checkpoints.common import norm_links
+from keras_reluvit.checkpoints.common import out_proj_links
+from keras_reluvit.checkpoints.common import patch_links
+from keras_reluvit.checkpoints.common import read_links
+from keras_reluvit.checkpoints.common import write_links
 
 # Widths of the standard variants -> heads (timm state dicts store no head
 # count; the tables of big_vision / timm name one per width).
@@ -31,7 +37,8 @@ _TIMM_BLOCK_KEYS = {
     "mlp.fc2.weight", "mlp.fc2.bias", "ls2.gamma",
 }
 _TIMM_TOP_KEYS = {
-    "cls_token", "reg_token", "pos_embed", "patch_embed.proj.weight",
+    "cls_token", "reg_token", "pos_embed", "patch_embed.proj.weight", "norm_pre.weight",
+    "norm_pre.bias",
     "patch_embed.proj.bias", "norm.weight", "norm.bias", "fc_norm.weight",
     "fc_norm.bias", "head.weight", "head.bias", "pre_logits.fc.weight",
     "pre_logits.fc.bias", "attn_pool.latent", "attn_pool.q.weight",
@@ -81,20 +88,6 @@ def _read_timm_file(path):
     return out
 
 
-class _Link:
-    """timm keys <-> our variable paths, with the two conversions. `zeros`:
-    the shapes of our arrays; with `optional`, a timm checkpoint may lack the
-    key (biases of `qkv_bias=False` models) and zeros of those shapes stand
-    in (the writer writes zeros for a bias our layer lacks: a bias-free
-    LayerNorm)."""
-
-    def __init__(self, keys, ours, to_ours=None, to_timm=None, optional=False, zeros=None):
-        self.keys, self.ours = tuple(keys), tuple(ours)
-        self.to_ours = to_ours or (lambda xs: xs)
-        self.to_timm = to_timm or (lambda xs: xs)
-        self.optional, self.zeros = optional, zeros
-
-
 def name_map(arch):
     """The one name map of the timm layout for a ViT config `arch` (width,
     num_heads, depth, qk_norm, layer_scale, pool, class_token, ...): the
@@ -103,68 +96,74 @@ def name_map(arch):
     D, H = arch["width"], arch["num_heads"]
     dh = D // H
 
-    def norm(key, ours, dim=D):
-        yield _Link([key + ".weight"], [ours + "/gamma"])
-        yield _Link([key + ".bias"], [ours + "/beta"], zeros=[(dim,)])
-
     def fused(key, ours_names, ours_prefix):
         # timm's fused projections (qkv, kv; q alone): stacked (n * D, D) <-> n (D, H, dh).
         n = len(ours_names)
-        yield _Link([key + ".weight"], [f"{ours_prefix}/{o}/kernel" for o in ours_names],
-                    lambda xs: [m.T.reshape(D, H, dh) for m in np.split(xs[0], n)],
-                    lambda xs: [np.concatenate([x.reshape(D, D).T for x in xs])])
-        yield _Link([key + ".bias"], [f"{ours_prefix}/{o}/bias" for o in ours_names],
-                    lambda xs: [b.reshape(H, dh) for b in np.split(xs[0], n)],
-                    lambda xs: [np.concatenate([x.reshape(D) for x in xs])],
-                    optional=True, zeros=[(H, dh)] * n)
+        yield Link([key + ".weight"], [f"{ours_prefix}/{o}/kernel" for o in ours_names],
+                   lambda xs: [m.T.reshape(D, H, dh) for m in np.split(xs[0], n)],
+                   lambda xs: [np.concatenate([x.reshape(D, D).T for x in xs])])
+        yield Link([key + ".bias"], [f"{ours_prefix}/{o}/bias" for o in ours_names],
+                   lambda xs: [b.reshape(H, dh) for b in np.split(xs[0], n)],
+                   lambda xs: [np.concatenate([x.reshape(D) for x in xs])],
+                   optional=True, zeros=[(H, dh)] * n)
 
-    def out_proj(key, ours):
-        yield _Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].T.reshape(H, dh, D)],
-                    lambda xs: [xs[0].reshape(D, D).T])
-        yield _Link([key + ".bias"], [ours + "/bias"], optional=True, zeros=[(D,)])
+    def norm(key, ours, dim=D):
+        return norm_links(key, ours, dim)
 
-    def linear(key, ours, out):
-        yield _Link([key + ".weight"], [ours + "/kernel"], lambda xs: [xs[0].T],
-                    lambda xs: [xs[0].T])
-        yield _Link([key + ".bias"], [ours + "/bias"], optional=True, zeros=[(out,)])
-
-    links = [_Link(["patch_embed.proj.weight"], ["embedding/kernel"],
-                   lambda xs: [xs[0].transpose(2, 3, 1, 0)],
-                   lambda xs: [xs[0].transpose(3, 2, 0, 1)]),
-             _Link(["patch_embed.proj.bias"], ["embedding/bias"], optional=True, zeros=[(D,)]),
-             _Link(["pos_embed"], ["pos_embedding/embedding"])]
+    links = [*patch_links("patch_embed.proj", D), Link(["pos_embed"], ["pos_embedding/embedding"])]
+    if arch.get("pre_norm"):
+        links += norm("norm_pre", "pre_norm")
     if arch.get("class_token"):
-        links.append(_Link(["cls_token"], ["cls/token"]))
+        links.append(Link(["cls_token"], ["cls/token"]))
     if arch.get("num_register_tokens"):
-        links.append(_Link(["reg_token"], ["reg/token"]))
+        links.append(Link(["reg_token"], ["reg/token"]))
     mlp = arch["mlp_dim"]
     for i in range(arch["depth"]):
         b, o = f"blocks.{i}.", f"block_{i:02d}/"
         links += fused(b + "attn.qkv", ("query", "key", "value"), o + "attention")
-        links += out_proj(b + "attn.proj", o + "attention/attention_output")
+        links += out_proj_links(b + "attn.proj", o + "attention/attention_output", D, H)
         if arch.get("qk_norm"):
             links += norm(b + "attn.q_norm", o + "attention/query_norm", dh)
             links += norm(b + "attn.k_norm", o + "attention/key_norm", dh)
         links += norm(b + "norm1", o + "norm1")
         links += norm(b + "norm2", o + "norm2")
-        links += linear(b + "mlp.fc1", o + "mlp/fc1", mlp)
-        links += linear(b + "mlp.fc2", o + "mlp/fc2", D)
+        links += linear_links(b + "mlp.fc1", o + "mlp/fc1", mlp)
+        links += linear_links(b + "mlp.fc2", o + "mlp/fc2", D)
         if arch.get("layer_scale") is not None:
-            links += [_Link([b + "ls1.gamma"], [o + "ls1"]), _Link([b + "ls2.gamma"], [o + "ls2"])]
+            links += [Link([b + "ls1.gamma"], [o + "ls1"]), Link([b + "ls2.gamma"], [o + "ls2"])]
     links += norm("fc_norm" if arch.get("fc_norm") else "norm", "encoder_norm")
     if arch["pool"] == "map":
-        links.append(_Link(["attn_pool.latent"], ["map_head/probe"]))
+        links.append(Link(["attn_pool.latent"], ["map_head/probe"]))
         links += fused("attn_pool.q", ("query",), "map_head/attention")  # one of one
         links += fused("attn_pool.kv", ("key", "value"), "map_head/attention")
-        links += out_proj("attn_pool.proj", "map_head/attention/attention_output")
+        links += out_proj_links("attn_pool.proj", "map_head/attention/attention_output", D, H)
         links += norm("attn_pool.norm", "map_head/norm")
-        links += linear("attn_pool.mlp.fc1", "map_head/mlp/fc1", mlp)
-        links += linear("attn_pool.mlp.fc2", "map_head/mlp/fc2", D)
+        links += linear_links("attn_pool.mlp.fc1", "map_head/mlp/fc1", mlp)
+        links += linear_links("attn_pool.mlp.fc2", "map_head/mlp/fc2", D)
     if arch.get("representation_size"):
-        links += linear("pre_logits.fc", "pre_logits", arch["representation_size"])
+        links += linear_links("pre_logits.fc", "pre_logits", arch["representation_size"])
     if arch.get("include_top"):
-        links += linear("head", "head", arch["num_classes"])
+        links += linear_links("head", "head", arch["num_classes"])
     return links
+
+
+def _timm_activation(path):
+    """timm state dicts do not store the MLP activation: exact GELU (timm's
+    default) unless a `.safetensors` file's metadata carries the
+    `timm_kwargs` our writer records (`act_layer`, e.g. `"quick_gelu"` for a
+    `vit_*_clip_quickgelu_*` model; pass `mlp_activation="quick_gelu"` for
+    files without it)."""
+    if not path.lower().endswith(".safetensors"):
+        return "gelu"
+    try:
+        from safetensors import safe_open
+
+        with safe_open(path, "np") as f:
+            kwargs = json.loads((f.metadata() or {}).get("timm_kwargs", "{}"))
+    except Exception:
+        return "gelu"
+    return {"quick_gelu": "quick_gelu", "gelu_tanh": "gelu_tanh"}.get(
+        kwargs.get("act_layer") if isinstance(kwargs, dict) else None, "gelu")
 
 
 def _timm(sd, path, overrides):
@@ -173,7 +172,7 @@ def _timm(sd, path, overrides):
         k for k in sd
         if k not in _TIMM_TOP_KEYS
         and not (_TIMM_BLOCK.fullmatch(k) and _TIMM_BLOCK.fullmatch(k).group(2) in _TIMM_BLOCK_KEYS)
-    ], " (e.g. norm_pre, patch_embed.norm, SwiGLU MLPs, distillation tokens, RoPE are not "
+    ], " (e.g. patch_embed.norm, SwiGLU MLPs, distillation tokens, RoPE are not "
        "supported)")
     proj = sd["patch_embed.proj.weight"]
     if proj.ndim != 4 or proj.shape[1] != 3 or proj.shape[2] != proj.shape[3]:
@@ -229,7 +228,8 @@ def _timm(sd, path, overrides):
         width=width, depth=depth, num_heads=heads, patch_size=patch,
         mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0], pool=pool, posemb="learn",
         qk_norm=qk_norm, class_token=class_token, num_register_tokens=regs,
-        fc_norm=has_fc_norm, mlp_activation="gelu",
+        fc_norm=has_fc_norm, mlp_activation=_timm_activation(path),
+        pre_norm="norm_pre.weight" in sd,
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in sd else None,
         representation_size=(sd["pre_logits.fc.weight"].shape[0]
                              if "pre_logits.fc.weight" in sd else None),
@@ -247,18 +247,7 @@ def _timm(sd, path, overrides):
         if qkv is not None and qkv.shape != (3 * width, width):
             raise CheckpointError(f"{path}: blocks.{i}.attn.qkv.weight has shape {qkv.shape}, "
                                   f"expected {(3 * width, width)}.")
-    w = _Weights()
-    for link in name_map(arch):
-        missing = [k for k in link.keys if k not in sd]
-        if missing and link.optional:
-            values = [np.zeros(shape) for shape in link.zeros]
-        elif missing:
-            raise CheckpointError(f"{path}: missing {missing[0]!r}, which this ViT "
-                                  f"({depth} blocks, pool={pool!r}) needs.")
-        else:
-            values = link.to_ours([sd[k] for k in link.keys])
-        for ours, value in zip(link.ours, values):
-            w.put(ours, value, link.keys[0] if len(link.keys) == 1 else "+".join(link.keys))
+    w = read_links(sd, name_map(arch), path, f"this ViT ({depth} blocks, pool={pool!r})")
     return arch, w
 
 
@@ -288,31 +277,32 @@ def timm_state_dict(model, path=None, strict=True):
                          f"{cfg['representation_size']}.")
     if model.attention_args.get("gated") or model.attention_args.get("learned_scale"):
         raise ValueError("timm has no attention gate or learned attention scale.")
+    if cfg["pool"] == "tok_gap":
+        raise ValueError("timm's VisionTransformer has no 'tok_gap' pooling (class token "
+                         "concatenated with the patch mean).")
     if cfg["pool"] == "map" and cfg["qk_norm"]:
         raise ValueError("timm's attention pool has no qk-norm; this MAP ViT has one.")
     w = _model_weights(model)
     D, H = cfg["width"], cfg["num_heads"]
     if cfg["posemb"] != "learn":  # sincos2d: written as timm's learned pos_embed
         w["pos_embedding/embedding"] = model.get_layer("pos_embedding")._fixed.astype("float32")
-    sd = {}
-    for link in name_map(dict(cfg, num_heads=H)):
-        if link.ours[0] not in w:  # a bias-free LayerNorm: timm's has a bias (zeros)
-            values = [np.zeros(shape) for shape in link.zeros]
-        else:
-            values = link.to_timm([w[o] for o in link.ours])
-        sd.update(zip(link.keys, values))
-    sd = {k: np.ascontiguousarray(v, dtype="float32") for k, v in sd.items()}
+    if cfg["pre_norm"]:  # timm's pre-norm PatchEmbed has no bias: fold ours into pos_embed
+        pos = np.array(w["pos_embedding/embedding"])
+        pos[:, model.posemb_prefix_tokens:] += w.pop("embedding/bias")
+        w["pos_embedding/embedding"] = pos
+    sd = write_links(w, name_map(cfg),
+                     skip=["patch_embed.proj.bias"] if cfg["pre_norm"] else ())
     kwargs = dict(
         img_size=tuple(cfg["image_size"]), patch_size=cfg["patch_size"], embed_dim=D,
         depth=cfg["depth"], num_heads=H, mlp_ratio=cfg["mlp_dim"] / D, qkv_bias=True,
         qk_norm=bool(cfg["qk_norm"]), class_token=cfg["class_token"],
         reg_tokens=cfg["num_register_tokens"], no_embed_class=not cfg["posemb_prefix"],
         global_pool={"tok": "token", "gap": "avg", "map": "map"}[cfg["pool"]],
-        fc_norm=cfg["fc_norm"], init_values=cfg["layer_scale"],
+        fc_norm=cfg["fc_norm"], init_values=cfg["layer_scale"], pre_norm=cfg["pre_norm"],
         num_classes=cfg["num_classes"] if cfg["include_top"] else 0,
     )
-    if cfg["mlp_activation"] == "gelu_tanh":
-        kwargs["act_layer"] = "gelu_tanh"
+    if cfg["mlp_activation"] != "gelu":
+        kwargs["act_layer"] = cfg["mlp_activation"]  # timm's names: gelu_tanh, quick_gelu
     if cfg["layer_norm_epsilon"] != 1e-6:
         kwargs["norm_layer"] = f"LayerNorm(eps={cfg['layer_norm_epsilon']})"
     if path is not None:
