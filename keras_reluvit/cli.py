@@ -180,6 +180,8 @@ def _convert(args):
         checkpoints.timm_state_dict(model, out)
     elif out.endswith(".npz"):
         checkpoints.big_vision_npz(model, out)
+    elif args.to == "hf":
+        checkpoints.hf_state_dict(model, out)
     else:
         model.save_to_preset(out)
     cfg = model.get_config()
@@ -276,10 +278,11 @@ def parser():
     b.set_defaults(func=_bench)
 
     c = sub.add_parser(
-        "convert", help="convert a timm / big_vision / keras-hub checkpoint",
+        "convert", help="convert a timm / big_vision / keras-hub / Hugging Face checkpoint",
         description="Reads SRC (timm .safetensors/.pth/.bin, big_vision or AugReg .npz, "
-        "a keras-hub or keras_reluvit preset directory, a .keras file; the format is "
-        "detected) and writes OUT: a .keras file, a preset directory, or timm "
+        "a transformers ViT / DeiT / DINOv2 / CLIP directory, a keras-hub or keras_reluvit "
+        "preset directory, a .keras file; the format is detected) and writes OUT: a .keras "
+        "file, a preset directory (or with --to hf a transformers ViT directory), or timm "
         "(.safetensors/.pth) / big_vision (.npz) layouts.")
     c.add_argument("source")
     c.add_argument("output")
@@ -289,6 +292,8 @@ def parser():
     c.add_argument("--num-classes", type=int, help="new head size (0: features only)")
     c.add_argument("--num-heads", type=int, help="heads, where the checkpoint has no count")
     c.add_argument("--mlp-activation", choices=["gelu", "gelu_tanh", "quick_gelu"])
+    c.add_argument("--to", choices=["preset", "hf"], default="preset",
+                   help="what a directory OUT becomes (default: a keras_reluvit preset)")
     c.set_defaults(func=_convert)
 
     pr = sub.add_parser("prepare", help="build a tfds data set (ImageNet from its archives)")

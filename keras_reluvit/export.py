@@ -240,3 +240,12 @@ def big_vision_npz(model, path=None):
 
     return checkpoints.big_vision_npz(model, path)
 
+
+
+def hf_state_dict(model, directory=None, strict=True):
+    """Writes / returns the ViT as a transformers `ViTForImageClassification`
+    (or headless `ViTModel`) directory; see
+    `keras_reluvit.checkpoints.hf_state_dict`."""
+    from keras_reluvit import checkpoints
+
+    return checkpoints.hf_state_dict(model, directory, strict=strict)

@@ -91,7 +91,7 @@ def load_weights(model, path):
     if not os.path.exists(path):
         raise FileNotFoundError(f"No weights file at {path!r}.")
     fmt = checkpoints.detect_format(path)
-    if fmt in ("timm", "big_vision", "keras_hub", "preset"):
+    if fmt in checkpoints.CHECKPOINT_FORMATS:
         config = model.get_config()
         arch, weights, _ = checkpoints.read_checkpoint(path, num_heads=config["num_heads"])
         differ = {k: (arch[k], config[k]) for k in _SEMANTIC_KEYS
@@ -193,7 +193,7 @@ def _foreign(path):
     from keras_reluvit import checkpoints
 
     try:
-        return checkpoints.detect_format(path) in ("timm", "big_vision", "keras_hub", "preset")
+        return checkpoints.detect_format(path) in checkpoints.CHECKPOINT_FORMATS
     except (FileNotFoundError, ValueError):
         return False
 

@@ -58,8 +58,9 @@ def softmax(s):
 # ------------------------------------------------------------------ timm
 def timm_state_dict(rng, width=32, depth=2, heads=2, mlp=64, patch=8, grid=4, classes=5,
                     cls=True, regs=0, no_embed_class=False, qk_norm=False, ls=False,
-                    pool="token", fc_norm=False, qkv_bias=True):
-    """A state dict with timm VisionTransformer's key names and shapes."""
+                    pool="token", fc_norm=False, qkv_bias=True, pre_norm=False):
+    """A state dict with timm VisionTransformer's key names and shapes
+    (`pre_norm`: a CLIP tower's, `norm_pre` and a bias-free patch stem)."""
     def r(*shape, scale=0.2):
         return rng.normal(0, scale, shape).astype("float32")
 
@@ -68,7 +69,10 @@ def timm_state_dict(rng, width=32, depth=2, heads=2, mlp=64, patch=8, grid=4, cl
 
     D, sd = width, {}
     sd["patch_embed.proj.weight"] = r(D, 3, patch, patch)
-    sd["patch_embed.proj.bias"] = r(D)
+    if pre_norm:
+        sd["norm_pre.weight"], sd["norm_pre.bias"] = gamma(D), r(D)
+    else:
+        sd["patch_embed.proj.bias"] = r(D)
     prefix = int(cls) + regs
     if cls:
         sd["cls_token"] = r(1, 1, D)
@@ -105,16 +109,23 @@ def timm_state_dict(rng, width=32, depth=2, heads=2, mlp=64, patch=8, grid=4, cl
     return sd
 
 
-def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False):
+def quick_gelu(x):
+    return x / (1 + np.exp(-1.702 * x))
+
+
+def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False, act=None):
     """timm's VisionTransformer.forward in NumPy (eval mode, fused SDPA
-    semantics): patch_embed, _pos_embed, blocks, norm, pool, fc_norm, head."""
+    semantics): patch_embed, _pos_embed, norm_pre, blocks, norm, pool,
+    fc_norm, head. `act`: the MLP activation (timm's default exact GELU;
+    `quick_gelu` for the `vit_*_clip_quickgelu_*` towers)."""
+    act = act or gelu_exact
     x = np.transpose(x_nhwc, (0, 3, 1, 2)).astype("float64")  # NCHW as timm
     W = sd["patch_embed.proj.weight"].astype("float64")
     D, _, p, _ = W.shape
     B, _, Hh, Ww = x.shape
     gh, gw = Hh // p, Ww // p
     patches = x.reshape(B, 3, gh, p, gw, p).transpose(0, 2, 4, 1, 3, 5)
-    x = np.einsum("bhwcij,dcij->bhwd", patches, W) + sd["patch_embed.proj.bias"]
+    x = np.einsum("bhwcij,dcij->bhwd", patches, W) + sd.get("patch_embed.proj.bias", 0.0)
     x = x.reshape(B, gh * gw, D)
     to_cat = []
     if "cls_token" in sd:
@@ -126,6 +137,8 @@ def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False):
         x = np.concatenate(to_cat + [x + sd["pos_embed"]], axis=1)
     else:
         x = np.concatenate(to_cat + [x], axis=1) + sd["pos_embed"]
+    if "norm_pre.weight" in sd:
+        x = ln(x, sd["norm_pre.weight"], sd["norm_pre.bias"])
     dh = D // heads
 
     def attend(q, k, v):  # (B, H, N, dh)
@@ -146,7 +159,7 @@ def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False):
         o = o @ sd[b + "attn.proj.weight"].T + sd[b + "attn.proj.bias"]
         x = x + o * sd.get(b + "ls1.gamma", 1.0)
         y = ln(x, sd[b + "norm2.weight"], sd[b + "norm2.bias"])
-        y = gelu_exact(y @ sd[b + "mlp.fc1.weight"].T + sd[b + "mlp.fc1.bias"])
+        y = act(y @ sd[b + "mlp.fc1.weight"].T + sd[b + "mlp.fc1.bias"])
         y = y @ sd[b + "mlp.fc2.weight"].T + sd[b + "mlp.fc2.bias"]
         x = x + y * sd.get(b + "ls2.gamma", 1.0)
     if "norm.weight" in sd:
@@ -210,6 +223,36 @@ def test_timm_safetensors_logits_equal_numpy_timm(case, tmp_path):
     ref = np_timm(sd, x, 2, {"token": "token"}.get(kw.get("pool", "token"), kw.get("pool")),
                   kw.get("no_embed_class", False))
     np.testing.assert_allclose(to_np(model(x)), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_timm_clip_towers_load_exactly(tmp_path):
+    """timm's `vit_*_clip_*` layout (norm_pre, no patch-embedding bias, class
+    token pooling): with timm's exact GELU (the `.openai` / `.laion2b` tags)
+    and, by override or from our writer's metadata, OpenAI's quick GELU (the
+    `_quickgelu` models). The bias-free stem loads as a zero bias; written
+    back, our bias is folded into pos_embed and the logits survive."""
+    sd = timm_state_dict(RNG(11), pre_norm=True)
+    path = save_safetensors(sd, tmp_path / "clip.safetensors")
+    x = images(seed=4)
+    model = kr.load_checkpoint(path, num_heads=2)
+    cfg = model.get_config()
+    assert cfg["pre_norm"] and cfg["mlp_activation"] == "gelu" and cfg["pool"] == "tok"
+    np.testing.assert_allclose(to_np(model(x)), np_timm(sd, x, 2, "token"), atol=1e-4, rtol=1e-4)
+    quick = kr.load_checkpoint(path, num_heads=2, mlp_activation="quick_gelu")
+    ref = np_timm(sd, x, 2, "token", act=quick_gelu)
+    np.testing.assert_allclose(to_np(quick(x)), ref, atol=1e-4, rtol=1e-4)
+    assert np.abs(ref - np_timm(sd, x, 2, "token")).max() > 1e-3  # the activations differ here
+    # A trained stem bias: timm's pre-norm stem has none, so it goes into pos_embed.
+    stem = quick.get_layer("embedding")
+    stem.bias.assign(RNG(12).normal(0, 0.2, (32,)).astype("float32"))
+    out, kwargs = C.timm_state_dict(quick, tmp_path / "back.safetensors", strict=False)
+    assert "patch_embed.proj.bias" not in out and kwargs["pre_norm"]
+    assert kwargs["act_layer"] == "quick_gelu"
+    back = kr.load_checkpoint(tmp_path / "back.safetensors", num_heads=2)  # act from metadata
+    assert back.get_config()["mlp_activation"] == "quick_gelu"
+    np.testing.assert_allclose(to_np(back(x)), to_np(quick(x)), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(to_np(back(x)), np_timm(out, x, 2, "token", act=quick_gelu),
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_timm_pth_reads_with_torch(tmp_path):
@@ -606,7 +649,7 @@ def test_cli_convert_writes_keras_preset_and_timm(tmp_path):
     np.testing.assert_allclose(to_np(kr.ViT.from_preset(tmp_path / "preset")(x)),
                                np_timm(sd, x, 2, "token"), atol=1e-4, rtol=1e-4)
     assert cli.main(["convert", str(tmp_path / "preset"), str(tmp_path / "back.safetensors")]) == 0
-    back = C._read_timm_file(str(tmp_path / "back.safetensors"))
+    back = C.timm._read_timm_file(str(tmp_path / "back.safetensors"))
     assert sorted(back) == sorted(sd)
     # a bad source: a clear error, exit status 2
     assert cli.main(["convert", str(tmp_path / "nope.npz"), str(out)]) == 2

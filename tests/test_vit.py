@@ -346,6 +346,8 @@ def test_builders_exist_with_their_variants():
     (dict(num_classes=0), "num_classes"),
     (dict(mlp_activation="relu"), "mlp_activation"),
     (dict(posemb="sincos2d", width=34, num_heads=2), "divisible by 4"),
+    (dict(pool="tok_gap", class_token=False), 'pool="tok_gap" pools the class token'),
+    (dict(pool="tok_gap", class_token=True, fc_norm=True), "it has no fc_norm"),
 ])
 def test_bad_model_arguments_raise_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -437,3 +439,33 @@ def test_cli_lists_attention_kinds_and_the_old_command_warns(capsys):
     old = capsys.readouterr()
     assert old.out.splitlines() == lines
     assert "renamed `attention`" in old.err
+
+
+def test_clip_and_dinov2_parts_compute_their_definitions(tmp_path):
+    """pre_norm is a LayerNorm between the position embedding and the first
+    block; quick GELU is x * sigmoid(1.702 x) in the MLP; tok_gap pools
+    [class token, mean of the patch tokens after the registers]."""
+    model = tiny(pool="tok_gap", class_token=True, num_register_tokens=2, pre_norm=True,
+                 mlp_activation="quick_gelu", attention="softmax")
+    randomize(model, seed=5)
+    x = images()
+    out = model.intermediates(x, attention_weights=False)
+    tokens, encoded = to_np(out["tokens"]), to_np(out["encoded"])
+    norm = model.get_layer("pre_norm")
+    mu, var = tokens.mean(-1, keepdims=True), tokens.var(-1, keepdims=True)
+    pre = (tokens - mu) / np.sqrt(var + norm.epsilon) * to_np(norm.gamma) + to_np(norm.beta)
+    block = model.get_layer("block_00")
+    np.testing.assert_allclose(to_np(block(pre)), to_np(out["block_00"]), atol=1e-4, rtol=1e-4)
+    h = np.random.default_rng(0).normal(0, 2, (3, 8, 32)).astype("float32")
+    mlp = block.mlp
+    hidden = h @ to_np(mlp.fc1.kernel) + to_np(mlp.fc1.bias)
+    ref = (hidden / (1 + np.exp(-1.702 * hidden))) @ to_np(mlp.fc2.kernel) + to_np(mlp.fc2.bias)
+    np.testing.assert_allclose(to_np(mlp(h)), ref, atol=1e-4, rtol=1e-4)
+    pooled = np.concatenate([encoded[:, 0], encoded[:, 3:].mean(1)], axis=-1)
+    np.testing.assert_allclose(to_np(out["pooled"]), pooled, atol=1e-5, rtol=1e-5)
+    assert model.get_layer("head").kernel.shape == (2 * 32, 5)
+    model.save(tmp_path / "m.keras")
+    back = keras.saving.load_model(tmp_path / "m.keras")
+    cfg = back.get_config()
+    assert (cfg["pool"], cfg["pre_norm"], cfg["mlp_activation"]) == ("tok_gap", True, "quick_gelu")
+    np.testing.assert_allclose(to_np(back(x)), to_np(model(x)), atol=1e-5, rtol=1e-5)

@@ -1,4 +1,5 @@
-"""Pretrained checkpoints in and out: timm, big_vision / AugReg, keras-hub.
+"""Pretrained checkpoints in and out: timm, big_vision / AugReg, Hugging Face
+transformers, keras-hub.
 
 `load_checkpoint(path)` reads the architecture from the checkpoint itself and
 returns a `ViT` holding its weights. The format is detected from the file:
@@ -11,6 +12,8 @@ returns a `ViT` holding its weights. The format is detected from the file:
   scanned `encoderblock/...` with a leading layer axis, `MAPHead_0`; the
   AugReg `posembed_input` + `MultiHeadDotProductAttention_1` + `MlpBlock_3`
   naming; `opt/target/`, `params/`, `params/img/` prefixes);
+- Hugging Face transformers directories (`save_pretrained`): ViT, DeiT,
+  DINOv2 (with registers), CLIP vision towers (`hf.py` lists them);
 - keras-hub `ViTBackbone` / `ViTImageClassifier` preset directories
   (`config.json` + `model.weights.h5`, `task.json` + `task.weights.h5`);
 - our own presets (`ViT.save_to_preset`), `.keras` and `.weights.h5` files.
@@ -22,13 +25,16 @@ assigned, so a bad file raises an error naming the file and the key and
 nothing is half-loaded. A checkpoint at another resolution is resampled to
 `image_size` (bilinear position embedding, prefix tokens kept).
 
-The other way, `timm_state_dict(model, "x.safetensors")` and
-`big_vision_npz(model, "x.npz")` write a ViT in those layouts.
+The other way, `timm_state_dict(model, "x.safetensors")`,
+`big_vision_npz(model, "x.npz")` and `hf_state_dict(model, "dir")` write a
+ViT in those layouts.
 
-One module per format, each with its reader and (where there is one) its
-writer: `timm.py`, `big_vision.py`, `keras_hub.py`, `preset.py` (ours); what
-they share is in `common.py`. This module detects the format and builds the
-model.
+One module per format, each with `detect(path)`, `read(path, overrides)`
+and (where there is one) its writer, over one name map: `timm.py`,
+`big_vision.py`, `hf.py`, `keras_hub.py`, `preset.py` (ours); what they
+share (errors, the link machinery of the name maps, checks, `assign`) is in
+`common.py`. This module holds the registry `FORMATS`, detects the format
+and builds the model; a new format is a module and a line in `FORMATS`.
 """
 
 import os
@@ -39,21 +45,21 @@ import keras
 import numpy as np
 
 from keras_reluvit import variants
-from keras_reluvit.checkpoints.big_vision import _big_vision
-from keras_reluvit.checkpoints.big_vision import _read_npz
+from keras_reluvit.checkpoints import big_vision
+from keras_reluvit.checkpoints import hf
+from keras_reluvit.checkpoints import keras_hub
+from keras_reluvit.checkpoints import preset
+from keras_reluvit.checkpoints import timm
 from keras_reluvit.checkpoints.big_vision import big_vision_npz  # noqa: F401
 from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import model_class
 from keras_reluvit.checkpoints.common import _square_grid
 from keras_reluvit.checkpoints.common import assign
+from keras_reluvit.checkpoints.hf import hf_state_dict  # noqa: F401
 from keras_reluvit.checkpoints.preset import PRESET_CONFIG
 from keras_reluvit.checkpoints.preset import PRESET_METADATA  # noqa: F401
 from keras_reluvit.checkpoints.preset import PRESET_WEIGHTS
-from keras_reluvit.checkpoints.preset import _ours
-from keras_reluvit.checkpoints.preset import _read_preset
 from keras_reluvit.checkpoints.preset import save_to_preset  # noqa: F401
-from keras_reluvit.checkpoints.timm import _read_timm_file
-from keras_reluvit.checkpoints.timm import _timm
 from keras_reluvit.checkpoints.timm import timm_state_dict  # noqa: F401
 from keras_reluvit.attention_kinds import deserialize_attention
 
@@ -65,44 +71,40 @@ def _variant_name(width, patch):
     return f"B/{patch}"  # every dimension is passed explicitly anyway
 
 
+# The formats, in the order they are tried: name -> (detect(path) -> bool,
+# read(path, overrides) -> (ViT arguments, weights)). A new format is one
+# module with those two functions and a line here.
+FORMATS = {
+    "hf": (hf.detect, hf.read),
+    "keras_hub": (keras_hub.detect, keras_hub.read),
+    "preset": (preset.detect, preset.read),
+    "big_vision": (big_vision.detect, big_vision.read),
+    "keras": (preset.detect_keras, preset.read_keras),
+    "weights_h5": (preset.detect_weights_h5, preset.read_weights_h5),
+    "timm": (timm.detect, timm.read),
+}
+# Formats whose reader gives a full architecture + weights map (the ones
+# `kr.load_weights` can check against an existing model).
+CHECKPOINT_FORMATS = ("timm", "big_vision", "keras_hub", "preset", "hf")
+
+
 def detect_format(path):
-    """The checkpoint format of `path`: `"timm"`, `"big_vision"`,
-    `"keras_hub"`, `"preset"`, `"keras"` or `"weights_h5"`."""
+    """The checkpoint format of `path`, one of `FORMATS`: `"hf"`,
+    `"keras_hub"`, `"preset"`, `"big_vision"`, `"keras"`, `"weights_h5"` or
+    `"timm"`."""
     path = os.fspath(path)
-    if os.path.isdir(path):
-        cfg = os.path.join(path, PRESET_CONFIG)
-        if not os.path.exists(cfg):
-            raise CheckpointError(f"{path}: a directory without {PRESET_CONFIG}; not a preset.")
-        with open(cfg) as f:
-            text = f.read()
-        return "keras_hub" if "keras_hub" in text else "preset"
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, PRESET_CONFIG)):
+        raise CheckpointError(f"{path}: a directory without {PRESET_CONFIG}; not a preset "
+                              "or a transformers checkpoint.")
     if not os.path.exists(path):
         raise FileNotFoundError(f"No checkpoint at {path!r}.")
-    lower = path.lower()
-    if lower.endswith(".safetensors"):
-        return "timm"
-    if lower.endswith((".pth", ".pt", ".bin")):
-        return "timm"
-    if lower.endswith(".npz"):
-        return "big_vision"
-    if lower.endswith(".keras"):
-        return "keras"
-    if lower.endswith(".h5"):
-        return "weights_h5"
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if head.startswith(b"\x89HDF"):
-        return "weights_h5"
-    if zipfile.is_zipfile(path):
-        names = zipfile.ZipFile(path).namelist()
-        if any(n.endswith(".npy") for n in names):
-            return "big_vision"
-        if "config.json" in names:
-            return "keras"
-        return "timm"  # torch's zip format
+    for name, (detect, _) in FORMATS.items():
+        if detect(path):
+            return name
     raise CheckpointError(
         f"{path}: unknown checkpoint format; expected .safetensors / .pth / .bin "
-        "(timm), .npz (big_vision, AugReg), a preset directory, .keras or .weights.h5."
+        "(timm), .npz (big_vision, AugReg), a preset or transformers directory, .keras or "
+        ".weights.h5."
     )
 
 
@@ -112,29 +114,8 @@ def read_checkpoint(path, **overrides):
     `load_checkpoint`."""
     path = os.fspath(path)
     fmt = detect_format(path)
-    if fmt == "timm":
-        arch, w = _timm(_read_timm_file(path), path, overrides)
-    elif fmt == "big_vision":
-        arch, w = _big_vision(_read_npz(path), path, overrides)
-    elif fmt in ("keras_hub", "preset"):
-        arch, w = _read_preset(path, path)
-    elif fmt == "keras":
-        try:
-            model = keras.saving.load_model(path, compile=False)
-        except Exception as e:
-            raise CheckpointError(f"{path}: cannot load the .keras file ({e}).") from e
-        if not isinstance(model, model_class()):
-            raise CheckpointError(f"{path} does not hold a keras_reluvit ViT.")
-        arch, w = _ours(model)
-    else:
-        raise CheckpointError(
-            f"{path}: a .weights.h5 file stores no architecture; build the model and "
-            "call model.load_weights / kr.load_weights(model, path), or save a preset.")
+    arch, w = FORMATS[fmt][1](path, overrides)
     return arch, w, fmt
-
-
-# Weights a loaded model may lack in the checkpoint (new parts of an
-# attention preset: the gate of "relu_gated", the scales of "relu_learned").
 
 
 def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
@@ -143,12 +124,13 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
 
     Args:
         path: a timm `.safetensors` / `.pth` / `.bin` state dict, a big_vision
-            or AugReg `.npz`, a keras-hub ViT preset directory, a
+            or AugReg `.npz`, a Hugging Face transformers ViT / DeiT / DINOv2 /
+            CLIP directory, a keras-hub ViT preset directory, a
             keras_reluvit preset directory or `.keras` file. The format is
             detected from the file.
         attention: the attention of the returned model. Default: the
-            checkpoint's own, i.e. `"softmax"` for timm, big_vision and
-            keras-hub (what every public checkpoint was trained with) and the
+            checkpoint's own, i.e. `"softmax"` for timm, big_vision,
+            transformers and keras-hub (what every public checkpoint was trained with) and the
             stored one for our presets and `.keras` files. `"relu"` loads the
             same weights into ReLU/L attention, the start of a
             softmax -> ReLU/L fine-tune (see the `relu_from_softmax` recipe).
@@ -187,6 +169,9 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
 
 def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides):
     arch = dict(arch)
+    refused = arch.pop("_needs_num_classes", None)
+    if refused and num_classes is None:
+        raise CheckpointError(refused)
     grid_n = arch.pop("_grid", None)
     native = arch.pop("_native_grid", None)
     patch = arch["patch_size"]

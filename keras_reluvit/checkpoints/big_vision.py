@@ -20,6 +20,22 @@ from keras_reluvit.checkpoints.common import _Weights
 _NPZ_PREFIXES = ("opt/target/", "params/img/", "params/")
 
 
+def detect(path):
+    """An `.npz` file, or a zip archive of `.npy` arrays under another name."""
+    import zipfile
+
+    if not os.path.isfile(path):
+        return False
+    if path.lower().endswith(".npz"):
+        return True
+    return zipfile.is_zipfile(path) and any(
+        n.endswith(".npy") for n in zipfile.ZipFile(path).namelist())
+
+
+def read(path, overrides):
+    return _big_vision(_read_npz(path), path, overrides)
+
+
 def _read_npz(path):
     try:
         with np.load(path, allow_pickle=False) as f:

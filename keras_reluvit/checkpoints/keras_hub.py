@@ -8,6 +8,24 @@ import numpy as np
 
 from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import _Weights
+from keras_reluvit.checkpoints.common import read_json
+
+
+def detect(path):
+    """A preset directory whose `config.json` names keras-hub."""
+    cfg = os.path.join(path, "config.json")
+    if not (os.path.isdir(path) and os.path.exists(cfg)):
+        return False
+    with open(cfg) as f:
+        return "keras_hub" in f.read()
+
+
+def read(path, overrides):
+    config = read_json(os.path.join(path, "config.json"))
+    if config.get("class_name") not in ("ViTBackbone",):
+        raise CheckpointError(
+            f"{path}: a keras-hub {config.get('class_name')} preset, not a ViTBackbone.")
+    return _keras_hub(path, config, path)
 
 
 def _read_h5_vars(path):

@@ -13,7 +13,6 @@ from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import model_class
 from keras_reluvit.checkpoints.common import _model_weights
 from keras_reluvit.checkpoints.common import _Weights
-from keras_reluvit.checkpoints.keras_hub import _keras_hub
 
 PRESET_CONFIG = "config.json"
 PRESET_WEIGHTS = "model.weights.h5"
@@ -31,15 +30,56 @@ def _ours(model):
     return arch, w
 
 
+def detect(path):
+    """A directory with our `config.json` (after the keras-hub and
+    transformers directories, which have one too)."""
+    return os.path.isdir(path) and os.path.exists(os.path.join(path, PRESET_CONFIG))
+
+
+def read(path, overrides):
+    return _read_preset(path, path)
+
+
+def detect_keras(path):
+    """A `.keras` file (a zip archive with `config.json`)."""
+    import zipfile
+
+    if not os.path.isfile(path):
+        return False
+    if path.lower().endswith(".keras"):
+        return True
+    return zipfile.is_zipfile(path) and "config.json" in zipfile.ZipFile(path).namelist()
+
+
+def read_keras(path, overrides):
+    try:
+        model = keras.saving.load_model(path, compile=False)
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot load the .keras file ({e}).") from e
+    if not isinstance(model, model_class()):
+        raise CheckpointError(f"{path} does not hold a keras_reluvit ViT.")
+    return _ours(model)
+
+
+def detect_weights_h5(path):
+    """A Keras `.weights.h5` file (HDF5)."""
+    if not os.path.isfile(path):
+        return False
+    if path.lower().endswith(".h5"):
+        return True
+    with open(path, "rb") as f:
+        return f.read(8).startswith(b"\x89HDF")
+
+
+def read_weights_h5(path, overrides):
+    raise CheckpointError(
+        f"{path}: a .weights.h5 file stores no architecture; build the model and "
+        "call model.load_weights / kr.load_weights(model, path), or save a preset.")
+
+
 def _read_preset(directory, path):
     with open(os.path.join(directory, PRESET_CONFIG)) as f:
         config = json.load(f)
-    registered = str(config.get("registered_name", ""))
-    if registered.startswith("keras_hub>") or str(config.get("module", "")).startswith("keras_hub"):
-        if config.get("class_name") not in ("ViTBackbone",):
-            raise CheckpointError(
-                f"{path}: a keras-hub {config.get('class_name')} preset, not a ViTBackbone.")
-        return _keras_hub(directory, config, path)
     if config.get("class_name") != "ViT":
         raise CheckpointError(f"{path}: {PRESET_CONFIG} describes a "
                               f"{config.get('class_name')!r}, not a ViT.")

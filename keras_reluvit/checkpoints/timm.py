@@ -49,6 +49,20 @@ _TIMM_TOP_KEYS = {
 }
 
 
+def detect(path):
+    """A state dict file: `.safetensors`, `.pth` / `.pt` / `.bin`, or a
+    torch zip archive under another name (checked after the other formats)."""
+    import zipfile
+
+    lower = path.lower()
+    return os.path.isfile(path) and (lower.endswith((".safetensors", ".pth", ".pt", ".bin"))
+                                     or zipfile.is_zipfile(path))
+
+
+def read(path, overrides):
+    return _timm(_read_timm_file(path), path, overrides)
+
+
 def _read_timm_file(path):
     ext = os.path.splitext(path)[1].lower()
     if ext == ".safetensors":

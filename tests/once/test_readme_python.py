@@ -44,24 +44,39 @@ def make_checkpoints(directory):
     backbone = keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=16, num_layers=1,
                                             num_heads=2, hidden_dim=32, mlp_dim=64)
     backbone.save_to_preset(os.path.join(directory, "keras_hub_vit_base_patch16_224"))
+    # The "one line each" block's files.
+    kr.export.timm_state_dict(
+        sd_model, os.path.join(directory, "vit_base_patch16_224.augreg2_in21k_ft_in1k.safetensors"))
+    kr.export.big_vision_npz(
+        npz_model, os.path.join(directory, "B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0.npz"))
+    clip = kr.ViT("S/16", depth=1, mlp_dim=64, image_size=32, pool="tok", qk_norm=False,
+                  pre_norm=True, mlp_activation="quick_gelu", attention="softmax")
+    kr.export.timm_state_dict(
+        clip, os.path.join(directory, "vit_base_patch16_clip_quickgelu_224.safetensors"))
+    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
+    env.pop("TRITON_INTERPRET", None)
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "hf_reference.py"), "readme",
+                    os.path.join(directory, "hf")], check=True, env=env, capture_output=True)
 
 
 def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
     code = blocks()
     by_marker = {}
     for i, block in enumerate(code):
-        for marker in ("y = layer(x, x)", "kr.load_checkpoint(", "kr.data.imagenet(",
+        for marker in ("y = layer(x, x)", "model.save_to_preset(", "hf/facebook-dinov2-small",
+                       "kr.data.imagenet(",
                        "kr.export.saved_model(", "sequence_axis=", "strategy=\"fsdp\"",
                        "def squareplus", "serve_preprocessed_xla(", "kr.use_kernel("):
             if marker in block:
                 by_marker.setdefault(marker, i)
-    assert len(by_marker) == 9, by_marker
+    assert len(by_marker) == 10, by_marker
     monkeypatch.chdir(tmp_path)
     make_checkpoints(str(tmp_path))
     ns = {"x": np.random.default_rng(0).normal(size=(2, 197, 384)).astype("float32")}
     run = [
         (code[by_marker["y = layer(x, x)"]], []),
-        (code[by_marker["kr.load_checkpoint("]], []),
+        (code[by_marker["hf/facebook-dinov2-small"]], []),
+        (code[by_marker["model.save_to_preset("]], []),
         (code[by_marker["kr.data.imagenet("]], [
             ("batch_size=1024", "batch_size=4, image_size=32"),
             ('data_dir="~/tensorflow_datasets"', f'data_dir="{imagenet_dir}"'),

@@ -1,0 +1,120 @@
+"""The Hugging Face side of tests/test_hf_checkpoints.py, run in a child
+process (transformers imports torch and, on a TensorFlow test process, would
+share it with TensorFlow; a child keeps each library in its own process).
+
+    python hf_reference.py make OUT      # save_pretrained directories + reference outputs
+    python hf_reference.py logits DIR X.npy OUT.npy   # ViTForImageClassification.from_pretrained(DIR)
+    python hf_reference.py readme OUT    # the directories the README's examples name, tiny
+
+`make` builds small models of every supported architecture with transformers
+itself, perturbs every parameter (so zero-initialised tokens, unit LayerNorms
+and LayerScale carry information), writes each with `save_pretrained` and
+saves what transformers computes on one batch to `OUT/reference.npz`.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers as T  # noqa: E402
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+             patch_size=8)
+
+
+def images():
+    return np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+
+
+def pixels(x):
+    return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+
+
+def perturbed(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def clip_config():
+    vision = dict(SMALL, intermediate_size=64)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                vocab_size=99, max_position_embeddings=16)
+    return T.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+
+
+# name -> (model class, config, what transformers computes, save kwargs)
+CASES = {
+    "vit": (T.ViTForImageClassification, T.ViTConfig(**SMALL, intermediate_size=64, num_labels=5),
+            lambda m, px: m(px).logits, {}),
+    "vit_sharded": (T.ViTForImageClassification,
+                    T.ViTConfig(**SMALL, intermediate_size=64, num_labels=5),
+                    lambda m, px: m(px).logits, {"max_shard_size": "20KB"}),
+    "vit_tanh_nobias": (T.ViTForImageClassification,
+                        T.ViTConfig(**SMALL, intermediate_size=48, num_labels=3, qkv_bias=False,
+                                    hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),
+                        lambda m, px: m(px).logits, {}),
+    "vit_model_pooler": (T.ViTModel, T.ViTConfig(**SMALL, intermediate_size=64),
+                         lambda m, px: m(px).pooler_output, {}),
+    "deit": (T.DeiTForImageClassification, T.DeiTConfig(**SMALL, intermediate_size=64, num_labels=5),
+             lambda m, px: m(px).logits, {}),
+    "deit_teacher": (T.DeiTForImageClassificationWithTeacher,
+                     T.DeiTConfig(**SMALL, intermediate_size=64, num_labels=5),
+                     lambda m, px: m.deit(px).last_hidden_state[:, 0], {}),
+    "dinov2": (T.Dinov2ForImageClassification, T.Dinov2Config(**SMALL, mlp_ratio=2, num_labels=5),
+               lambda m, px: m(px).logits, {}),
+    "dinov2_model": (T.Dinov2Model, T.Dinov2Config(**SMALL, mlp_ratio=2),
+                     lambda m, px: m(px).pooler_output, {}),
+    "dinov2_registers": (T.Dinov2WithRegistersForImageClassification,
+                         T.Dinov2WithRegistersConfig(**SMALL, mlp_ratio=2, num_register_tokens=2,
+                                                     num_labels=5),
+                         lambda m, px: m(px).logits, {}),
+    "clip_vision": (T.CLIPVisionModelWithProjection,
+                    T.CLIPVisionConfig(**SMALL, intermediate_size=64, projection_dim=16),
+                    lambda m, px: m(px).image_embeds, {}),
+    "clip": (T.CLIPModel, clip_config(),
+             lambda m, px: m.visual_projection(m.vision_model(px).pooler_output), {}),
+}
+
+
+def make(out):
+    x = images()
+    ref = {"images": x}
+    for i, (name, (cls, config, compute, save)) in enumerate(CASES.items()):
+        torch.manual_seed(i)
+        model = perturbed(cls(config), seed=100 + i)
+        model.save_pretrained(os.path.join(out, name), **save)
+        with torch.no_grad():
+            ref[name] = compute(model, pixels(x)).double().numpy()
+    np.savez(os.path.join(out, "reference.npz"), **ref)
+
+
+def logits(directory, x_path, out_path):
+    model = T.ViTForImageClassification.from_pretrained(directory).eval()
+    with torch.no_grad():
+        np.save(out_path, model(pixels(np.load(x_path))).logits.double().numpy())
+
+
+def readme(out):
+    """Tiny stand-ins, written by transformers, for the hub directories the
+    README loads (its text names them; the test runs it unchanged)."""
+    small = dict(SMALL, image_size=32)
+    for name, model in {
+        "google-vit-base-patch16-224": T.ViTForImageClassification(
+            T.ViTConfig(**small, intermediate_size=64, num_labels=5)),
+        "facebook-dinov2-small": T.Dinov2Model(T.Dinov2Config(**small, mlp_ratio=2)),
+        "facebook-deit-small-patch16-224": T.DeiTForImageClassification(
+            T.DeiTConfig(**small, intermediate_size=64, num_labels=5)),
+        "openai-clip-vit-base-patch32": T.CLIPModel(clip_config()),
+    }.items():
+        model.save_pretrained(os.path.join(out, name))
+
+
+if __name__ == "__main__":
+    {"make": make, "logits": logits, "readme": readme}[sys.argv[1]](*sys.argv[2:])
