@@ -308,7 +308,9 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
     `L` is the number of keys each query may attend to: with an
     `attention_mask` (padding or causal) the count of unmasked keys in that
     query's row, not the padded length. A query with no key to attend to gets
-    a zero output.
+    a zero output. Inputs of rank > 3 attend over `attention_axes` as in
+    `MultiHeadAttention` (2-D attention over a grid, factorised attention);
+    `L` then counts the keys over all attended axes.
 
     Args:
         num_heads: number of attention heads.
@@ -337,8 +339,14 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         chunk_size: None (dense), an int or `"auto"`: memory-light attention
             over blocks of keys (summed) and queries; see
             `pointwise_attention`.
+        attention_axes: as `MultiHeadAttention` (default: every axis between
+            batch and features).
+        flash_attention: softmax: `MultiHeadAttention`'s switch. Pointwise
+            activations: `None` / `False` only (`True` names a softmax
+            kernel; ours are chosen by `KERAS_RELUVIT_KERNEL`).
         **kwargs: the other `keras.layers.MultiHeadAttention` arguments
-            (initializers, regularizers, constraints, `seed`, `name`, `dtype`).
+            (`sliding_window`, initializers, regularizers, constraints,
+            `seed`, `name`, `dtype`).
 
     Example:
 
@@ -371,25 +379,11 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         **kwargs,
     ):
         gated = bool(gated or kwargs.pop("use_gate", False))
-        self._chunk_size = check_chunk_size(chunk_size)
-        if kwargs.get("attention_axes") not in (None, (1,), [1], 1):
-            raise ValueError(
-                "PointwiseAttention attends over the sequence axis of "
-                "(batch, seq, features) inputs only; `attention_axes` "
-                f"{kwargs['attention_axes']!r} is not supported."
-            )
-        kwargs.pop("attention_axes", None)
         flash_attention = kwargs.pop("flash_attention", None)
-        self._activation_name, self._activation_fn, self._seq_len_exponent = check_attention_args(
-            activation, seq_len_exponent, learned_scale=learned_scale, dropout=dropout)
-        if flash_attention and self._activation_name != SOFTMAX:
-            raise ValueError(
-                "`flash_attention=True` is a softmax-only switch of "
-                "MultiHeadAttention; pointwise attention has its own fused "
-                "kernels, chosen by KERAS_RELUVIT_KERNEL / kr.set_kernel. "
-                "Leave it unset."
-            )
-        self._activation = activation
+        softmax = isinstance(activation, str) and activation == SOFTMAX
+        # The base initialiser first (with MultiHeadAttention's own checks and
+        # errors), so that an error of ours below leaves a layer whose repr
+        # works inside the traceback.
         super().__init__(
             num_heads=num_heads,
             key_dim=key_dim,
@@ -398,9 +392,21 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             use_bias=use_bias,
             output_shape=output_shape,
             use_gate=gated,
-            flash_attention=flash_attention if self._activation_name == SOFTMAX else False,
+            flash_attention=flash_attention if softmax else False,
             **kwargs,
         )
+        self._chunk_size = check_chunk_size(chunk_size)
+        self._activation_name, self._activation_fn, self._seq_len_exponent = check_attention_args(
+            activation, seq_len_exponent, learned_scale=learned_scale, dropout=dropout)
+        if flash_attention and self._activation_name != SOFTMAX:
+            raise ValueError(
+                "`flash_attention=True` selects a softmax kernel of "
+                "MultiHeadAttention; it does not apply to pointwise attention, "
+                "whose fused kernels (Pallas, Triton, the CPU kernels) are "
+                "chosen by KERAS_RELUVIT_KERNEL / kr.set_kernel. Leave it unset "
+                "or False."
+            )
+        self._activation = activation
         if self._activation_name != SOFTMAX:
             # MultiHeadAttention reads Keras' global flash switch; pointwise
             # attention never takes the softmax flash path. Softmax keeps
@@ -437,16 +443,6 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         return self._activation_name == SOFTMAX
 
     def build(self, query_shape, value_shape, key_shape=None):
-        for name, shape in (
-            ("query", query_shape),
-            ("value", value_shape),
-            ("key", key_shape),
-        ):
-            if shape is not None and len(shape) != 3:
-                raise ValueError(
-                    f"PointwiseAttention expects `{name}` of rank 3 "
-                    f"(batch, seq, features), got shape {tuple(shape)}."
-                )
         super().build(query_shape, value_shape, key_shape)
         if self._qk_norm:
             norm_kwargs = dict(
@@ -461,8 +457,10 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             self._key_norm = keras.layers.LayerNormalization(
                 name="key_norm", **norm_kwargs
             )
-            self._query_norm.build((None, None, self._num_heads, self._key_dim))
-            self._key_norm.build((None, None, self._num_heads, self._key_dim))
+            # Projected q / k: the input's axes, then (heads, key_dim).
+            lead = (None,) * (len(query_shape) - 1)
+            self._query_norm.build(lead + (self._num_heads, self._key_dim))
+            self._key_norm.build(lead + (self._num_heads, self._key_dim))
         if self._learned_scale:
             self.log_scale = self.add_weight(
                 name="log_scale",
@@ -518,6 +516,9 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             def dropout_fn(w):
                 return self._dropout_layer(w, training=training)
 
+        if len(query.shape) != 4 or tuple(self._attention_axes) != (1,):
+            return self._attention_nd(query, key, value, attention_mask, dropout_fn,
+                                      return_attention_scores)
         out = pointwise_attention(
             query,
             key,
@@ -535,6 +536,69 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             return out
         return out, None
 
+    def _attention_nd(self, query, key, value, mask, dropout_fn, return_scores):
+        """Pointwise attention over any `attention_axes` of `(B, d1, ..., dn,
+        H, Dh)` projections: the other axes join the batch, the attended ones
+        are flattened into one sequence (in `attention_axes` order, as
+        MultiHeadAttention's einsums order them), and `pointwise_attention`
+        computes the `(B', T, H, Dh)` problem, so `L` counts the unmasked
+        keys over all attended axes. The mask broadcasts as MultiHeadAttention
+        broadcasts it: `(<batch dims>, <query axes>, <key axes>)`, leading
+        batch dims optional."""
+        rank = len(query.shape)
+        attn = tuple(self._attention_axes)
+        free = tuple(a for a in range(1, rank - 2) if a not in attn)
+        perm = (0, *free, *attn, rank - 2, rank - 1)
+
+        def flat(x):
+            shape = ops.shape(x)
+            x = ops.transpose(x, perm)
+            n = 1
+            for a in attn:
+                n *= shape[a]
+            return ops.reshape(x, (-1, n, shape[rank - 2], shape[rank - 1]))
+
+        q_shape, k_shape = ops.shape(query), ops.shape(key)
+        q_attn = [q_shape[a] for a in attn]
+        k_attn = [k_shape[a] for a in attn]
+        batch = [q_shape[0], *(q_shape[a] for a in free)]
+        if mask is not None:
+            mask = ops.cast(mask, "bool")
+            n_attn = len(attn)
+            target = len(batch) + 2 * n_attn  # scores without the head axis
+            while len(mask.shape) < target:
+                mask = ops.expand_dims(mask, -2 * n_attn - 1)
+            if len(mask.shape) > target:
+                raise ValueError(
+                    f"`attention_mask` of shape {tuple(mask.shape)} has more axes than "
+                    f"(<batch dims>, <query attention dims>, <key attention dims>) = "
+                    f"{tuple(batch + q_attn + k_attn)}; per-head masks are not "
+                    "supported by pointwise attention.")
+            mask = ops.broadcast_to(mask, (*batch, *q_attn, *k_attn))
+            t = s = 1
+            for d in q_attn:
+                t *= d
+            for d in k_attn:
+                s *= d
+            mask = ops.reshape(mask, (-1, t, s))
+        out = pointwise_attention(
+            flat(query), flat(key), flat(value),
+            activation=self._activation_name or self._activation_fn,
+            seq_len_exponent=self._seq_len_exponent, mask=mask,
+            log_scale=self.log_scale if self._learned_scale else None,
+            dropout_fn=dropout_fn, return_weights=return_scores,
+            chunk_size=self._chunk_size)
+        out, weights = out if return_scores else (out, None)
+        dv = ops.shape(value)[rank - 1]
+        out = ops.reshape(out, (*batch, *q_attn, self._num_heads, dv))
+        inverse = [0] * rank
+        for i, p in enumerate(perm):
+            inverse[p] = i
+        out = ops.transpose(out, inverse)
+        if weights is not None:  # (B', H, T, S) -> (<batch dims>, H, <q axes>, <k axes>)
+            weights = ops.reshape(weights, (*batch, self._num_heads, *q_attn, *k_attn))
+        return out, weights
+
     def _make_output_dense(self, query_shape, common_kwargs, name=None):
         # An initializer given DenseGeneral fans for the (D, H, Dh) q/k/v
         # kernels (input_axes=[0]) gets them for the (H, Dh, D) output kernel
@@ -551,7 +615,7 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
 
     def get_config(self):
         config = super().get_config()
-        for k in ("use_gate", "attention_axes", "flash_attention"):
+        for k in ("use_gate", "flash_attention"):
             config.pop(k, None)
         activation = self._activation
         if callable(activation):

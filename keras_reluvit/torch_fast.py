@@ -64,6 +64,7 @@ def linear(dense, x):
 def attention_eligible(layer, query, value, key, masks, return_scores, training,
                        use_causal_mask):
     return (enabled() and not symbolic(query) and value is query and key in (None, query)
+            and len(query.shape) == 3 and tuple(layer._attention_axes or (1,)) == (1,)
             and not any(m is not None for m in masks) and not use_causal_mask
             and getattr(query, "_keras_mask", None) is None
             and not return_scores and not layer._use_gate
