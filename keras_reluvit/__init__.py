@@ -12,7 +12,10 @@ def _command_line_help_only():
     answers and exits before any command runs, so nothing below (Keras, a
     backend) needs importing and the answer comes in a fraction of a second."""
     argv = _sys.argv
-    return bool(argv) and _os.path.basename(argv[0]) == "keras-reluvit" and (
+    # The console script: `keras-reluvit`, `keras-reluvit.exe` /
+    # `keras-reluvit-script.py` (Windows launchers), any case.
+    program = _os.path.splitext(_os.path.basename(argv[0] if argv else ""))[0].lower()
+    return program in ("keras-reluvit", "keras-reluvit-script") and (
         len(argv) == 1 or any(a in ("-h", "--help", "--version") for a in argv[1:]))
 
 

@@ -228,7 +228,7 @@ def pointwise_attention(
     # would cost minutes for a large model for nothing.
     symbolic = backend == "torch" and torch_fast.symbolic(query)
     switch = kernels.get_kernel()
-    kernel = None if symbolic else kernels.fused_kernel(switch, backend, query, name)
+    kernel = None if symbolic else kernels.fused_kernel(switch, backend, query, name, value)
     path = "generic" if symbolic and implementation is None else implementation or kernels.choose(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
         recording=recording, sequence_parallel=sp is not None,

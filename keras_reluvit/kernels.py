@@ -144,7 +144,7 @@ def _pallas_if(activation_name):
     return "pallas" if activation_name in pallas_attention.ACTIVATIONS else None
 
 
-def fused_kernel(switch, backend, query, activation_name):
+def fused_kernel(switch, backend, query, activation_name, value=None):
     """The fused accelerator kernel this call takes under the switch:
     `"pallas"`, `"triton"` or None. A forced kernel the backend or device
     cannot run raises a ValueError naming why; a custom (callable)
@@ -164,7 +164,7 @@ def fused_kernel(switch, backend, query, activation_name):
             raise ValueError(f"{KERNEL_ENV}=triton: {error}") from error
         if activation_name not in module.ACTIVATIONS:
             return None
-        module.check(query, activation_name)
+        module.check(query, activation_name, value)
         return "triton"
     # auto
     if backend == "jax" and jax_accelerator() is not None:
@@ -177,7 +177,7 @@ def fused_kernel(switch, backend, query, activation_name):
                        f"(the generic path instead): {error}")
             return None
         try:  # an activation or head dim it does not take: the generic path
-            module.check(query, activation_name)
+            module.check(query, activation_name, value)
         except ValueError:
             return None
         return "triton"

@@ -384,13 +384,16 @@ def attention(query, key, value, activation="relu", factor=None, mask=None, bloc
     return _FUNCTION[0].apply(query, key, value, r, mask, activation, block_q, block_k)
 
 
-def check(query, activation):
-    """Raises a ValueError naming why these tensors cannot take the kernel."""
+def check(query, activation, value=None):
+    """Raises a ValueError naming why these tensors cannot take the kernel
+    (`value`: its head dim is checked too; it may differ from the query's)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"The Triton kernel computes {sorted(ACTIVATIONS)}, not {activation!r}.")
-    if query.shape[-1] > MAX_HEAD_DIM:
-        raise ValueError(f"The Triton kernel takes head dims up to {MAX_HEAD_DIM}; this one is "
-                         f"{query.shape[-1]} (KERAS_RELUVIT_KERNEL=auto uses the generic path).")
+    for what, x in (("query/key", query), ("value", value)):
+        if x is not None and x.shape[-1] > MAX_HEAD_DIM:
+            raise ValueError(
+                f"The Triton kernel takes head dims up to {MAX_HEAD_DIM}; the {what} head dim is "
+                f"{x.shape[-1]} (KERAS_RELUVIT_KERNEL=auto uses the generic path).")
     if query.device.type != "cuda" and not interpreting():
         raise ValueError(
             f"The Triton kernel runs on CUDA tensors; these are on {query.device.type!r}. "

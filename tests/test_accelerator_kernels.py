@@ -349,6 +349,20 @@ if BACKEND == "torch":
         with kr.use_kernel("auto"):  # auto never picks it for CPU tensors
             pointwise_attention(q, q, q)
 
+    def test_triton_refuses_head_dims_over_its_limit_for_query_or_value():
+        import torch
+
+        from keras_reluvit import triton_attention
+
+        limit = triton_attention.MAX_HEAD_DIM
+        small, big = torch.zeros(1, 4, 1, 16), torch.zeros(1, 4, 1, limit + 8)
+        for q, v, what in ((big, small, "query/key"), (small, big, "value")):
+            with kr.use_kernel("triton"):
+                with pytest.raises(ValueError, match=f"the {what} head dim is {limit + 8}"):
+                    pointwise_attention(q, q, v)
+        out = pointwise_attention(small, small, big)  # auto: the generic path takes it
+        assert tuple(out.shape) == (1, 4, 1, limit + 8)
+
     def test_environment_switch_is_read_per_call(monkeypatch):
         calls = []
         from keras_reluvit import triton_attention

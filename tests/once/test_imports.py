@@ -82,3 +82,16 @@ def test_the_graph_sees_function_level_imports():
 def test_no_import_circles_in_the_package():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_fast_help_recognises_the_console_script_under_every_launcher_name(monkeypatch):
+    import keras_reluvit
+
+    for argv0, expected in [("/venv/bin/keras-reluvit", True), ("keras-reluvit.exe", True),
+                            ("/venv/Scripts/Keras-Reluvit.EXE", True),
+                            ("keras-reluvit-script.py", True), ("/usr/bin/python", False),
+                            ("/x/keras_reluvit/cli.py", False)]:
+        monkeypatch.setattr("sys.argv", [argv0, "--help"])
+        assert keras_reluvit._command_line_help_only() is expected, argv0
+    monkeypatch.setattr("sys.argv", ["keras-reluvit.exe", "train", "--epochs", "1"])
+    assert not keras_reluvit._command_line_help_only()
