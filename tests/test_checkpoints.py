@@ -253,6 +253,22 @@ def test_timm_clip_towers_load_exactly(tmp_path):
     np.testing.assert_allclose(to_np(back(x)), to_np(quick(x)), atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(to_np(back(x)), np_timm(out, x, 2, "token", act=quick_gelu),
                                atol=1e-4, rtol=1e-4)
+    # A timm hub directory (config.json + model.safetensors): its architecture
+    # name says quick GELU, which a bare state dict cannot.
+    hub = tmp_path / "vit_base_patch16_clip_quickgelu_224.openai"
+    hub.mkdir()
+    save_safetensors(sd, hub / "model.safetensors")
+    (hub / "config.json").write_text(json.dumps({
+        "architecture": "vit_base_patch16_clip_quickgelu_224", "num_classes": 5,
+        "pretrained_cfg": {"mean": [0.48, 0.46, 0.41], "std": [0.27, 0.26, 0.28]}}))
+    assert C.detect_format(hub) == "timm_hub"
+    from_hub = kr.load_checkpoint(hub, num_heads=2)
+    assert from_hub.get_config()["mlp_activation"] == "quick_gelu"
+    np.testing.assert_allclose(to_np(from_hub(x)), ref, atol=1e-4, rtol=1e-4)
+    (hub / "config.json").write_text(json.dumps({"architecture": "resnet50"}))
+    with pytest.raises(C.CheckpointError, match="a timm 'resnet50'; keras_reluvit loads timm "
+                                                "VisionTransformer"):
+        kr.load_checkpoint(hub)
 
 
 def test_timm_pth_reads_with_torch(tmp_path):

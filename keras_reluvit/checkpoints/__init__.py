@@ -77,6 +77,7 @@ def _variant_name(width, patch):
 FORMATS = {
     "hf": (hf.detect, hf.read),
     "keras_hub": (keras_hub.detect, keras_hub.read),
+    "timm_hub": (timm.detect_hub, timm.read_hub),
     "preset": (preset.detect, preset.read),
     "big_vision": (big_vision.detect, big_vision.read),
     "keras": (preset.detect_keras, preset.read_keras),
@@ -85,12 +86,12 @@ FORMATS = {
 }
 # Formats whose reader gives a full architecture + weights map (the ones
 # `kr.load_weights` can check against an existing model).
-CHECKPOINT_FORMATS = ("timm", "big_vision", "keras_hub", "preset", "hf")
+CHECKPOINT_FORMATS = ("timm", "timm_hub", "big_vision", "keras_hub", "preset", "hf")
 
 
 def detect_format(path):
     """The checkpoint format of `path`, one of `FORMATS`: `"hf"`,
-    `"keras_hub"`, `"preset"`, `"big_vision"`, `"keras"`, `"weights_h5"` or
+    `"keras_hub"`, `"timm_hub"`, `"preset"`, `"big_vision"`, `"keras"`, `"weights_h5"` or
     `"timm"`."""
     path = os.fspath(path)
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, PRESET_CONFIG)):

@@ -63,6 +63,40 @@ def read(path, overrides):
     return _timm(_read_timm_file(path), path, overrides)
 
 
+_HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def detect_hub(path):
+    """A timm Hugging Face Hub directory (`push_to_hf_hub` /
+    `save_for_hf`): `config.json` naming an `architecture`, beside
+    `model.safetensors` or `pytorch_model.bin`."""
+    from keras_reluvit.checkpoints.common import read_json
+
+    cfg = os.path.join(path, "config.json")
+    return (os.path.isdir(path) and os.path.exists(cfg)
+            and any(os.path.exists(os.path.join(path, w)) for w in _HUB_WEIGHTS)
+            and "architecture" in read_json(cfg) and "model_type" not in read_json(cfg))
+
+
+def read_hub(path, overrides):
+    """A timm hub directory: the state dict as `read`, plus what the config
+    says and a state dict cannot: OpenAI's quick GELU for the
+    `*_quickgelu_*` architectures (`mlp_activation=` overrides)."""
+    from keras_reluvit.checkpoints.common import read_json
+
+    config = read_json(os.path.join(path, "config.json"))
+    name = str(config["architecture"])
+    if not name.startswith("vit_"):
+        raise CheckpointError(f"{path}: a timm {name!r}; keras_reluvit loads timm "
+                              "VisionTransformer (vit_*) models.")
+    weights = next(os.path.join(path, w) for w in _HUB_WEIGHTS
+                   if os.path.exists(os.path.join(path, w)))
+    arch, w = _timm(_read_timm_file(weights), weights, overrides)
+    if "quickgelu" in name:
+        arch["mlp_activation"] = "quick_gelu"
+    return arch, w
+
+
 def _read_timm_file(path):
     ext = os.path.splitext(path)[1].lower()
     if ext == ".safetensors":
