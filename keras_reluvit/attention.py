@@ -599,6 +599,25 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             weights = ops.reshape(weights, (*batch, self._num_heads, *q_attn, *k_attn))
         return out, weights
 
+    def compute_output_spec(self, query, value, key=None, query_mask=None, value_mask=None,
+                            key_mask=None, attention_mask=None, return_attention_scores=False,
+                            training=None, use_causal_mask=False):
+        """MultiHeadAttention's, with the scores' symbolic shape right for
+        every input (MultiHeadAttention's assumes rank 3 and `T == S`):
+        `(<batch dims>, heads, <query attention dims>, <key attention dims>)`."""
+        out = super().compute_output_spec(query, value, key)
+        if not return_attention_scores:
+            return out
+        rank = len(query.shape)
+        axes = self._attention_axes
+        axes = tuple(range(1, rank - 1)) if axes is None else tuple(
+            a if a >= 0 else rank + a for a in axes)
+        free = [query.shape[a] for a in range(1, rank - 1) if a not in axes]
+        source = value if key is None else key
+        shape = (query.shape[0], *free, self._num_heads, *(query.shape[a] for a in axes),
+                 *(source.shape[a] for a in axes))
+        return out, keras.KerasTensor(shape, dtype=self.compute_dtype)
+
     def _make_output_dense(self, query_shape, common_kwargs, name=None):
         # An initializer given DenseGeneral fans for the (D, H, Dh) q/k/v
         # kernels (input_axes=[0]) gets them for the (H, Dh, D) output kernel

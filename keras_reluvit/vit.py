@@ -255,8 +255,10 @@ class ViT(keras.Model):
     # ---- presets (keras-hub's convention) ----------------------------------
     @classmethod
     def from_preset(cls, preset, **overrides):
-        """Loads a preset directory: one written by `save_to_preset` or a
-        keras-hub `ViTBackbone` / `ViTImageClassifier` preset. Overrides
+        """Loads a model directory: a preset written by `save_to_preset`, a
+        keras-hub `ViTBackbone` / `ViTImageClassifier` preset, a Hugging
+        Face transformers ViT / DeiT / DINOv2 / CLIP directory or a timm hub
+        directory. Overrides
         (`attention`, `num_classes`, `image_size`, ...) as
         `keras_reluvit.load_checkpoint`.
 

@@ -232,3 +232,21 @@ def test_flash_attention_false_is_accepted_and_softmax_keeps_it():
                                   flash_attention=flash)
         mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, flash_attention=flash)
         assert soft._flash_attention == mha._flash_attention
+
+
+def test_symbolic_scores_have_the_shape_the_call_returns():
+    """In a functional model the scores' symbolic shape is the real one, for
+    N-D attention and for T != S (MultiHeadAttention's spec assumes rank 3
+    and T == S)."""
+    for q_shape, v_shape, axes, want in [
+            ((5, D), (7, D), None, (None, H, 5, 7)),
+            ((X, Y, D), (X, 6, D), (2,), (None, X, H, Y, 6)),
+            ((X, Y, D), (2, 5, D), (1, 2), (None, H, X, Y, 2, 5))]:
+        layer = PointwiseAttention(num_heads=H, key_dim=DH, activation="relu",
+                                   attention_axes=axes)
+        q, v = keras.Input(q_shape), keras.Input(v_shape)
+        out, w = layer(q, v, return_attention_scores=True)
+        assert tuple(w.shape) == want
+        model = keras.Model([q, v], [out, w])
+        real = model([np.ones((2, *q_shape), "float32"), np.ones((2, *v_shape), "float32")])
+        assert tuple(real[1].shape) == (2, *want[1:])

@@ -136,6 +136,8 @@ def test_load_weights_and_the_command_line_take_a_transformers_directory(hf, tmp
                    layer_norm_epsilon=1e-12, qk_norm=False)
     kr.load_weights(model, out / "vit")
     np.testing.assert_allclose(to_np(model(ref["images"])), ref["vit"], atol=2e-5, rtol=1e-4)
+    preset = kr.ViT.from_preset(out / "deit")
+    np.testing.assert_allclose(to_np(preset(ref["images"])), ref["deit"], atol=2e-5, rtol=1e-4)
     assert cli.main(["convert", str(out / "clip_vision"), str(tmp_path / "clip.keras")]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["format"] == "hf"
     clip = keras.saving.load_model(tmp_path / "clip.keras")

@@ -235,12 +235,13 @@ def fold_input_normalization(model, mean, std):
 
 
 def from_preset(directory, **overrides):
-    """Loads a preset directory (ours, or a keras-hub ViT) as a `ViT`;
+    """Loads a model directory as a `ViT`: a preset (ours, or a keras-hub
+    ViT), a Hugging Face transformers directory or a timm hub directory;
     `attention`, `num_classes`, `image_size` and other overrides as
-    `load_checkpoint` (the attention defaults to the preset's own)."""
+    `load_checkpoint` (the attention defaults to the checkpoint's own)."""
     directory = os.fspath(directory)
     fmt = detect_format(directory)
-    if fmt not in ("preset", "keras_hub"):
-        raise CheckpointError(f"{directory}: not a preset directory (config.json + "
-                              f"{PRESET_WEIGHTS}).")
+    if fmt not in ("preset", "keras_hub", "hf", "timm_hub"):
+        raise CheckpointError(f"{directory}: not a model directory (a preset's config.json + "
+                              f"{PRESET_WEIGHTS}, a transformers or a timm hub directory).")
     return load_checkpoint(directory, **overrides)
