@@ -243,7 +243,7 @@ def switch_randaugment(layer, image, key=None):
     for op in range(layer.num_ops):
         if key is None:
             t = layer.get_random_transformation(image[None], training=True)
-            index, seeds = t["layer_idxes"][0], None
+            index = t["layer_idxes"][0]
         else:
             op_key = tf.random.experimental.stateless_fold_in(key, op)
             index = tf.random.stateless_uniform([], op_key, 0, len(names), dtype=tf.int32)
