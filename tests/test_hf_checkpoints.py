@@ -186,3 +186,27 @@ def test_bad_transformers_directories_name_the_problem(hf, tmp_path):
     save_file(sd, str(d / "model.safetensors"))
     with pytest.raises(C.CheckpointError, match="relative_position_bias"):
         kr.load_checkpoint(d)
+
+
+def test_every_family_name_map_is_symmetric(hf):
+    """ours -> each family's layout -> ours gives the same weights (the
+    DINOv2-with-registers map folds the class position row into the class
+    token on the way in and writes it back as a zero row)."""
+    from keras_reluvit.checkpoints import hf as H
+    from keras_reluvit.checkpoints.common import _model_weights
+    from keras_reluvit.checkpoints.common import read_links
+    from keras_reluvit.checkpoints.common import write_links
+
+    out, _ = hf
+    for case, family, base, head in [
+            ("deit", "deit", "deit.", "classifier"),
+            ("dinov2_registers", "dinov2_with_registers", "dinov2_with_registers.", "classifier"),
+            ("clip", "clip", "vision_model.", "visual_projection")]:
+        model = kr.load_checkpoint(out / case)
+        ours = _model_weights(model)
+        links = H.name_map(model.get_config(), family, base, head)
+        theirs = write_links(ours, links)
+        back = read_links(theirs, links, case, "the round trip")
+        assert set(back) == set(ours), case
+        for key, (value, _) in back.items():
+            np.testing.assert_allclose(value, ours[key], atol=1e-7, err_msg=f"{case}: {key}")

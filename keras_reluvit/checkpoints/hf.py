@@ -127,9 +127,11 @@ def name_map(arch, family, base="", head="classifier"):
             # HF adds the class row of the position embedding to the class token
             # and gives the registers none: the row is folded into our token.
             links = [lk for lk in links if lk.ours != ("cls/token",)]
+            # (Written back, the class row is zero and the token carries it.)
             links += [Link([e + "cls_token", e + "position_embeddings"],
                            ["cls/token", "pos_embedding/embedding"],
-                           lambda xs: [xs[0] + xs[1][:, :1], xs[1][:, 1:]]),
+                           lambda xs: [xs[0] + xs[1][:, :1], xs[1][:, 1:]],
+                           lambda xs: [xs[0], np.concatenate([0 * xs[1][:, :1], xs[1]], 1)]),
                       Link([e + "register_tokens"], ["reg/token"])]
         else:
             links += [Link([e + "position_embeddings"], ["pos_embedding/embedding"])]
