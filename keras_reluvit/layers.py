@@ -22,12 +22,69 @@ LN_EPS = 1e-6
 MLP_ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu")
 
 
-def resample_posemb(posemb, new_grid, old_grid=None, num_prefix_tokens=0):
-    """Bilinearly resamples a `(1, prefix + h*w, D)` position embedding.
+POSEMB_RESAMPLING = ("bilinear", "bicubic", "bicubic_antialias")
+
+
+def _cubic(x, a):
+    """Keys' cubic convolution kernel."""
+    x = abs(x)
+    if x < 1:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+    if x < 2:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return 0.0
+
+
+def _bicubic_matrix(n_in, n_out):
+    """`(n_out, n_in)` weights of PyTorch's `interpolate(mode="bicubic",
+    align_corners=False)` along one axis: four taps of Keys' cubic with
+    a = -0.75 around each source position, edge samples repeated."""
+    scale = n_in / n_out
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        x = (i + 0.5) * scale - 0.5
+        x0 = math.floor(x)
+        for k in range(-1, 3):
+            m[i, min(max(x0 + k, 0), n_in - 1)] += _cubic(x - (x0 + k), -0.75)
+    return m
+
+
+def _bicubic_antialias_matrix(n_in, n_out):
+    """`(n_out, n_in)` weights of PyTorch's `interpolate(mode="bicubic",
+    antialias=True, align_corners=False)` along one axis (PIL's separable
+    filter: Keys' cubic with a = -0.5, widened by the scale when shrinking,
+    each row normalised)."""
+    def cubic(x):
+        return _cubic(x, -0.5)
+
+    scale = n_in / n_out
+    support = 2.0 * scale if scale >= 1 else 2.0
+    inv = 1.0 / scale if scale >= 1 else 1.0
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), n_in)
+        w = np.array([cubic((j + lo - center + 0.5) * inv) for j in range(hi - lo)])
+        m[i, lo:hi] = w / w.sum()
+    return m
+
+
+def resample_posemb(posemb, new_grid, old_grid=None, num_prefix_tokens=0,
+                    method="bilinear"):
+    """Resamples a `(1, prefix + h*w, D)` position embedding to `new_grid`.
 
     As big_vision's high-resolution fine-tuning: prefix (class token) rows are
     kept, the patch grid is resized. `old_grid` defaults to a square grid.
+    `method`: `"bilinear"` (big_vision's), `"bicubic"` (PyTorch's
+    `interpolate(mode="bicubic")`, as transformers' DINOv2 at run time) or
+    `"bicubic_antialias"` (with `antialias=True`, as timm and transformers'
+    DINOv2-with-registers); the bicubic ones computed here in float64, no
+    torch needed.
     """
+    if method not in POSEMB_RESAMPLING:
+        raise ValueError(f"Unknown posemb resampling {method!r}; valid: "
+                         f"{', '.join(POSEMB_RESAMPLING)}.")
     posemb = np.asarray(posemb, dtype="float32")
     prefix, grid = (
         posemb[:, :num_prefix_tokens],
@@ -45,7 +102,14 @@ def resample_posemb(posemb, new_grid, old_grid=None, num_prefix_tokens=0):
     old_grid, new_grid = tuple(old_grid), tuple(new_grid)
     if old_grid[0] * old_grid[1] != n:
         raise ValueError(f"old_grid {old_grid} does not hold {n} positions.")
-    if old_grid != new_grid:
+    if old_grid != new_grid and method != "bilinear":
+        weights = _bicubic_matrix if method == "bicubic" else _bicubic_antialias_matrix
+        rows = weights(old_grid[0], new_grid[0])
+        cols = weights(old_grid[1], new_grid[1])
+        grid = grid.reshape(*old_grid, -1).astype("float64")
+        grid = np.einsum("ih,hwd,jw->ijd", rows, grid, cols).astype("float32")
+        grid = grid.reshape(1, new_grid[0] * new_grid[1], -1)
+    elif old_grid != new_grid:
         grid = grid.reshape(1, *old_grid, -1)
         grid = keras.ops.convert_to_numpy(
             keras.ops.image.resize(

@@ -26,8 +26,13 @@ SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_s
              patch_size=8)
 
 
-def images():
-    return np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+def images(size=32):
+    return np.random.default_rng(size).uniform(-1, 1, (2, size, size, 3)).astype("float32")
+
+
+# Models also run at other image sizes (transformers' DINOv2 resamples its
+# position embedding at run time: bicubic, antialiased).
+OTHER_SIZES = {"dinov2": (48, 16), "dinov2_registers": (24,)}
 
 
 def pixels(x):
@@ -92,6 +97,9 @@ def make(out):
         model.save_pretrained(os.path.join(out, name), **save)
         with torch.no_grad():
             ref[name] = compute(model, pixels(x)).double().numpy()
+            for size in OTHER_SIZES.get(name, ()):
+                ref[f"{name}@{size}"] = compute(model, pixels(images(size))).double().numpy()
+                ref[f"images@{size}"] = images(size)
     np.savez(os.path.join(out, "reference.npz"), **ref)
 
 

@@ -77,6 +77,19 @@ def test_transformers_directory_equals_transformers(hf, case):
     np.testing.assert_allclose(got, ref[case], atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("case,size", [("dinov2", 48), ("dinov2", 16), ("dinov2_registers", 24)])
+def test_dinov2_at_another_size_equals_transformers_run_time_resampling(hf, case, size):
+    """transformers' DINOv2 resamples its position embedding for other image
+    sizes at run time (bicubic, antialiased); load_checkpoint(image_size=)
+    resamples it once the same way, so the logits agree up and down."""
+    out, ref = hf
+    model = kr.load_checkpoint(out / case, image_size=size)
+    np.testing.assert_allclose(to_np(model(ref[f"images@{size}"])), ref[f"{case}@{size}"],
+                               atol=5e-5, rtol=1e-4)
+    bilinear = kr.load_checkpoint(out / case, image_size=size, posemb_resampling="bilinear")
+    assert np.abs(to_np(bilinear(ref[f"images@{size}"])) - ref[f"{case}@{size}"]).max() > 1e-4
+
+
 def test_relu_attention_fine_tune_start_and_new_head_and_size(hf):
     out, ref = hf
     model = kr.load_checkpoint(out / "dinov2", attention="relu", num_classes=7, image_size=48)

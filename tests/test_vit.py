@@ -469,3 +469,26 @@ def test_clip_and_dinov2_parts_compute_their_definitions(tmp_path):
     cfg = back.get_config()
     assert (cfg["pool"], cfg["pre_norm"], cfg["mlp_activation"]) == ("tok_gap", True, "quick_gelu")
     np.testing.assert_allclose(to_np(back(x)), to_np(model(x)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("antialias", [False, True])
+@pytest.mark.parametrize("old,new", [((4, 4), (6, 6)), ((7, 7), (3, 3)), ((5, 4), (3, 6)),
+                                     ((37, 37), (16, 16))])
+def test_bicubic_posemb_resampling_is_pytorchs(old, new, antialias):
+    """`resample_posemb(method="bicubic" / "bicubic_antialias")` is
+    `torch.nn.functional.interpolate(mode="bicubic", antialias=...)`, the
+    resampling timm and transformers' DINOv2 use, prefix rows kept."""
+    import torch
+
+    method = "bicubic_antialias" if antialias else "bicubic"
+    rng = np.random.default_rng(old[0] * 10 + new[1])
+    posemb = rng.normal(size=(1, 2 + old[0] * old[1], 8)).astype("float32")
+    got = kr.resample_posemb(posemb, new, old, num_prefix_tokens=2, method=method)
+    grid = torch.from_numpy(posemb[:, 2:].reshape(1, *old, 8)).permute(0, 3, 1, 2).double()
+    want = torch.nn.functional.interpolate(grid, size=new, mode="bicubic", antialias=antialias,
+                                           align_corners=False)
+    want = want.permute(0, 2, 3, 1).reshape(1, -1, 8).numpy()
+    np.testing.assert_array_equal(got[:, :2], posemb[:, :2])
+    np.testing.assert_allclose(got[:, 2:], want, atol=1e-6)
+    with pytest.raises(ValueError, match="Unknown posemb resampling 'nearest'"):
+        kr.resample_posemb(posemb, new, old, 2, method="nearest")

@@ -120,7 +120,7 @@ def read_checkpoint(path, **overrides):
 
 
 def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
-                    **overrides):
+                    posemb_resampling=None, **overrides):
     """Builds a `ViT` from a pretrained checkpoint, architecture and weights.
 
     Args:
@@ -139,8 +139,13 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
             fresh zero-initialised head of that size; 0 returns pooled
             features (no head).
         image_size: None keeps the checkpoint's resolution; another size
-            resamples the learned position embedding (bilinear, prefix tokens
-            kept), e.g. a 384 px AugReg checkpoint into a 224 px model.
+            resamples the learned position embedding (prefix tokens kept),
+            e.g. a 384 px AugReg checkpoint into a 224 px model: bilinearly,
+            except for transformers' DINOv2, resampled as transformers does
+            at run time (bicubic; antialiased with registers), so its
+            features at 224 px are transformers' own.
+        posemb_resampling: None (the format's, above), `"bilinear"`,
+            `"bicubic"` or `"bicubic_antialias"` (timm's own resampling).
         **overrides: any other `ViT` argument, for values a checkpoint does not
             store or to change them: `num_heads` (timm state dicts store no
             head count; standard widths are inferred), `mlp_activation`
@@ -165,12 +170,16 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
     """
     path = os.fspath(path)
     arch, weights, fmt = read_checkpoint(path, **overrides)
-    return _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides)
+    return _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides,
+                  posemb_resampling)
 
 
-def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides):
+def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides,
+           posemb_resampling=None):
     arch = dict(arch)
     refused = arch.pop("_needs_num_classes", None)
+    resampling = arch.pop("_posemb_resampling", "bilinear")
+    resampling = posemb_resampling or resampling
     if refused and num_classes is None:
         raise CheckpointError(refused)
     grid_n = arch.pop("_grid", None)
@@ -206,7 +215,7 @@ def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrid
         model = model_class()(**arch)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from e
-    assign(model, weights, path, fresh_head=fresh_head)
+    assign(model, weights, path, fresh_head=fresh_head, posemb_resampling=resampling)
     model.checkpoint_source = {"path": path, "format": fmt}
     return model
 

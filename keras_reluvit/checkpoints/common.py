@@ -86,9 +86,11 @@ def _refuse(path, keys, hint=""):
 _FRESH_OK = re.compile(r".*attention/(gate|log_scale).*")
 
 
-def assign(model, weights, path, fresh_head=False):
+def assign(model, weights, path, fresh_head=False, posemb_resampling="bilinear"):
     """Copies `{variable path: (array, source key)}` into `model` after
-    checking every key and shape (nothing is assigned on an error)."""
+    checking every key and shape (nothing is assigned on an error); a
+    position embedding of another grid is resampled (`posemb_resampling`,
+    see `resample_posemb`)."""
     target = {v.path: v for v in model.weights}
     missing, plan, fresh = [], [], []
     unexpected = sorted(k for k in weights if k not in target)
@@ -108,7 +110,8 @@ def assign(model, weights, path, fresh_head=False):
             n = value.shape[1] - prefix
             side = _square_grid(n, key, path)
             if value.shape[-1] == var.shape[-1]:
-                value = resample_posemb(value, model.grid_size, (side, side), prefix)
+                value = resample_posemb(value, model.grid_size, (side, side), prefix,
+                                        method=posemb_resampling)
         if value.shape != tuple(var.shape):
             raise CheckpointError(
                 f"{path}: {key} has shape {value.shape}; the ViT's {p} needs "

@@ -227,6 +227,11 @@ def read(directory, overrides):
         mlp_activation=_ACTIVATIONS[act], layer_norm_epsilon=float(c["layer_norm_eps"]),
         layer_scale=c.get("layerscale_value") if family.startswith("dinov2") else None,
         pre_norm=family == "clip", image_size=image,
+        # transformers' DINOv2 resamples its position embedding at run time
+        # for other sizes (bicubic; antialiased with registers): we resample
+        # it once, the same way.
+        _posemb_resampling={"dinov2": "bicubic", "dinov2_with_registers": "bicubic_antialias"}
+        .get(family, "bilinear"),
         _native_grid=(image[0] // patch, image[1] // patch),
         include_top=False, num_classes=1000,
     )
