@@ -172,7 +172,8 @@ def _convert(args):
                  if v is not None}
     model = checkpoints.load_checkpoint(args.source, attention=args.attention,
                                         num_classes=args.num_classes,
-                                        image_size=args.image_size, **overrides)
+                                        image_size=args.image_size,
+                                        posemb_resampling=args.posemb_resampling, **overrides)
     out = args.output
     if out.endswith(".keras"):
         model.save(out)
@@ -289,6 +290,8 @@ def parser():
     c.add_argument("--attention", help="attention of the result (default: the "
                    "checkpoint's, softmax for timm/big_vision/keras-hub)")
     c.add_argument("--image-size", type=int, help="resample the position embedding")
+    c.add_argument("--posemb-resampling", choices=["bilinear", "bicubic", "bicubic_antialias"],
+                   help="how (default: the format's; bilinear, transformers' DINOv2 its own)")
     c.add_argument("--num-classes", type=int, help="new head size (0: features only)")
     c.add_argument("--num-heads", type=int, help="heads, where the checkpoint has no count")
     c.add_argument("--mlp-activation", choices=["gelu", "gelu_tanh", "quick_gelu"])
