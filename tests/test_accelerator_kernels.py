@@ -394,7 +394,8 @@ def test_softmax_keeps_multiheadattention_flash_choice():
     assert kr.PointwiseAttention(2, 8, activation="softmax",
                                  flash_attention=True)._flash_attention is True
     assert kr.PointwiseAttention(2, 8, activation="relu")._flash_attention is False
-    with pytest.raises(ValueError, match="selects a softmax kernel.*does not apply to pointwise attention.*KERAS_RELUVIT_KERNEL"):
+    with pytest.raises(ValueError, match="selects a softmax kernel.*does not apply to "
+                                         "pointwise attention.*KERAS_RELUVIT_KERNEL"):
         kr.PointwiseAttention(2, 8, activation="relu", flash_attention=True)
     x = np.random.default_rng(0).normal(size=(2, 5, 16)).astype("float32")
     mha = keras.layers.MultiHeadAttention(2, 8)
