@@ -179,8 +179,10 @@ def pointwise_attention(
         value: `(B, S, H, Dv)` projected values.
         activation: an activation name of `ACTIVATIONS` or a callable `h`.
         seq_len_exponent: alpha >= 0; weights are scaled by `L^-alpha`.
-        mask: optional boolean `(B, T, S)` (or broadcastable), True = attend.
-            `L` is then the number of True entries of each query's row.
+        mask: optional boolean `(B, T, S)` (or broadcastable), True = attend,
+            or a per-head `(B, H, T, S)` (broadcastable; the generic path
+            computes it). `L` is then the number of True entries of each
+            query's row (of its head).
         log_scale: optional `(H,)` per-head log-scale `s_h`; the weights are
             multiplied by `exp(s_h)`.
         dropout_fn: optional callable applied to the weights before they
@@ -211,13 +213,24 @@ def pointwise_attention(
     query, key, value = (ops.convert_to_tensor(x) for x in (query, key, value))
     check_chunk_size(chunk_size)
     kernel_mask = None  # what the fused kernels read: a key mask stays (B, 1, S)
+    per_head = False
     if mask is not None:
         mask = ops.cast(mask, "bool")
         while len(mask.shape) < 3:
             mask = ops.expand_dims(mask, 0)
-        kernel_mask = mask
-        shape = ops.shape(query)[:2] + ops.shape(key)[1:2]
-        mask = ops.broadcast_to(mask, shape)
+        b, t_, h_ = ops.shape(query)[:3]
+        if len(mask.shape) == 4:  # per-head, as MultiHeadAttention broadcasts it
+            per_head = True
+            mask = ops.broadcast_to(mask, (b, h_, t_, ops.shape(key)[1]))
+            if implementation not in (None, "generic"):
+                raise ValueError(f"implementation={implementation!r} takes no per-head mask; "
+                                 "the generic path computes one.")
+        elif len(mask.shape) != 3:
+            raise ValueError(f"`mask` must be (B, T, S) or per-head (B, H, T, S) (or "
+                             f"broadcastable), got shape {tuple(mask.shape)}.")
+        else:
+            kernel_mask = mask
+            mask = ops.broadcast_to(mask, (b, t_, ops.shape(key)[1]))
     t, s = ops.shape(query)[1], ops.shape(key)[1]
     factor = kernels.row_factor(mask, s, alpha, log_scale, query.dtype)
     backend = keras.backend.backend()
@@ -229,7 +242,7 @@ def pointwise_attention(
     symbolic = backend == "torch" and torch_fast.symbolic(query)
     switch = kernels.get_kernel()
     kernel = None if symbolic else kernels.fused_kernel(switch, backend, query, name, value)
-    path = "generic" if symbolic and implementation is None else implementation or kernels.choose(
+    path = "generic" if (symbolic or per_head) and implementation is None else implementation or kernels.choose(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
         recording=recording, sequence_parallel=sp is not None,
         fused=backend == "torch" and mask is None and switch != "generic"
@@ -544,7 +557,8 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         computes the `(B', T, H, Dh)` problem, so `L` counts the unmasked
         keys over all attended axes. The mask broadcasts as MultiHeadAttention
         broadcasts it: `(<batch dims>, <query axes>, <key axes>)`, leading
-        batch dims optional."""
+        batch dims optional, or per head `(<batch dims>, heads, <query
+        axes>, <key axes>)`."""
         rank = len(query.shape)
         attn = tuple(self._attention_axes)
         free = tuple(a for a in range(1, rank - 2) if a not in attn)
@@ -568,19 +582,19 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             target = len(batch) + 2 * n_attn  # scores without the head axis
             while len(mask.shape) < target:
                 mask = ops.expand_dims(mask, -2 * n_attn - 1)
-            if len(mask.shape) > target:
+            if len(mask.shape) > target + 1:
                 raise ValueError(
                     f"`attention_mask` of shape {tuple(mask.shape)} has more axes than "
-                    f"(<batch dims>, <query attention dims>, <key attention dims>) = "
-                    f"{tuple(batch + q_attn + k_attn)}; per-head masks are not "
-                    "supported by pointwise attention.")
-            mask = ops.broadcast_to(mask, (*batch, *q_attn, *k_attn))
+                    f"(<batch dims>, heads, <query attention dims>, <key attention dims>) = "
+                    f"{tuple(batch + [self._num_heads] + q_attn + k_attn)}.")
+            heads = [self._num_heads] if len(mask.shape) == target + 1 else []  # per-head
+            mask = ops.broadcast_to(mask, (*batch, *heads, *q_attn, *k_attn))
             t = s = 1
             for d in q_attn:
                 t *= d
             for d in k_attn:
                 s *= d
-            mask = ops.reshape(mask, (-1, t, s))
+            mask = ops.reshape(mask, (-1, *heads, t, s))
         out = pointwise_attention(
             flat(query), flat(key), flat(value),
             activation=self._activation_name or self._activation_fn,

@@ -198,9 +198,12 @@ def row_factor(mask, num_keys, alpha, log_scale, dtype):
         if mask is None:
             factor = float(num_keys) ** -alpha
         else:
-            counts = ops.sum(ops.cast(mask, "float32"), axis=-1)  # (B, T)
+            counts = ops.sum(ops.cast(mask, "float32"), axis=-1)  # (B, T) or (B, H, T)
             factor = ops.power(ops.maximum(counts, 1.0), -alpha)
-            factor = ops.cast(factor[:, :, None, None], dtype)
+            if len(mask.shape) == 4:  # a per-head mask: (B, H, T) -> (B, T, H, 1)
+                factor = ops.cast(ops.transpose(factor, (0, 2, 1))[..., None], dtype)
+            else:
+                factor = ops.cast(factor[:, :, None, None], dtype)
     if log_scale is not None:
         scale = ops.reshape(ops.cast(ops.exp(log_scale), dtype), (1, 1, -1, 1))
         factor = scale if factor is None else ops.multiply(scale, factor)
@@ -216,12 +219,14 @@ def _apply(out, factor):
 
 
 def scores_and_weights(query, key, h, mask):
-    """Unscaled weights `m_ij h(s_ij)` as (B, H, T, S)."""
+    """Unscaled weights `m_ij h(s_ij)` as (B, H, T, S); `mask` (B, T, S) or
+    per-head (B, H, T, S)."""
     scale = ops.cast(1.0 / math.sqrt(ops.shape(query)[-1]), query.dtype)
     scores = ops.einsum("bthd,bshd->bhts", ops.multiply(query, scale), key)
     weights = h(scores)
     if mask is not None:
-        weights = ops.where(ops.expand_dims(mask, 1), weights, 0.0)
+        weights = ops.where(mask if len(mask.shape) == 4 else ops.expand_dims(mask, 1),
+                            weights, 0.0)
     return weights
 
 

@@ -250,3 +250,66 @@ def test_symbolic_scores_have_the_shape_the_call_returns():
         model = keras.Model([q, v], [out, w])
         real = model([np.ones((2, *q_shape), "float32"), np.ones((2, *v_shape), "float32")])
         assert tuple(real[1].shape) == (2, *want[1:])
+
+
+def _project(p, xkv, weights, spec_w, spec_v, spec_o):
+    """The output of attention weights `weights` on `xkv`'s values, projected."""
+    v = np.einsum(spec_v, xkv, p["wv"]) + p["bv"]
+    o = np.einsum(spec_w, weights, v)
+    return np.einsum(spec_o, o, p["wo"]) + p["bo"]
+
+
+@pytest.mark.parametrize("act", ["softmax"] + ACTS)
+def test_per_head_masks_as_multi_head_attention_takes_them(act):
+    """A `(B, H, T, S)` mask (MultiHeadAttention broadcasts it per head):
+    each head's weights are the formula under its own mask, `L` counted per
+    head; softmax equals MultiHeadAttention with the same mask."""
+    from test_attention import np_attention
+
+    rng = np.random.default_rng(zlib.crc32(act.encode()))
+    T, S = 5, 6
+    layer = PointwiseAttention(num_heads=H, key_dim=DH, activation=act)
+    layer.build((B, T, D), (B, S, D))
+    for v in layer.weights:
+        v.assign(rng.normal(0, 0.5, v.shape).astype("float32"))
+    xq = rng.normal(size=(B, T, D)).astype("float32")
+    xkv = rng.normal(size=(B, S, D)).astype("float32")
+    mask = rng.random((B, H, T, S)) < 0.6
+    mask[..., 0] = True
+    mask[0, 1, 2] = False  # an empty row in one head only
+    y, w = layer(xq, xkv, attention_mask=mask, return_attention_scores=True)
+    if act == "softmax":  # MultiHeadAttention is the reference (also for the empty row)
+        mha = keras.layers.MultiHeadAttention(num_heads=H, key_dim=DH)
+        mha(xq, xkv)
+        mha.set_weights(layer.get_weights())
+        want, want_w = mha(xq, xkv, attention_mask=mask, return_attention_scores=True)
+        np.testing.assert_allclose(to_np(w), to_np(want_w), atol=1e-6)
+        np.testing.assert_allclose(to_np(y), to_np(want), atol=1e-5)
+        return
+    p64 = {k: to_np(v) for k, v in params(layer).items()}
+    per_head = [np_attention(p64, xq.astype("float64"), xkv.astype("float64"), mask[:, h], act,
+                             1.0, False, False)[1][:, h] for h in range(H)]
+    ref_w = np.stack(per_head, axis=1)
+    ref_y = _project(p64, xkv.astype("float64"), ref_w, "bhts,bshk->bthk", "bsd,dhk->bshk",
+                     "bthk,hkd->btd")
+    np.testing.assert_allclose(to_np(w), ref_w, rtol=1e-3, atol=2e-5)
+    np.testing.assert_allclose(to_np(y), ref_y, rtol=1e-3, atol=5e-4)
+
+
+def test_per_head_mask_in_nd_attention():
+    rng = np.random.default_rng(9)
+    layer = make("relu", (2,), seed=9)
+    xq = rng.normal(size=(B, X, Y, D)).astype("float32")
+    mask = rng.random((B, X, H, Y, Y)) < 0.6  # (<batch dims>, heads, <q axes>, <k axes>)
+    mask[..., 0] = True
+    y, w = layer(xq, xq, attention_mask=mask, return_attention_scores=True)
+    p64 = {k: to_np(v) for k, v in params(layer).items()}
+    x64 = xq.astype("float64")
+    ref_w = np.stack([np_nd(p64, x64, x64, (2,), mask[:, :, h], "relu", 1.0)[1][:, :, h]
+                      for h in range(H)], axis=2)
+    ref_y = _project(p64, x64, ref_w, "bxhyv,bxvhk->bxyhk", "bxyd,dhk->bxyhk",
+                     "bxyhk,hkd->bxyd")
+    np.testing.assert_allclose(to_np(w), ref_w, rtol=1e-3, atol=2e-5)
+    np.testing.assert_allclose(to_np(y), ref_y, rtol=1e-3, atol=5e-4)
+    with pytest.raises(ValueError, match="has more axes than"):
+        layer(xq, xq, attention_mask=np.ones((1, B, X, H, Y, Y), bool))
