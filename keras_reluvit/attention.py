@@ -564,18 +564,16 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         free = tuple(a for a in range(1, rank - 2) if a not in attn)
         perm = (0, *free, *attn, rank - 2, rank - 1)
 
-        def flat(x):
-            shape = ops.shape(x)
-            x = ops.transpose(x, perm)
-            n = 1
-            for a in attn:
-                n *= shape[a]
-            return ops.reshape(x, (-1, n, shape[rank - 2], shape[rank - 1]))
-
         q_shape, k_shape = ops.shape(query), ops.shape(key)
         q_attn = [q_shape[a] for a in attn]
         k_attn = [k_shape[a] for a in attn]
         batch = [q_shape[0], *(q_shape[a] for a in free)]
+        t, s = math.prod(q_attn), math.prod(k_attn)  # the flattened sequence lengths
+
+        def flat(x, n):
+            shape = ops.shape(x)
+            return ops.reshape(ops.transpose(x, perm), (-1, n, shape[rank - 2], shape[rank - 1]))
+
         if mask is not None:
             mask = ops.cast(mask, "bool")
             n_attn = len(attn)
@@ -589,14 +587,9 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
                     f"{tuple(batch + [self._num_heads] + q_attn + k_attn)}.")
             heads = [self._num_heads] if len(mask.shape) == target + 1 else []  # per-head
             mask = ops.broadcast_to(mask, (*batch, *heads, *q_attn, *k_attn))
-            t = s = 1
-            for d in q_attn:
-                t *= d
-            for d in k_attn:
-                s *= d
             mask = ops.reshape(mask, (-1, *heads, t, s))
         out = pointwise_attention(
-            flat(query), flat(key), flat(value),
+            flat(query, t), flat(key, s), flat(value, s),
             activation=self._activation_name or self._activation_fn,
             seq_len_exponent=self._seq_len_exponent, mask=mask,
             log_scale=self.log_scale if self._learned_scale else None,

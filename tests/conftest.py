@@ -144,3 +144,18 @@ def imagenet_dir(tmp_path_factory, imagenet_manual):
     return data_dir
 
 
+
+
+def run_hf_reference(*args):
+    """`tests/hf_reference.py ARGS` in a child process: transformers (and the
+    torch it imports) stays out of the test process; no Triton interpreter,
+    no GPU, transformers' own logging quiet."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="")
+    env.pop("TRITON_INTERPRET", None)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_reference.py")
+    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]

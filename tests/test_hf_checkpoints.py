@@ -12,35 +12,24 @@ process again) with our logits.
 
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
 import keras_reluvit as kr
+from conftest import run_hf_reference
 from keras_reluvit import checkpoints as C
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def to_np(x):
     return np.asarray(keras.ops.convert_to_numpy(x), dtype="float64")
 
 
-def run_reference(*args):
-    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="")
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "hf_reference.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf")
-    run_reference("make", str(out))
+    run_hf_reference("make", str(out))
     return out, dict(np.load(out / "reference.npz"))
 
 
@@ -125,7 +114,7 @@ def test_round_trip_ours_to_hf_to_ours_is_exact_and_transformers_agrees(tmp_path
         np.testing.assert_array_equal(to_np(a), to_np(b))
     x = np.random.default_rng(4).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
     np.save(tmp_path / "x.npy", x)
-    run_reference("logits", str(tmp_path / "hf"), str(tmp_path / "x.npy"), str(tmp_path / "y.npy"))
+    run_hf_reference("logits", str(tmp_path / "hf"), str(tmp_path / "x.npy"), str(tmp_path / "y.npy"))
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), to_np(model(x)), atol=2e-5, rtol=1e-4)
 
 

@@ -141,6 +141,15 @@ def _model_weights(model):
     return {v.path: _np(v) for v in model.weights}
 
 
+def _export_weights(model):
+    """`_model_weights`, with a fixed (sincos2d) position embedding as the
+    array the learned-posemb layouts (timm, transformers) store."""
+    w = _model_weights(model)
+    if model.get_config()["posemb"] != "learn":
+        w["pos_embedding/embedding"] = model.get_layer("pos_embedding")._fixed.astype("float32")
+    return w
+
+
 # ---- name maps: one list of links drives a format's reader and its writer ----
 
 class Link:

@@ -24,7 +24,7 @@ import numpy as np
 
 from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import Link
-from keras_reluvit.checkpoints.common import _model_weights
+from keras_reluvit.checkpoints.common import _export_weights
 from keras_reluvit.checkpoints.common import _refuse
 from keras_reluvit.checkpoints.common import head_links
 from keras_reluvit.checkpoints.common import linear_links
@@ -302,9 +302,7 @@ def hf_state_dict(model, directory=None, strict=True):
     if problems:
         raise ValueError(f"{model.name} cannot be written as a transformers ViT: "
                          + "; ".join(problems) + ".")
-    w = _model_weights(model)
-    if cfg["posemb"] != "learn":
-        w["pos_embedding/embedding"] = model.get_layer("pos_embedding")._fixed.astype("float32")
+    w = _export_weights(model)
     top = cfg["include_top"]
     sd = write_links(w, name_map(cfg, "vit", "vit." if top else ""))
     act = {v: k for k, v in _ACTIVATIONS.items() if k != "gelu_new"}[cfg["mlp_activation"]]

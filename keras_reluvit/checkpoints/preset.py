@@ -13,6 +13,7 @@ from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import model_class
 from keras_reluvit.checkpoints.common import _model_weights
 from keras_reluvit.checkpoints.common import _Weights
+from keras_reluvit.checkpoints.common import read_json
 
 PRESET_CONFIG = "config.json"
 PRESET_WEIGHTS = "model.weights.h5"
@@ -37,7 +38,7 @@ def detect(path):
 
 
 def read(path, overrides):
-    return _read_preset(path, path)
+    return _read_preset(path)
 
 
 def detect_keras(path):
@@ -77,14 +78,13 @@ def read_weights_h5(path, overrides):
         "call model.load_weights / kr.load_weights(model, path), or save a preset.")
 
 
-def _read_preset(directory, path):
-    with open(os.path.join(directory, PRESET_CONFIG)) as f:
-        config = json.load(f)
+def _read_preset(path):
+    config = read_json(os.path.join(path, PRESET_CONFIG))
     if config.get("class_name") != "ViT":
         raise CheckpointError(f"{path}: {PRESET_CONFIG} describes a "
                               f"{config.get('class_name')!r}, not a ViT.")
     model = model_class().from_config(config["config"])
-    weights = os.path.join(directory, PRESET_WEIGHTS)
+    weights = os.path.join(path, PRESET_WEIGHTS)
     try:
         model.load_weights(weights)
     except Exception as e:

@@ -9,7 +9,7 @@ import numpy as np
 
 from keras_reluvit import variants
 from keras_reluvit.checkpoints.common import CheckpointError
-from keras_reluvit.checkpoints.common import _model_weights
+from keras_reluvit.checkpoints.common import _export_weights
 from keras_reluvit.checkpoints.common import _posemb_layout
 from keras_reluvit.checkpoints.common import _refuse
 from keras_reluvit.checkpoints.common import _require
@@ -73,9 +73,11 @@ def detect_hub(path):
     from keras_reluvit.checkpoints.common import read_json
 
     cfg = os.path.join(path, "config.json")
-    return (os.path.isdir(path) and os.path.exists(cfg)
-            and any(os.path.exists(os.path.join(path, w)) for w in _HUB_WEIGHTS)
-            and "architecture" in read_json(cfg) and "model_type" not in read_json(cfg))
+    if not (os.path.isdir(path) and os.path.exists(cfg)
+            and any(os.path.exists(os.path.join(path, w)) for w in _HUB_WEIGHTS)):
+        return False
+    config = read_json(cfg)
+    return "architecture" in config and "model_type" not in config
 
 
 def read_hub(path, overrides):
@@ -330,10 +332,8 @@ def timm_state_dict(model, path=None, strict=True):
                          "concatenated with the patch mean).")
     if cfg["pool"] == "map" and cfg["qk_norm"]:
         raise ValueError("timm's attention pool has no qk-norm; this MAP ViT has one.")
-    w = _model_weights(model)
+    w = _export_weights(model)  # sincos2d: written as timm's learned pos_embed
     D, H = cfg["width"], cfg["num_heads"]
-    if cfg["posemb"] != "learn":  # sincos2d: written as timm's learned pos_embed
-        w["pos_embedding/embedding"] = model.get_layer("pos_embedding")._fixed.astype("float32")
     if cfg["pre_norm"]:  # timm's pre-norm PatchEmbed has no bias: fold ours into pos_embed
         pos = np.array(w["pos_embedding/embedding"])
         pos[:, model.posemb_prefix_tokens:] += w.pop("embedding/bias")

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 
+from conftest import run_hf_reference
 from conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,10 +54,7 @@ def make_checkpoints(directory):
                   pre_norm=True, mlp_activation="quick_gelu", attention="softmax")
     kr.export.timm_state_dict(
         clip, os.path.join(directory, "vit_base_patch16_clip_quickgelu_224.safetensors"))
-    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
-    env.pop("TRITON_INTERPRET", None)
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "hf_reference.py"), "readme",
-                    os.path.join(directory, "hf")], check=True, env=env, capture_output=True)
+    run_hf_reference("readme", os.path.join(directory, "hf"))
 
 
 def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
