@@ -32,14 +32,23 @@ and works in `(B, H, T, D)`. Padded keys are masked inside the kernel (they
 add nothing and are not counted in `L`, which the caller's row factor
 already holds); padded query rows get a zero factor and are sliced off.
 
-Limits: each program keeps one head's keys and values for the whole sequence
-resident (`S x D` twice; bf16, D = 64, L = 12545: 3.2 MB): fine for GPUs and
-for TPU VMEM up to a few ten thousand tokens (the scoped VMEM limit is raised
-only where the blocks need it: ~32 MiB for float32, D = 128, L = 12545).
-Masks are read as int32 blocks: a key mask `(B, 1, S)` as one row, a general
-`(B, T, S)` mask as a T x S *read* (the caller's array), never a write. Checked on a CPU: the interpreter's numbers and both lowerings (Pallas
--> Mosaic / Triton IR); not Mosaic's or XLA's final compile to a TPU / GPU
-binary, which needs the device.
+Blocks: 128 x 128 (fewer for short sequences) on TPU; on CUDA each kernel
+caps them by the bytes of a q / k / v row (`GPU_BLOCKS`) so that shared
+memory fits an A100 / H100 (128 x 128 at float32, D = 128 would need
+320-384 KB).
+
+Limits: on TPU each program keeps one head's keys and values for the whole
+sequence resident in VMEM (`S x D` twice; bf16, D = 64, L = 12545: 3.2 MB),
+fine up to a few ten thousand tokens (the scoped VMEM limit is raised only
+where the blocks need it: ~32 MiB for float32, D = 128, L = 12545); on GPUs
+the kernels read key / value blocks from HBM as they loop. Masks are read
+as int32 blocks: a key mask `(B, 1, S)` as one row, a general `(B, T, S)`
+mask as a T x S *read* (the caller's array), never a write.
+
+Checked on a CPU: the interpreter's numbers, both lowerings (Pallas ->
+Mosaic / Triton IR), and the Triton IR compiled for sm_90 by Triton's own
+compiler (cubin and shared memory); not Mosaic's final compile to a TPU
+binary, nor XLA's own Triton, which need the device.
 """
 
 import functools
@@ -103,6 +112,43 @@ def _pow2(n):
 def _block(n):
     """Block size for n tokens: a power of two in [16, MAX_BLOCK]."""
     return min(MAX_BLOCK, _pow2(n))
+
+
+# CUDA (Pallas' Triton backend): caps on (block_q, block_k) per kernel, by the
+# bytes of one q / k / v row (element size x padded head dim; doubled for a
+# general (T, S) mask, whose int32 tiles take shared memory too), so that
+# each program's shared memory stays within ~130 KB on sm_90 with Triton 3.6
+# and 3.9 (an H100 / H200 has 227 KB, an A100 164 KB). Measured by compiling
+# the kernels' Triton IR for sm_90 with Triton's own compiler
+# (tests/once/test_accelerator_build.py): 128 x 128 blocks need 80-128 KB at
+# 128-byte rows (bfloat16, d = 64) but 320-384 KB at 512-byte rows (float32,
+# d = 128). TPU blocks stay 128 x 128 (VMEM is MiBs).
+GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
+    128: {"fwd": (128, 128), "dkdv": (128, 128), "dq": (128, 128)},
+    256: {"fwd": (128, 64), "dkdv": (64, 64), "dq": (64, 64)},
+    512: {"fwd": (64, 32), "dkdv": (32, 64), "dq": (32, 32)},
+    1024: {"fwd": (32, 16), "dkdv": (16, 16), "dq": (16, 16)},
+}
+
+
+def _blocks(cfg, mode, kernel, row_bytes):
+    """The `(block_q, block_k)` of one kernel on one platform: the traced
+    blocks, capped on CUDA (`GPU_BLOCKS`) unless the caller chose them.
+    Caps are powers of two, so they divide the token counts padded to the
+    traced blocks."""
+    bq, bk, forced = cfg[2], cfg[3], cfg[5]
+    if mode != "triton" or forced:
+        return bq, bk
+    caps = GPU_BLOCKS[min((n for n in GPU_BLOCKS if n >= row_bytes), default=max(GPU_BLOCKS))]
+    cq, ck = caps[kernel]
+    return min(bq, cq), min(bk, ck)
+
+
+def _row_bytes(q, v, mask):
+    """`GPU_BLOCKS`' key: the widest q / v row in bytes, doubled when a
+    general `(B, T, S)` mask is read as tiles."""
+    widest = max(jnp.dtype(x.dtype).itemsize * x.shape[-1] for x in (q, v))
+    return widest * (2 if mask is not None and mask.shape[1] > 1 else 1)
 
 
 def _valid(start, size, num_keys, padded_keys, mask):
@@ -282,7 +328,8 @@ def _query_block_inputs(bq, q, k, v, r, mask, do=None):
 
 
 def _forward(cfg, mode, q, k, v, r, mask):
-    act, num_keys, bq, bk, scale = cfg
+    act, num_keys, _, _, scale, _ = cfg
+    bq, bk = _blocks(cfg, mode, "fwd", _row_bytes(q, v, mask))
     b, nh, tp, dp = q.shape
     dvp = v.shape[3]
     in_specs, args = _query_block_inputs(bq, q, k, v, r, mask)
@@ -294,7 +341,9 @@ def _forward(cfg, mode, q, k, v, r, mask):
 
 
 def _backward(cfg, mode, q, k, v, r, mask, do):
-    act, num_keys, bq, bk, scale = cfg
+    act, num_keys, _, _, scale, _ = cfg
+    row_bytes = _row_bytes(q, v, mask)
+    bq, bk = _blocks(cfg, mode, "dkdv", row_bytes)
     b, nh, tp, dp = q.shape
     sp, dvp = k.shape[2], v.shape[3]
     has_mask = mask is not None
@@ -314,6 +363,7 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
                       jax.ShapeDtypeStruct(v.shape, v.dtype)],
                      mode, dp, "pointwise_attention_dkdv")(*args)
     # dQ: one program per query block, looping over key blocks.
+    bq, bk = _blocks(cfg, mode, "dq", row_bytes)
     in_specs, args = _query_block_inputs(bq, q, k, v, r, mask, do)
     kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk,
                                num_keys=num_keys, has_mask=has_mask)
@@ -397,8 +447,9 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
         interpret: True runs Pallas' interpreter (any platform); False/None
             let the platform decide at lowering: Mosaic on TPU, Triton on
             CUDA GPUs, the interpreter elsewhere.
-        block_q, block_k: tile sizes (powers of two); default
-            `min(128, next power of two of the token count)` (>= 16).
+        block_q, block_k: tile sizes (powers of two), on every platform;
+            default `min(128, next power of two of the token count)` (>= 16),
+            capped on CUDA GPUs so shared memory fits (`GPU_BLOCKS`).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"The Pallas kernel computes {sorted(ACTIVATIONS)}, not {activation!r}.")
@@ -421,6 +472,7 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
         rows = 1 if mask.shape[1] == 1 else t  # a key mask stays one row
         mask = jnp.broadcast_to(mask, (b, rows, s)).astype(jnp.int32)
         mask = _pad_to(_pad_to(mask, 1, tp if rows > 1 else 1), 2, sp)
-    cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d))
+    forced = block_q is not None or block_k is not None
+    cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d), forced)
     out = _fused(cfg, bool(interpret), q, k, v, r, mask)
     return jnp.transpose(out[:, :, :t, :dv], (0, 2, 1, 3))

@@ -296,6 +296,47 @@ if BACKEND == "jax":
             text = jax.jit(lambda *a: forward(*a)).trace(tv, x).lower(lowering_platforms=(platform,)).as_text()
             assert call not in text
 
+    @pytest.mark.parametrize("d,dtype,tokens,masked,row_bytes", [
+        (128, "float32", (197, 197), False, 512), (128, "bfloat16", (150, 300), False, 256),
+        (64, "float32", (100, 100), True, 512)])
+    def test_cuda_block_caps_compute_the_same(monkeypatch, d, dtype, tokens, masked, row_bytes):
+        """On CUDA each kernel takes its own capped blocks (`GPU_BLOCKS`, so
+        shared memory fits; a general mask counts its tiles) inside token
+        counts padded for the traced 128-blocks: run here, interpreted, with
+        the CUDA choice forced, the outputs and gradients equal the generic
+        path's."""
+        from keras_reluvit import pallas_attention as pa
+
+        chosen = {}
+        blocks = pa._blocks
+
+        def as_on_cuda(cfg, mode, kernel, row_bytes):
+            chosen[kernel] = blocks(cfg, "triton", kernel, row_bytes)
+            return chosen[kernel]
+
+        monkeypatch.setattr(pa, "_blocks", as_on_cuda)
+        t, s = tokens
+        q, k, v = inputs(1, t, s, 2, d, seed=8)
+        mask = None
+        if masked:  # a general (B, T, S) mask: each query its own keys
+            mask = np.random.default_rng(9).random((1, t, s)) < 0.7
+        compare(q, k, v, dtype=dtype, activation="relu", seq_len_exponent=1.0, mask=mask)
+        caps = pa.GPU_BLOCKS[row_bytes]
+        assert chosen == caps and chosen["fwd"] != (128, 128), chosen
+
+    def test_block_caps_apply_only_on_cuda_and_to_default_blocks():
+        from keras_reluvit import pallas_attention as pa
+
+        cfg = ("relu", 197, 128, 128, 0.125, False)
+        assert pa._blocks(cfg, "triton", "fwd", 512) == (64, 32)
+        assert pa._blocks(cfg, "triton", "dq", 128) == (128, 128)
+        assert pa._blocks(cfg, "triton", "dkdv", 2048) == (16, 16)  # wider: the last row
+        assert pa._blocks(cfg, "tpu", "fwd", 512) == (128, 128)
+        assert pa._blocks(cfg, "interpret", "fwd", 512) == (128, 128)
+        assert pa._blocks(("relu", 20, 32, 16, 0.125, False), "triton", "fwd", 512) == (32, 16)
+        forced = ("relu", 197, 128, 128, 0.125, True)  # the caller's blocks are kept
+        assert pa._blocks(forced, "triton", "fwd", 512) == (128, 128)
+
     def test_one_trace_lowers_per_platform():
         """The platform is chosen at lowering: one traced function gives the
         Mosaic call for TPU, the Triton call for CUDA and runs (interpreted)

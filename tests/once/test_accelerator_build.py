@@ -1,6 +1,8 @@
-"""The Triton kernels compile ahead of time for an H100/H200 (sm_90) with
-Triton's own compiler, without a GPU; and Triton is never loaded after
-TensorFlow (that order aborts the process): the dispatch says so instead."""
+"""The Triton kernels, and the Triton IR that the Pallas kernel lowers to for
+CUDA, compile ahead of time for an H100/H200 (sm_90) with Triton's own
+compiler, without a GPU, and fit its shared memory; and Triton is never
+loaded after TensorFlow (that order aborts the process): the dispatch says
+so instead."""
 
 import json
 import os
@@ -45,6 +47,76 @@ def test_triton_kernels_compile_for_sm90_without_a_gpu():
         for name, k in kernels.items():
             assert k["cubin"] > 10_000 and k["ptx_target"], (variant, name, k)
             assert 0 < k["shared"] <= 227 * 1024, (variant, name, k)  # fits an H100's SMEM
+
+
+# The Pallas kernel on CUDA: Pallas hands XLA a Triton IR module per kernel;
+# captured here as text (through a private jax function: jax 0.10's Pallas
+# Triton lowering) and compiled for sm_90 with the kernel's warps and stages.
+PALLAS_CUDA = r"""
+import json, os, re
+import jax, jax.numpy as jnp
+from jax._src.pallas.triton import pallas_call_registration as registration
+import triton
+from triton.backends.compiler import GPUTarget
+from keras_reluvit import pallas_attention as pa
+
+modules = []
+lower = registration.lowering.lower_jaxpr_to_triton_module
+
+def capture(*args, **kwargs):
+    result = lower(*args, **kwargs)
+    modules.append(result.module.operation.get_asm(enable_debug_info=False))
+    return result
+
+registration.lowering.lower_jaxpr_to_triton_module = capture
+out = {}
+for dtype, d, mask, t in (("bfloat16", 64, None, 197), ("bfloat16", 128, "key", 785),
+                          ("float32", 64, "full", 100), ("float32", 128, "key", 785),
+                          ("float32", 256, None, 197)):
+    del modules[:]
+    q = jax.ShapeDtypeStruct((2, t, 2, d), jnp.dtype(dtype))
+    r = jax.ShapeDtypeStruct((2, t, 2, 1), jnp.float32)
+    m = {None: (), "key": (jax.ShapeDtypeStruct((2, 1, t), jnp.bool_),),
+         "full": (jax.ShapeDtypeStruct((2, t, t), jnp.bool_),)}[mask]
+
+    def loss(q, k, v, r, *m):
+        y = pa.attention(q, k, v, "gelu", r, mask=m[0] if m else None)
+        return y.astype(jnp.float32).sum()
+
+    jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).trace(q, q, q, r, *m).lower(
+        lowering_platforms=("cuda",))
+    params = pa._compiler_params("triton", pa._pow2(d), 0)
+    for text in modules:
+        name = re.search(r"tt.func public @(\w+)", text).group(1)
+        path = os.path.join(os.environ["WORK"], name + ".ttir")
+        with open(path, "w") as f:
+            f.write(text)
+        k = triton.compile(path, target=GPUTarget("cuda", 90, 32), options=dict(
+            num_warps=params.num_warps, num_stages=params.num_stages))
+        out[f"{dtype}/{d}/{mask}/{name}"] = dict(
+            cubin=len(k.asm["cubin"]), ptx_target=".target sm_90" in k.asm["ptx"],
+            shared=k.metadata.shared)
+print(json.dumps(out))
+"""
+
+
+def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
+    """What the CUDA lowering check (tests/test_accelerator_kernels.py)
+    leaves to the GPU: the Pallas kernels' Triton IR through Triton's own
+    pipeline to an sm_90 cubin. Shared memory within an A100's 164 KB (an
+    H100/H200 has 227 KB): 128 x 128 blocks at float32, d = 128 needed
+    320-384 KB before the CUDA block caps (`GPU_BLOCKS`). XLA compiles the
+    IR with the Triton it bundles, not this one: a strong check, not the
+    same binary."""
+    proc = subprocess.run([sys.executable, "-c", PALLAS_CUDA],
+                          env=env(KERAS_BACKEND="jax", WORK=str(tmp_path)),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(result) == 15, sorted(result)  # 5 variants x (fwd, dkdv, dq)
+    for variant, k in result.items():
+        assert k["cubin"] > 10_000 and k["ptx_target"], (variant, k)
+        assert 0 < k["shared"] <= 164 * 1024, (variant, k)
 
 
 GUARD = r"""
