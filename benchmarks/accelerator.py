@@ -98,46 +98,46 @@ def jax_attention(cfg, smoke):
 
     sync = jax.block_until_ready
     gpu = jax.default_backend() == "gpu" and not smoke
+    # One (dtype, L) pair at a time: bf16 at every L first, then fp32.
     for dtype, length in [(d, n) for d in ("bfloat16", "float32") for n in cfg["lengths"]]:
         b = max(1, cfg["tokens"] // length)
         shape = (b, length, cfg["heads"], cfg["head_dim"])
         keys = jax.random.split(jax.random.PRNGKey(0), 4)
-        if True:  # one (dtype, L) pair: bf16 at every L first, then fp32
-            q, k, v, cot = (jax.random.normal(kk, shape, dtype) for kk in keys)
-            # cuDNN's flash attention: GPUs, 16-bit only; elsewhere XLA's softmax.
-            softmax_impl = "cudnn" if dtype == "bfloat16" and gpu else "xla"
-            impls = {
-                "relu/L pallas": lambda a, b_, c: pallas_attention.attention(
-                    a, b_, c, "relu", 1.0 / length),
-                "relu/L generic": lambda a, b_, c: kernels.generic(
-                    a, b_, c, jax.nn.relu, None, 1.0 / length)[0],
-                f"softmax {softmax_impl}": lambda a, b_, c: jax.nn.dot_product_attention(
-                    a, b_, c, implementation=softmax_impl),
-            }
-            for mode in ("fwd", "fwd+bwd"):
-                for impl, f in impls.items():
-                    if mode == "fwd":
-                        fn = jax.jit(f)
-                    else:
-                        def loss(a, b_, c, f=f):
-                            return jnp.sum(f(a, b_, c).astype(jnp.float32) * cot)
-                        fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-                    row = dict(part="attention", backend="jax", impl=impl, dtype=dtype,
-                               L=length, batch=b, mode=mode)
-                    if out_of_time(row):
-                        emit(**row)
-                        continue
-                    try:
-                        compiled = fn.lower(q, k, v).compile()
-                        row["ms"] = timed(lambda: compiled(q, k, v), sync, cfg["min_time"],
-                                          cfg["min_iters"])
-                        if length == cfg["lengths"][-1]:
-                            mem = compiled.memory_analysis()
-                            row["temp_bytes"] = getattr(mem, "temp_size_in_bytes", None)
-                    except Exception as error:  # noqa: BLE001 -- reported in the table
-                        row["error"] = "OOM" if is_oom(error) else type(error).__name__
-                        row["detail"] = str(error)[:300]
+        q, k, v, cot = (jax.random.normal(kk, shape, dtype) for kk in keys)
+        # cuDNN's flash attention: GPUs, 16-bit only; elsewhere XLA's softmax.
+        softmax_impl = "cudnn" if dtype == "bfloat16" and gpu else "xla"
+        impls = {
+            "relu/L pallas": lambda a, b_, c: pallas_attention.attention(
+                a, b_, c, "relu", 1.0 / length),
+            "relu/L generic": lambda a, b_, c: kernels.generic(
+                a, b_, c, jax.nn.relu, None, 1.0 / length)[0],
+            f"softmax {softmax_impl}": lambda a, b_, c: jax.nn.dot_product_attention(
+                a, b_, c, implementation=softmax_impl),
+        }
+        for mode in ("fwd", "fwd+bwd"):
+            for impl, f in impls.items():
+                if mode == "fwd":
+                    fn = jax.jit(f)
+                else:
+                    def loss(a, b_, c, f=f):
+                        return jnp.sum(f(a, b_, c).astype(jnp.float32) * cot)
+                    fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+                row = dict(part="attention", backend="jax", impl=impl, dtype=dtype,
+                           L=length, batch=b, mode=mode)
+                if out_of_time(row):
                     emit(**row)
+                    continue
+                try:
+                    compiled = fn.lower(q, k, v).compile()
+                    row["ms"] = timed(lambda: compiled(q, k, v), sync, cfg["min_time"],
+                                      cfg["min_iters"])
+                    if length == cfg["lengths"][-1]:
+                        mem = compiled.memory_analysis()
+                        row["temp_bytes"] = getattr(mem, "temp_size_in_bytes", None)
+                except Exception as error:  # noqa: BLE001 -- reported in the table
+                    row["error"] = "OOM" if is_oom(error) else type(error).__name__
+                    row["detail"] = str(error)[:300]
+                emit(**row)
 
 
 def setup(backend, smoke):
@@ -174,50 +174,50 @@ def torch_attention(cfg, smoke):
                 return F.scaled_dot_product_attention(*args).transpose(1, 2)
         return f
 
+    # One (dtype, L) pair at a time: bf16 at every L first, then fp32.
     for dtype, length in [(d, n) for d in ("bfloat16", "float32") for n in cfg["lengths"]]:
         b = max(1, cfg["tokens"] // length)
         shape = (b, length, cfg["heads"], cfg["head_dim"])
-        if True:  # one (dtype, L) pair: bf16 at every L first, then fp32
-            tdt = getattr(torch, dtype)
-            gen = torch.Generator(device=device).manual_seed(0)
-            q, k, v, cot = (torch.randn(shape, generator=gen, device=device, dtype=tdt)
-                            for _ in range(4))
-            soft = "FLASH_ATTENTION" if dtype == "bfloat16" else "EFFICIENT_ATTENTION"
-            impls = {
-                "relu/L triton": lambda a, b_, c: triton_attention.attention(
-                    a, b_, c, "relu", 1.0 / length),
-                "relu/L generic": lambda a, b_, c: kernels.generic(
-                    a, b_, c, torch.relu, None, 1.0 / length)[0],
-                f"softmax sdpa {soft.split('_')[0].lower()}": sdpa(soft),
-            }
-            for mode in ("fwd", "fwd+bwd"):
-                for impl, f in impls.items():
-                    row = dict(part="attention", backend="torch", impl=impl, dtype=dtype,
-                               L=length, batch=b, mode=mode)
-                    if out_of_time(row):
-                        emit(**row)
-                        continue
-                    xs = [x.detach().requires_grad_(mode != "fwd") for x in (q, k, v)]
-
-                    def step(f=f, xs=xs, mode=mode):
-                        if mode == "fwd":
-                            with torch.no_grad():
-                                return f(*xs)
-                        out = f(*xs)
-                        return torch.autograd.grad((out * cot).sum(), xs)
-                    try:
-                        if device == "cuda":
-                            torch.cuda.empty_cache()
-                            torch.cuda.reset_peak_memory_stats()
-                            base = torch.cuda.memory_allocated()
-                        row["ms"] = timed(step, sync, cfg["min_time"], cfg["min_iters"])
-                        if device == "cuda" and length == cfg["lengths"][-1]:
-                            row["temp_bytes"] = torch.cuda.max_memory_allocated() - base
-                    except Exception as error:  # noqa: BLE001 -- reported in the table
-                        row["error"] = "OOM" if is_oom(error) else type(error).__name__
-                        row["detail"] = str(error)[:300]
+        tdt = getattr(torch, dtype)
+        gen = torch.Generator(device=device).manual_seed(0)
+        q, k, v, cot = (torch.randn(shape, generator=gen, device=device, dtype=tdt)
+                        for _ in range(4))
+        soft = "FLASH_ATTENTION" if dtype == "bfloat16" else "EFFICIENT_ATTENTION"
+        impls = {
+            "relu/L triton": lambda a, b_, c: triton_attention.attention(
+                a, b_, c, "relu", 1.0 / length),
+            "relu/L generic": lambda a, b_, c: kernels.generic(
+                a, b_, c, torch.relu, None, 1.0 / length)[0],
+            f"softmax sdpa {soft.split('_')[0].lower()}": sdpa(soft),
+        }
+        for mode in ("fwd", "fwd+bwd"):
+            for impl, f in impls.items():
+                row = dict(part="attention", backend="torch", impl=impl, dtype=dtype,
+                           L=length, batch=b, mode=mode)
+                if out_of_time(row):
                     emit(**row)
-                    del xs
+                    continue
+                xs = [x.detach().requires_grad_(mode != "fwd") for x in (q, k, v)]
+
+                def step(f=f, xs=xs, mode=mode):
+                    if mode == "fwd":
+                        with torch.no_grad():
+                            return f(*xs)
+                    out = f(*xs)
+                    return torch.autograd.grad((out * cot).sum(), xs)
+                try:
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+                        torch.cuda.reset_peak_memory_stats()
+                        base = torch.cuda.memory_allocated()
+                    row["ms"] = timed(step, sync, cfg["min_time"], cfg["min_iters"])
+                    if device == "cuda" and length == cfg["lengths"][-1]:
+                        row["temp_bytes"] = torch.cuda.max_memory_allocated() - base
+                except Exception as error:  # noqa: BLE001 -- reported in the table
+                    row["error"] = "OOM" if is_oom(error) else type(error).__name__
+                    row["detail"] = str(error)[:300]
+                emit(**row)
+                del xs
 
 
 # --- whole ViTs --------------------------------------------------------------------
