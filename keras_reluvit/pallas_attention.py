@@ -17,20 +17,29 @@ With `P = h(S)`: `dV = P^T (r dO)`, `dP = (r dO) V^T`, `dS = dP * h'(S)`,
 (for `relu_learned`'s log-scale and nothing else) is `sum_d dO * O / r`.
 No softmax statistic is needed, so nothing but the inputs is kept.
 
-**One source, three lowerings.** The kernel body uses only ref slicing,
-`lax.dot_general`, `fori_loop` and elementwise ops, so the same function
-lowers through Mosaic on TPU and through Pallas' Triton backend on NVIDIA
-GPUs (Triton is chosen explicitly with its `CompilerParams`: jax's default
-GPU backend, Mosaic GPU, wants warpgroup-shaped kernels). `jax.lax.
-platform_dependent` picks the lowering when the program is lowered, not when
-it is traced: a function traced once lowers to the Mosaic call for TPU, the
-Triton call for CUDA and to Pallas' interpreter elsewhere (CPU).
+**One source, three lowerings.** The kernel bodies use only ref slicing
+(or, on CUDA, Pallas' masked loads and stores), `lax.dot_general`,
+`fori_loop` and elementwise ops, so the same functions lower through Mosaic
+on TPU and through Pallas' Triton backend on NVIDIA GPUs (Triton is chosen
+explicitly with its `CompilerParams`: jax's default GPU backend, Mosaic GPU,
+wants warpgroup-shaped kernels). `jax.lax.platform_dependent` picks the
+lowering when the program is lowered, not when it is traced: a function
+traced once lowers to the Mosaic call for TPU, the Triton call for CUDA and
+to Pallas' interpreter elsewhere (CPU).
 
-Shapes: the wrapper takes the layer's `(B, T, H, D)` projections, pads the
-token axes to the block size and the head dim to a power of two (>= 16),
-and works in `(B, H, T, D)`. Padded keys are masked inside the kernel (they
-add nothing and are not counted in `L`, which the caller's row factor
-already holds); padded query rows get a zero factor and are sliced off.
+**Two layouts.** On CUDA (and in the interpreter) the kernels read the
+layer's `(B, T, H, D)` projections *in place* and write `(B, T, H, Dv)`:
+no transpose and no padding copy in HBM (at L = 197 and 785, copies of q,
+k, v and the output would cost about as much HBM time as the kernel's
+matmuls: an estimate from bandwidth and FLOPs, not yet measured); token
+counts that are not a multiple of the block and head dims that are not a
+power of two are handled by masked loads (zeros) and masked stores at the
+true bounds. Mosaic has no masked loads, so on TPU the branch transposes to
+`(B, H, T, D)` and pads the token axes to the blocks and the head dim to a
+power of two (>= 16), with plain ref slices. Either way keys past `S` are
+masked in the score tile (they add nothing and are not counted in `L`,
+which the caller's row factor already holds) and rows past `T` are never
+kept.
 
 Blocks: 128 x 128 (fewer for short sequences) on TPU; on CUDA each kernel
 caps them by the bytes of a q / k / v row (`GPU_BLOCKS`) so that shared
@@ -58,6 +67,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 # Activations and their derivatives, as the kernel computes them (float32).
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -164,38 +174,90 @@ def _valid(start, size, num_keys, padded_keys, mask):
     return valid
 
 
+# --- loads and stores ----------------------------------------------------------
+# Two layouts of the same kernels. "padded" (TPU): the wrapper hands the
+# kernels (B, H, T, D) arrays padded to the blocks, and every access is a plain
+# ref slice (Mosaic has no masked loads). "in place" (CUDA): the kernels read
+# the layer's (B, T, H, D) projections as they are -- no transpose, no padding
+# copies in HBM -- and every load and store is masked at the true bounds
+# `lim = (T, S, D, Dv)` (Pallas' Triton loads: out-of-bounds rows and head-dim
+# columns read as 0, are never written).
+def _bounds(shape, row0, n_rows, col0, n_cols):
+    """The in-bounds part of a `shape` tile starting at (row0, col0)."""
+    valid = None
+    if n_rows is not None:
+        valid = (row0 + lax.broadcasted_iota(jnp.int32, shape, 0)) < n_rows
+    if n_cols is not None:
+        cols = (col0 + lax.broadcasted_iota(jnp.int32, shape, 1)) < n_cols
+        valid = cols if valid is None else jnp.logical_and(valid, cols)
+    return valid
+
+
+def _ld(ref, lim, rows=None, cols=None, row0=0, n_rows=None, col0=0, n_cols=None):
+    """`ref[rows, cols]`; in place (`lim` given) a load masked to rows
+    `< n_rows` and columns `< n_cols` (tile coordinates offset by row0 / col0),
+    zeros elsewhere."""
+    idx = (slice(None) if rows is None else rows, slice(None) if cols is None else cols)
+    if lim is None:
+        return ref[idx]
+    view = ref.at[idx]
+    valid = _bounds(view.shape, row0, n_rows, col0, n_cols)
+    if valid is None:
+        return view[...]
+    return plgpu.load(view, mask=valid, other=0)
+
+
+def _st(ref, x, lim, row0=0, n_rows=None, n_cols=None):
+    """`ref[...] = x`; in place, only the in-bounds rows and columns."""
+    x = x.astype(ref.dtype)
+    if lim is None:
+        ref[...] = x
+        return
+    plgpu.store(ref, x, mask=_bounds(ref.shape, row0, n_rows, 0, n_cols))
+
+
+def _dims(lim):
+    return (None,) * 4 if lim is None else lim
+
+
 # --- kernels -----------------------------------------------------------------
 def _forward_kernel(q_ref, k_ref, v_ref, r_ref, *refs, act, scale, block_k, num_keys,
-                    has_mask):
+                    has_mask, lim):
     mask_ref, o_ref = refs if has_mask else (None, refs[0])
+    t, s_, d, dv = _dims(lim)
     h = ACTIVATIONS[act][0]
-    q = q_ref[...]
+    row0 = pl.program_id(2) * q_ref.shape[0]
+    q = _ld(q_ref, lim, row0=row0, n_rows=t, n_cols=d)
     padded_keys = k_ref.shape[0]
 
     def body(j, acc):
         start = pl.multiple_of(j * block_k, block_k)
         keys = pl.ds(start, block_k)
-        s = _dot(q, k_ref[keys, :], _NT) * scale
+        s = _dot(q, _ld(k_ref, lim, keys, row0=start, n_rows=s_, n_cols=d), _NT) * scale
         w = h(s)
-        valid = _valid(start, block_k, num_keys, padded_keys,
-                       None if mask_ref is None else mask_ref[:, keys])
+        m = None if mask_ref is None else _ld(mask_ref, lim, cols=keys, row0=row0, n_rows=(
+            t if mask_ref.shape[0] > 1 else None), col0=start, n_cols=s_)
+        valid = _valid(start, block_k, num_keys, padded_keys, m)
         if valid is not None:
             w = jnp.where(valid, w, 0.0)
-        v = v_ref[keys, :]
+        v = _ld(v_ref, lim, keys, row0=start, n_rows=s_, n_cols=dv)
         return acc + _dot(w.astype(v.dtype), v, _NN)
 
     acc = jnp.zeros((q.shape[0], v_ref.shape[-1]), jnp.float32)
     acc = lax.fori_loop(0, padded_keys // block_k, body, acc)
-    o_ref[...] = (acc * r_ref[...]).astype(o_ref.dtype)
+    r = _ld(r_ref, lim, row0=row0, n_rows=t)
+    _st(o_ref, acc * r, lim, row0=row0, n_rows=t, n_cols=dv)
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, num_keys,
-                 padded_keys, has_mask):
+                 padded_keys, has_mask, lim):
     mask_ref, dk_ref, dv_ref = refs if has_mask else (None,) + refs
+    t, s_, d, dv_dim = _dims(lim)
     h, dh = ACTIVATIONS[act]
-    k, v = k_ref[...], v_ref[...]
-    block_k = k.shape[0]
+    block_k = k_ref.shape[0]
     start_k = pl.program_id(2) * block_k
+    k = _ld(k_ref, lim, row0=start_k, n_rows=s_, n_cols=d)
+    v = _ld(v_ref, lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
     # Which of this block's keys are real; the same for every query block.
     key_valid = _valid(start_k, block_k, num_keys, padded_keys, None)
 
@@ -203,16 +265,22 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q,
         dk, dv = carry
         start = pl.multiple_of(i * block_q, block_q)
         rows = pl.ds(start, block_q)
-        q = q_ref[rows, :]
+        q = _ld(q_ref, lim, rows, row0=start, n_rows=t, n_cols=d)
         s = _dot(q, k, _NT) * scale
         valid = key_valid
         if mask_ref is not None:  # a (T, bk) block, or (1, bk) for a key mask
-            m = (mask_ref[...] if mask_ref.shape[0] == 1 else mask_ref[rows, :]) != 0
+            if mask_ref.shape[0] == 1:
+                m = _ld(mask_ref, lim, col0=start_k, n_cols=s_)
+            else:
+                m = _ld(mask_ref, lim, rows, row0=start, n_rows=t, col0=start_k, n_cols=s_)
+            m = m != 0
             valid = m if valid is None else jnp.logical_and(valid, m)
         w, g = h(s), dh(s)
         if valid is not None:
             w, g = jnp.where(valid, w, 0.0), jnp.where(valid, g, 0.0)
-        dor = (do_ref[rows, :].astype(jnp.float32) * r_ref[rows, :]).astype(q.dtype)
+        do = _ld(do_ref, lim, rows, row0=start, n_rows=t, n_cols=dv_dim)
+        r = _ld(r_ref, lim, rows, row0=start, n_rows=t)
+        dor = (do.astype(jnp.float32) * r).astype(q.dtype)
         dv = dv + _dot(w.astype(q.dtype).T, dor, _NN)
         ds = _dot(dor, v, _NT) * g * scale
         dk = dk + _dot(ds.astype(q.dtype).T, q, _NN)
@@ -220,33 +288,39 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q,
 
     zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, q_ref.shape[0] // block_q, body, zeros)
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    _st(dk_ref, dk, lim, row0=start_k, n_rows=s_, n_cols=d)
+    _st(dv_ref, dv, lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_k, num_keys,
-               has_mask):
+               has_mask, lim):
     mask_ref, dq_ref = refs if has_mask else (None, refs[0])
+    t, s_, d, dv = _dims(lim)
     dh = ACTIVATIONS[act][1]
-    q = q_ref[...]
-    dor = (do_ref[...].astype(jnp.float32) * r_ref[...]).astype(q.dtype)
+    row0 = pl.program_id(2) * q_ref.shape[0]
+    q = _ld(q_ref, lim, row0=row0, n_rows=t, n_cols=d)
+    do = _ld(do_ref, lim, row0=row0, n_rows=t, n_cols=dv)
+    r = _ld(r_ref, lim, row0=row0, n_rows=t)
+    dor = (do.astype(jnp.float32) * r).astype(q.dtype)
     padded_keys = k_ref.shape[0]
 
     def body(j, dq):
         start = pl.multiple_of(j * block_k, block_k)
         keys = pl.ds(start, block_k)
-        k = k_ref[keys, :]
+        k = _ld(k_ref, lim, keys, row0=start, n_rows=s_, n_cols=d)
         s = _dot(q, k, _NT) * scale
         g = dh(s)
-        valid = _valid(start, block_k, num_keys, padded_keys,
-                       None if mask_ref is None else mask_ref[:, keys])
+        m = None if mask_ref is None else _ld(mask_ref, lim, cols=keys, row0=row0, n_rows=(
+            t if mask_ref.shape[0] > 1 else None), col0=start, n_cols=s_)
+        valid = _valid(start, block_k, num_keys, padded_keys, m)
         if valid is not None:
             g = jnp.where(valid, g, 0.0)
-        ds = _dot(dor, v_ref[keys, :], _NT) * g * scale
+        v = _ld(v_ref, lim, keys, row0=start, n_rows=s_, n_cols=dv)
+        ds = _dot(dor, v, _NT) * g * scale
         return dq + _dot(ds.astype(k.dtype), k, _NN)
 
     dq = lax.fori_loop(0, padded_keys // block_k, body, jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = dq.astype(dq_ref.dtype)
+    _st(dq_ref, dq, lim, row0=row0, n_rows=t, n_cols=d)
 
 
 # --- pallas_call per platform --------------------------------------------------
@@ -272,10 +346,17 @@ def _compiler_params(mode, head_dim, vmem_bytes):
         return pltpu.CompilerParams(dimension_semantics=("parallel",) * 3,
                                     vmem_limit_bytes=limit)
     if mode == "triton":
-        from jax.experimental.pallas import triton as pltriton
-
-        return pltriton.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+        return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
     return None
+
+
+# Platform -> how the kernel is lowered there; chosen when the program is
+# lowered (`lax.platform_dependent`), so one traced function serves all.
+# Elsewhere (a CPU) Pallas' interpreter runs the in-place layout
+# ("interpret"); "interpret_padded" interprets the TPU layout (for tests).
+_PLATFORMS = {"tpu": "tpu", "cuda": "triton"}
+_PADDED = ("tpu", "interpret_padded")
+INTERPRET_MODE = "interpret"
 
 
 def _pallas(kernel, grid, in_specs, out_specs, out_shape, mode, head_dim, name):
@@ -286,104 +367,148 @@ def _pallas(kernel, grid, in_specs, out_specs, out_shape, mode, head_dim, name):
         params = _compiler_params(mode, head_dim, _vmem_bytes(in_specs, out_list, args, outs))
         return pl.pallas_call(
             kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-            compiler_params=params, interpret=mode == "interpret", name=name)(*args)
+            compiler_params=params, interpret=mode.startswith("interpret"), name=name)(*args)
 
     return call
 
 
-def _spec(shape, index_map):
-    return pl.BlockSpec(shape, index_map)
+class _Layout:
+    """Block specs of one layout: "padded" (B, H, T, D) arrays padded to the
+    blocks (TPU), or "in place" (B, T, H, D) arrays as the layer gives them,
+    read with masked loads (CUDA). Grids are (batch, head, token block)."""
+
+    def __init__(self, mode, q, k, v, bq, bk):  # q, k, v: the layer's (B, T, H, D)
+        self.padded = mode in _PADDED
+        self.t, self.s = q.shape[1], k.shape[1]
+        self.d, self.dv = q.shape[3], v.shape[3]
+        self.tp, self.sp = -(-self.t // bq) * bq, -(-self.s // bk) * bk
+        self.dp, self.dvp = _pow2(self.d), _pow2(self.dv)
+        self.lim = None if self.padded else (self.t, self.s, self.d, self.dv)
+
+    def grid(self, tokens, block):
+        """Programs over a token axis: its padded length's blocks (padded),
+        or the blocks that hold a real token (in place)."""
+        n = {"t": (self.t, self.tp), "s": (self.s, self.sp)}[tokens]
+        return (n[1] if self.padded else n[0] + block - 1) // block
+
+    def block(self, n, dim):  # block i of the token axis of head (b, h)
+        if self.padded:
+            return pl.BlockSpec((None, None, n, dim), lambda b, h, i: (b, h, i, 0))
+        return pl.BlockSpec((None, n, None, dim), lambda b, h, i: (b, i, h, 0))
+
+    def whole(self, n, dim):  # every token of head (b, h)
+        if self.padded:
+            return pl.BlockSpec((None, None, n, dim), lambda b, h, i: (b, h, 0, 0))
+        return pl.BlockSpec((None, n, None, dim), lambda b, h, i: (b, 0, h, 0))
+
+    def query_block_inputs(self, bq, q, k, v, r, mask, do=None):
+        """`(in_specs, args)` of a program that owns one query block and
+        reads every key (the forward; dQ, which also reads that block of
+        dO): q, k, v, r[, do][, mask]."""
+        in_specs = [self.block(bq, self.dp), self.whole(self.sp, self.dp),
+                    self.whole(self.sp, self.dvp),
+                    pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))]
+        args = [q, k, v, r]
+        if do is not None:
+            in_specs.append(self.block(bq, self.dvp))
+            args.append(do)
+        if mask is not None:  # (bq, S) rows of a (B, T, S) mask, or a key mask's one row
+            if mask.shape[1] == 1:
+                in_specs.append(pl.BlockSpec((None, 1, self.sp), lambda b, h, i: (b, 0, 0)))
+            else:
+                in_specs.append(pl.BlockSpec((None, bq, self.sp), lambda b, h, i: (b, i, 0)))
+            args.append(mask)
+        return in_specs, args
 
 
-def _query_mask_spec(mask, bq, sp):
-    """A query block's mask rows: `(bq, S)` of a `(B, T, S)` mask, or the one
-    row of a `(B, 1, S)` key mask (never broadcast to T x S in HBM)."""
-    if mask.shape[1] == 1:
-        return _spec((None, 1, sp), lambda b_, h_, i: (b_, 0, 0))
-    return _spec((None, bq, sp), lambda b_, h_, i: (b_, i, 0))
+def _to_padded(x, tokens, dim):
+    """(B, T, H, D) -> (B, H, T, D) padded to `tokens` and `dim`."""
+    return _pad_to(_pad_to(jnp.transpose(x, (0, 2, 1, 3)), 2, tokens), 3, dim)
 
 
-def _block_i(b, h, i):  # index map: block i of the token axis of head (b, h)
-    return b, h, i, 0
+def _from_padded(x, tokens, dim):
+    return jnp.transpose(x[:, :, :tokens, :dim], (0, 2, 1, 3))
 
 
-def _whole(b, h, i):  # index map: all tokens of head (b, h)
-    return b, h, 0, 0
-
-
-def _query_block_inputs(bq, q, k, v, r, mask, do=None):
-    """`(in_specs, args)` of a program that owns one query block and reads
-    every key (the forward; dQ, which also reads that block of dO)."""
-    dp, sp, dvp = q.shape[3], k.shape[2], v.shape[3]
-    in_specs = [_spec((None, None, bq, dp), _block_i), _spec((None, None, sp, dp), _whole),
-                _spec((None, None, sp, dvp), _whole), _spec((None, None, bq, 1), _block_i)]
-    args = [q, k, v, r]
-    if do is not None:
-        in_specs.append(_spec((None, None, bq, dvp), _block_i))
-        args.append(do)
+def _padded_inputs(lay, q, k, v, r, mask, do=None):
+    """The TPU layout's operands: transposed and padded to the blocks."""
+    q, k, v = (_to_padded(q, lay.tp, lay.dp), _to_padded(k, lay.sp, lay.dp),
+               _to_padded(v, lay.sp, lay.dvp))
+    r = _pad_to(r, 2, lay.tp)
     if mask is not None:
-        in_specs.append(_query_mask_spec(mask, bq, sp))
-        args.append(mask)
-    return in_specs, args
+        mask = _pad_to(_pad_to(mask, 1, lay.tp if mask.shape[1] > 1 else 1), 2, lay.sp)
+    do = None if do is None else _to_padded(do, lay.tp, lay.dvp)
+    return q, k, v, r, mask, do
 
 
 def _forward(cfg, mode, q, k, v, r, mask):
     act, num_keys, _, _, scale, _ = cfg
     bq, bk = _blocks(cfg, mode, "fwd", _row_bytes(q, v, mask))
-    b, nh, tp, dp = q.shape
-    dvp = v.shape[3]
-    in_specs, args = _query_block_inputs(bq, q, k, v, r, mask)
+    lay = _Layout(mode, q, k, v, bq, bk)
+    b, nh = q.shape[0], q.shape[2]
+    if lay.padded:
+        q, k, v, r, mask, _ = _padded_inputs(lay, q, k, v, r, mask)
+        out_shape = (b, nh, lay.tp, lay.dvp)
+    else:
+        out_shape = (b, lay.t, nh, lay.dv)
+    in_specs, args = lay.query_block_inputs(bq, q, k, v, r, mask)
     kernel = functools.partial(_forward_kernel, act=act, scale=scale, block_k=bk,
-                               num_keys=num_keys, has_mask=mask is not None)
-    return _pallas(kernel, (b, nh, tp // bq), in_specs, _spec((None, None, bq, dvp), _block_i),
-                   jax.ShapeDtypeStruct((b, nh, tp, dvp), q.dtype), mode, dp,
-                   "pointwise_attention_fwd")(*args)
+                               num_keys=num_keys, has_mask=mask is not None, lim=lay.lim)
+    out = _pallas(kernel, (b, nh, lay.grid("t", bq)), in_specs, lay.block(bq, lay.dvp),
+                  jax.ShapeDtypeStruct(out_shape, q.dtype), mode, lay.dp,
+                  "pointwise_attention_fwd")(*args)
+    return _from_padded(out, lay.t, lay.dv) if lay.padded else out
 
 
 def _backward(cfg, mode, q, k, v, r, mask, do):
     act, num_keys, _, _, scale, _ = cfg
     row_bytes = _row_bytes(q, v, mask)
     bq, bk = _blocks(cfg, mode, "dkdv", row_bytes)
-    b, nh, tp, dp = q.shape
-    sp, dvp = k.shape[2], v.shape[3]
+    bq_dq, bk_dq = _blocks(cfg, mode, "dq", row_bytes)
+    # One padding for both kernels: to the larger blocks (all powers of two).
+    lay = _Layout(mode, q, k, v, max(bq, bq_dq), max(bk, bk_dq))
+    b, nh = q.shape[0], q.shape[2]
+    shapes = [q.shape, k.shape, v.shape]
+    if lay.padded:
+        q, k, v, r, mask, do = _padded_inputs(lay, q, k, v, r, mask, do)
+        shapes = [q.shape, k.shape, v.shape]
     has_mask = mask is not None
     # dK, dV: one program per key block, looping over query blocks.
-    in_specs = [_spec((None, None, tp, dp), _whole), _spec((None, None, bk, dp), _block_i),
-                _spec((None, None, bk, dvp), _block_i), _spec((None, None, tp, 1), _whole),
-                _spec((None, None, tp, dvp), _whole)]
+    in_specs = [lay.whole(lay.tp, lay.dp), lay.block(bk, lay.dp), lay.block(bk, lay.dvp),
+                pl.BlockSpec((None, None, lay.tp, 1), lambda b_, h_, j: (b_, h_, 0, 0)),
+                lay.whole(lay.tp, lay.dvp)]
     args = [q, k, v, r, do]
     if has_mask:
-        in_specs.append(_spec((None, mask.shape[1], bk), lambda b_, h_, j: (b_, 0, j)))
+        rows = mask.shape[1] if mask.shape[1] == 1 else lay.tp
+        in_specs.append(pl.BlockSpec((None, rows, bk), lambda b_, h_, j: (b_, 0, j)))
         args.append(mask)
     kernel = functools.partial(_dkdv_kernel, act=act, scale=scale, block_q=bq,
-                               num_keys=num_keys, padded_keys=sp, has_mask=has_mask)
-    dk, dv = _pallas(kernel, (b, nh, sp // bk), in_specs,
-                     [_spec((None, None, bk, dp), _block_i), _spec((None, None, bk, dvp), _block_i)],
-                     [jax.ShapeDtypeStruct(k.shape, k.dtype),
-                      jax.ShapeDtypeStruct(v.shape, v.dtype)],
-                     mode, dp, "pointwise_attention_dkdv")(*args)
+                               num_keys=num_keys, padded_keys=lay.sp, has_mask=has_mask,
+                               lim=lay.lim)
+    dk, dv = _pallas(kernel, (b, nh, lay.grid("s", bk)), in_specs,
+                     [lay.block(bk, lay.dp), lay.block(bk, lay.dvp)],
+                     [jax.ShapeDtypeStruct(shapes[1], k.dtype),
+                      jax.ShapeDtypeStruct(shapes[2], v.dtype)],
+                     mode, lay.dp, "pointwise_attention_dkdv")(*args)
     # dQ: one program per query block, looping over key blocks.
-    bq, bk = _blocks(cfg, mode, "dq", row_bytes)
-    in_specs, args = _query_block_inputs(bq, q, k, v, r, mask, do)
-    kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk,
-                               num_keys=num_keys, has_mask=has_mask)
-    dq = _pallas(kernel, (b, nh, tp // bq), in_specs, _spec((None, None, bq, dp), _block_i),
-                 jax.ShapeDtypeStruct(q.shape, q.dtype), mode, dp,
+    in_specs, args = lay.query_block_inputs(bq_dq, q, k, v, r, mask, do)
+    kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk_dq,
+                               num_keys=num_keys, has_mask=has_mask, lim=lay.lim)
+    dq = _pallas(kernel, (b, nh, lay.grid("t", bq_dq)), in_specs, lay.block(bq_dq, lay.dp),
+                 jax.ShapeDtypeStruct(shapes[0], q.dtype), mode, lay.dp,
                  "pointwise_attention_dq")(*args)
+    if lay.padded:
+        dq, dk, dv = (_from_padded(dq, lay.t, lay.d), _from_padded(dk, lay.s, lay.d),
+                      _from_padded(dv, lay.s, lay.dv))
     return dq, dk, dv
 
 
-# Platform -> how the kernel is lowered there. Chosen when the program is
-# lowered (`lax.platform_dependent`), so one traced function serves all.
-_PLATFORMS = {"tpu": "tpu", "cuda": "triton"}
-
-
 def _on_platform(fn, cfg, *args, interpret=False):
+    interpreted = functools.partial(fn, cfg, INTERPRET_MODE)
     if interpret:
-        return fn(cfg, "interpret", *args)
+        return interpreted(*args)
     branches = {p: functools.partial(fn, cfg, mode) for p, mode in _PLATFORMS.items()}
-    return lax.platform_dependent(
-        *args, default=functools.partial(fn, cfg, "interpret"), **branches)
+    return lax.platform_dependent(*args, default=interpreted, **branches)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -403,9 +528,9 @@ def _fused_fwd(cfg, interpret, q, k, v, r, mask):
 def _fused_bwd(cfg, interpret, residuals, do):
     q, k, v, r, mask, out = residuals
     dq, dk, dv = _on_platform(_backward, cfg, q, k, v, r, mask, do, interpret=interpret)
-    # o = r * u, so dr = sum_d do * u = sum_d do * o / r (r > 0 on real rows;
-    # padded rows have r = 0 and no gradient).
-    dot = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    # o = r * u, so dr = sum_d do * u = sum_d do * o / r (r > 0 on real rows).
+    dot = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # (B, T, H)
+    dot = jnp.transpose(dot, (0, 2, 1))[..., None]  # like r: (B, H, T, 1)
     dr = jnp.where(r > 0, dot / jnp.where(r > 0, r, 1.0), 0.0)
     return dq, dk, dv, dr, None
 
@@ -454,25 +579,14 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
     if activation not in ACTIVATIONS:
         raise ValueError(f"The Pallas kernel computes {sorted(ACTIVATIONS)}, not {activation!r}.")
     b, t, nh, d = query.shape
-    s, dv = key.shape[1], value.shape[-1]
+    s = key.shape[1]
     bq, bk = block_q or _block(t), block_k or _block(s)
-    tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
-    dp, dvp = _pow2(d), _pow2(dv)
     r = row_factor_array(factor, b, t, nh)
-
-    def layout(x, tokens, dim):  # (B, T, H, D) -> padded (B, H, T, D)
-        x = jnp.transpose(x, (0, 2, 1, 3))
-        return _pad_to(_pad_to(x, 2, tokens), 3, dim)
-
-    q, k, v = layout(query, tp, dp), layout(key, sp, dp), layout(value, sp, dvp)
-    r = _pad_to(r, 2, tp)
     if mask is not None:
         mask = jnp.asarray(mask, bool)
         mask = mask.reshape((1,) * (3 - mask.ndim) + mask.shape)
         rows = 1 if mask.shape[1] == 1 else t  # a key mask stays one row
         mask = jnp.broadcast_to(mask, (b, rows, s)).astype(jnp.int32)
-        mask = _pad_to(_pad_to(mask, 1, tp if rows > 1 else 1), 2, sp)
     forced = block_q is not None or block_k is not None
     cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d), forced)
-    out = _fused(cfg, bool(interpret), q, k, v, r, mask)
-    return jnp.transpose(out[:, :, :t, :dv], (0, 2, 1, 3))
+    return _fused(cfg, bool(interpret), query, key, value, r, mask)

@@ -258,6 +258,26 @@ def test_dispatch_rule_with_a_kernel():
 # --- JAX only: lowering for TPU and CUDA ------------------------------------------
 if BACKEND == "jax":
 
+    @pytest.mark.parametrize("d,dtype,alpha,masked,tokens", GRID[1:4],
+                             ids=["-".join(map(str, c)) for c in GRID[1:4]])
+    def test_kernel_grid_in_the_tpu_layout(monkeypatch, d, dtype, alpha, masked, tokens):
+        """Pallas' interpreter runs the CUDA layout by default (the layer's
+        (B, T, H, D) arrays in place, masked loads; the interpreter pads
+        with NaN, so a read past an array would show); here the TPU one
+        ((B, H, T, D) padded to the blocks, plain loads), as Mosaic runs it:
+        grid cases, and a general mask with a value dim of its own."""
+        from keras_reluvit import pallas_attention as pa
+
+        padded = []
+        pad = pa._padded_inputs
+        monkeypatch.setattr(pa, "_padded_inputs", lambda *a: padded.append(1) or pad(*a))
+        monkeypatch.setattr(pa, "INTERPRET_MODE", "interpret_padded")
+        test_kernel_grid(d, dtype, alpha, masked, tokens)
+        mask = np.tril(np.ones((19, 19), bool))[None].repeat(2, 0)
+        q, k, v = inputs(2, 19, 19, 2, 16, dv=24, seed=3)
+        compare(q, k, v, activation="relu2", seq_len_exponent=1.0, mask=mask)
+        assert len(padded) >= 4  # forward and backward of both calls ran padded
+
     @pytest.mark.parametrize("platform", ["tpu", "cuda"])
     def test_vit_s16_lowers_to_the_kernel_in_every_block(platform):
         """A whole ViT-S/16 ReLU/L forward and training step (value_and_grad)

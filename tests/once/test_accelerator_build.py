@@ -93,9 +93,15 @@ for dtype, d, mask, t in (("bfloat16", 64, None, 197), ("bfloat16", 128, "key", 
             f.write(text)
         k = triton.compile(path, target=GPUTarget("cuda", 90, 32), options=dict(
             num_warps=params.num_warps, num_stages=params.num_stages))
+        # Memory ops without a mask operand (tt.load ptr[, mask[, other]];
+        # tt.store ptr, value[, mask]): the kernels read and write the
+        # layer's arrays in place, so every access must be masked.
+        ops = [line.split(" : ")[0] for line in text.splitlines()
+               if "tt.load " in line or "tt.store " in line]
+        unmasked = [o for o in ops if o.count(",") < (2 if "tt.store" in o else 1)]
         out[f"{dtype}/{d}/{mask}/{name}"] = dict(
             cubin=len(k.asm["cubin"]), ptx_target=".target sm_90" in k.asm["ptx"],
-            shared=k.metadata.shared)
+            shared=k.metadata.shared, memory_ops=len(ops), unmasked=len(unmasked))
 print(json.dumps(out))
 """
 
@@ -105,9 +111,13 @@ def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
     leaves to the GPU: the Pallas kernels' Triton IR through Triton's own
     pipeline to an sm_90 cubin. Shared memory within an A100's 164 KB (an
     H100/H200 has 227 KB): 128 x 128 blocks at float32, d = 128 needed
-    320-384 KB before the CUDA block caps (`GPU_BLOCKS`). XLA compiles the
-    IR with the Triton it bundles, not this one: a strong check, not the
-    same binary."""
+    320-384 KB before the CUDA block caps (`GPU_BLOCKS`). On CUDA the
+    kernels read the (B, T, H, D) arrays in place, token counts and head
+    dims not padded: every load and store in the IR carries a mask (an
+    unmasked one would touch memory past the arrays on a GPU, which
+    Pallas' interpreter, padding the arrays, would not show). XLA compiles
+    the IR with the Triton it bundles, not this one: a strong check, not
+    the same binary."""
     proc = subprocess.run([sys.executable, "-c", PALLAS_CUDA],
                           env=env(KERAS_BACKEND="jax", WORK=str(tmp_path)),
                           capture_output=True, text=True, timeout=600)
@@ -117,6 +127,7 @@ def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
     for variant, k in result.items():
         assert k["cubin"] > 10_000 and k["ptx_target"], (variant, k)
         assert 0 < k["shared"] <= 164 * 1024, (variant, k)
+        assert k["memory_ops"] >= 4 and k["unmasked"] == 0, (variant, k)
 
 
 GUARD = r"""
