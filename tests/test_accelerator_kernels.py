@@ -109,6 +109,7 @@ GRID = [  # head dim, dtype, alpha, mask, tokens (T, S)
     (32, "bfloat16", 1.0, True, (33, 33)),
     (64, "bfloat16", 1.0, False, (197, 197)),
     (128, "bfloat16", 0.5, False, (17, 70)),
+    (80, "float32", 1.0, True, (50, 61)),  # ViT-H's head dim: not a power of two
 ]
 
 
@@ -116,8 +117,8 @@ GRID = [  # head dim, dtype, alpha, mask, tokens (T, S)
 @pytest.mark.parametrize("d,dtype,alpha,masked,tokens", GRID,
                          ids=["-".join(map(str, c)) for c in GRID])
 def test_kernel_grid(d, dtype, alpha, masked, tokens):
-    """Head dims 32/64/128, float32 and bfloat16, alpha 0 / 0.5 / 1, a key
-    padding mask (L counts the unmasked keys), the default blocks."""
+    """Head dims 32/64/128 and 80, float32 and bfloat16, alpha 0 / 0.5 / 1, a
+    key padding mask (L counts the unmasked keys), the default blocks."""
     t, s = tokens
     q, k, v = inputs(2, t, s, 2, d, seed=2)
     mask = key_padding(2, t, s, [s, s // 2 + 1]) if masked else None

@@ -72,7 +72,7 @@ registration.lowering.lower_jaxpr_to_triton_module = capture
 out = {}
 for dtype, d, mask, t in (("bfloat16", 64, None, 197), ("bfloat16", 128, "key", 785),
                           ("float32", 64, "full", 100), ("float32", 128, "key", 785),
-                          ("float32", 256, None, 197)):
+                          ("float32", 256, None, 197), ("bfloat16", 80, None, 257)):
     del modules[:]
     q = jax.ShapeDtypeStruct((2, t, 2, d), jnp.dtype(dtype))
     r = jax.ShapeDtypeStruct((2, t, 2, 1), jnp.float32)
@@ -123,7 +123,7 @@ def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(result) == 15, sorted(result)  # 5 variants x (fwd, dkdv, dq)
+    assert len(result) == 18, sorted(result)  # 6 variants x (fwd, dkdv, dq)
     for variant, k in result.items():
         assert k["cubin"] > 10_000 and k["ptx_target"], (variant, k)
         assert 0 < k["shared"] <= 164 * 1024, (variant, k)
