@@ -19,6 +19,12 @@ do not share the GPU):
   (bf16; fp32 has no flash kernel: the memory-efficient one) vs generic.
   Peak memory of each at the longest L (JAX: the compiled program's temp
   bytes; torch: `max_memory_allocated` above the inputs).
+- check (first, always): the fused kernel against our generic path on this
+  device -- outputs and dQ, dK, dV (and a learned log-scale's gradient) for
+  relu / gelu / relu2, no mask, a key-padding mask and a general mask, head
+  dims 64 and 80, float32 and bfloat16 -- as max |ours - generic| / max
+  |generic|; a failed check makes the run exit non-zero (a benchmark of a
+  wrong kernel is worthless).
 - vit: training steps (AdamW, bf16 mixed precision), images/s, ReLU/L vs
   softmax, ViT-B/16 (224, batch 128) and ViT-S/8 (224, batch 64), on each
   backend (JAX: `jit_compile=True`; torch: eager, torch_fast's fused layers).
@@ -87,6 +93,97 @@ def emit(**row):
 def is_oom(error):
     text = str(error).lower()
     return "out of memory" in text or "resource_exhausted" in text or "oom" in text
+
+
+# --- the kernel on this device against the generic path ---------------------------
+# (activation, T, S, heads, head dim, mask, learned log-scale); smoke: smaller.
+CHECKS = (("relu", 197, 197, 6, 64, None, False),
+          ("gelu", 197, 197, 6, 64, "key", True),
+          ("relu2", 50, 61, 3, 80, "general", False))
+CHECK_TOLERANCE = {"float32": 2e-2, "bfloat16": 6e-2}  # TF32 / bf16 matmuls
+
+
+def check_kernels(backend, smoke):
+    """Rows of max |ours - generic| / max |generic| (output and each
+    gradient) per case and dtype; the generic reference is float32 at the
+    backend's highest matmul precision."""
+    import keras
+    import numpy as np
+
+    from keras_reluvit import pointwise_attention
+
+    ours = "pallas" if backend == "jax" else "triton"
+    if backend == "jax":
+        import jax
+
+        def grads_of(fn, xs):  # value and gradient of sum(fn(*xs) * cot)
+            out = fn(*xs)
+            cot = jax.numpy.asarray(np.random.default_rng(1).normal(size=out.shape), "float32")
+            g = jax.grad(lambda *a: jax.numpy.sum(fn(*a).astype("float32") * cot),
+                         argnums=tuple(range(len(xs))))(*xs)
+            return [np.asarray(out, "float32")] + [np.asarray(x, "float32") for x in g]
+
+        def highest():
+            return jax.default_matmul_precision("highest")
+    else:
+        import contextlib
+
+        import torch
+
+        def grads_of(fn, xs):
+            xs = [x.detach().requires_grad_(True) for x in xs]
+            out = fn(*xs)
+            cot = torch.as_tensor(np.random.default_rng(1).normal(size=tuple(out.shape)),
+                                  dtype=torch.float32, device=out.device)
+            g = torch.autograd.grad((out.float() * cot).sum(), xs)
+            return [out.detach().float().cpu().numpy()] + [x.float().cpu().numpy() for x in g]
+
+        def highest():
+            return contextlib.nullcontext()  # torch's float32 matmuls are IEEE unless TF32 is on
+
+    for act, t, s, h, d, mask_kind, learned in CHECKS:
+        if smoke:
+            t, s, h, d = min(t, 21), min(s, 30), 2, min(d, 24)
+        rng = np.random.default_rng(0)
+        base = [rng.normal(size=(2, n, h, d)).astype("float32") for n in (t, s, s)]
+        if learned:
+            base.append(rng.normal(scale=0.3, size=(h,)).astype("float32"))
+        mask = None
+        if mask_kind == "key":
+            mask = np.ones((2, 1, s), bool)
+            mask[1, :, s // 2:] = False
+        elif mask_kind == "general":
+            mask = rng.random((2, t, s)) < 0.6
+        for dtype in ("float32", "bfloat16"):
+            row = dict(part="check", backend=backend, impl=f"{act} {mask_kind or 'no'} mask",
+                       dtype=dtype, L=s, batch=2, mode=f"h {h}, d {d}")
+
+            def run(impl, dt, xs):
+                def fn(q, k, v, *ls):
+                    cast = [keras.ops.cast(x, dt) for x in (q, k, v)]
+                    out = pointwise_attention(*cast, activation=act, mask=mask,
+                                              log_scale=ls[0] if ls else None,
+                                              implementation=impl)
+                    return keras.ops.cast(out, "float32")
+                return grads_of(fn, xs)
+            try:
+                xs = [keras.ops.convert_to_tensor(x) for x in base]
+                # Both sides see the same (dtype-rounded) inputs.
+                xs = [keras.ops.cast(keras.ops.cast(x, dtype), "float32") for x in xs]
+                got = run(ours, dtype, xs)
+                with highest():
+                    ref = run("generic", "float32", xs)
+                names = ["out", "dq", "dk", "dv", "dlog_scale"][:len(got)]
+                errs = {n: float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+                        for n, a, b in zip(names, got, ref)}
+                row["errors"] = errs
+                row["ok"] = bool(all(np.isfinite(list(errs.values())))
+                                 and max(errs.values()) <= CHECK_TOLERANCE[dtype])
+            except Exception as error:  # noqa: BLE001 -- reported in the table
+                row["error"] = type(error).__name__
+                row["detail"] = str(error)[:300]
+                row["ok"] = False
+            emit(**row)
 
 
 # --- JAX ---------------------------------------------------------------------------
@@ -286,7 +383,8 @@ def worker(backend, parts, smoke, budget=float("inf")):
             return
     print("INFO " + json.dumps(info), flush=True)
     setup(backend, smoke)
-    start = time.perf_counter()
+    start = time.perf_counter()  # the check's time comes out of the budget too
+    check_kernels(backend, smoke)
     if "attention" in parts:  # 60 % of the budget when the ViTs follow
         share = 0.6 if "vit" in parts else 1.0
         _DEADLINE[0] = start + share * budget
@@ -311,6 +409,19 @@ def table(rows, infos, command, elapsed):
              ""]
     for info in infos:
         lines.append("- " + ", ".join(f"{k} {v}" for k, v in info.items()))
+    checks = [r for r in rows if r["part"] == "check"]
+    if checks:
+        lines += ["", "## Kernel check on this device (ours vs our generic path: "
+                  "max abs difference / max abs generic)", "",
+                  "| backend | case | dtype | shape | out | dq | dk | dv | dlog_scale | ok |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in checks:
+            e = r.get("errors", {})
+            cells = [f"{e[n]:.1e}" if n in e else ("-" if "errors" in r else r.get("error", "-"))
+                     for n in ("out", "dq", "dk", "dv", "dlog_scale")]
+            lines.append(f"| {r['backend']} | {r['impl']} | {r['dtype']} | L {r['L']}, "
+                         f"{r['mode']} | " + " | ".join(cells)
+                         + f" | {'yes' if r['ok'] else '**NO**'} |")
     lines += ["", "## Attention (ms per call, median; ratio = baseline ms / ours ms, > 1: "
               "ours faster)", "",
               "| backend | dtype | mode | L | batch | ours ms | softmax ms (impl) | "
@@ -435,7 +546,10 @@ def main(argv=None):
         f.write(text)
         f.write("\n<!-- rows\n" + json.dumps(rows, indent=0) + "\n-->\n")
     print(f"wrote {out}")
-    return 0 if all("failed" not in i for i in infos) else 1
+    failed_checks = [r for r in rows if r["part"] == "check" and not r["ok"]]
+    if failed_checks:
+        print(f"{len(failed_checks)} kernel checks FAILED on this device", file=sys.stderr)
+    return 0 if all("failed" not in i for i in infos) and not failed_checks else 1
 
 
 if __name__ == "__main__":
