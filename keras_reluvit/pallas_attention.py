@@ -143,9 +143,7 @@ GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
 
 def _blocks(cfg, mode, kernel, row_bytes):
     """The `(block_q, block_k)` of one kernel on one platform: the traced
-    blocks, capped on CUDA (`GPU_BLOCKS`) unless the caller chose them.
-    Caps are powers of two, so they divide the token counts padded to the
-    traced blocks."""
+    blocks, capped on CUDA (`GPU_BLOCKS`) unless the caller chose them."""
     bq, bk, forced = cfg[2], cfg[3], cfg[5]
     if mode != "triton" or forced:
         return bq, bk
@@ -175,13 +173,8 @@ def _valid(start, size, num_keys, padded_keys, mask):
 
 
 # --- loads and stores ----------------------------------------------------------
-# Two layouts of the same kernels. "padded" (TPU): the wrapper hands the
-# kernels (B, H, T, D) arrays padded to the blocks, and every access is a plain
-# ref slice (Mosaic has no masked loads). "in place" (CUDA): the kernels read
-# the layer's (B, T, H, D) projections as they are -- no transpose, no padding
-# copies in HBM -- and every load and store is masked at the true bounds
-# `lim = (T, S, D, Dv)` (Pallas' Triton loads: out-of-bounds rows and head-dim
-# columns read as 0, are never written).
+# The two layouts (module docstring): `lim` is None for the padded one (plain
+# ref slices), the true bounds (T, S, D, Dv) for the in-place one (masked).
 def _bounds(shape, row0, n_rows, col0, n_cols):
     """The in-bounds part of a `shape` tile starting at (row0, col0)."""
     valid = None
