@@ -295,7 +295,7 @@ def pointwise_attention(
         if backend != "jax" or name not in pallas_attention.ACTIVATIONS:
             raise ValueError("implementation='pallas' needs the JAX backend and an activation "
                              f"of {sorted(pallas_attention.ACTIVATIONS)}.")
-        return pallas_attention.attention(query, key, value, name, factor, kernel_mask)
+        return kernels.pallas_sharded(query, key, value, name, factor, kernel_mask)
     if path == "triton":
         module = kernels.triton_module() if backend == "torch" else None
         if module is None or name not in module.ACTIVATIONS:

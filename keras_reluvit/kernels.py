@@ -26,7 +26,11 @@ matmul, the activation (and mask) and the value matmul.
 - `pallas`: JAX, the fused kernel of `keras_reluvit.pallas_attention` (tiles
   in on-chip memory, no T x S tensor in HBM, a custom VJP recomputing the
   scores per tile): Mosaic on TPU, Triton on CUDA GPUs, Pallas' interpreter
-  on a CPU (slow: for checking).
+  on a CPU (slow: for checking). Under a multi-device `keras.distribution`
+  it runs per shard (`pallas_sharded`: a `shard_map` over the batch axis,
+  and the head axis of tensor parallelism), since XLA cannot split a
+  kernel's custom call and would otherwise compute the whole batch on
+  every device.
 - `triton`: PyTorch CUDA tensors, the Triton kernels of
   `keras_reluvit.triton_attention` (same algorithm, `torch.autograd.Function`).
 - `sequence_parallel`: JAX under a `kr.distribution.model_parallel(...,
@@ -307,21 +311,78 @@ def torch_tiled(query, key, value, activation_name, h, factor, tile_bh=None, til
     return _apply(out, factor)
 
 
+def _distribution_mesh():
+    """`(distribution, mesh, axis sizes)` of the current `keras.distribution`
+    on JAX when its mesh has more than one device, else None."""
+    if keras.backend.backend() != "jax":
+        return None
+    dist = keras.distribution.distribution()
+    mesh = getattr(dist, "device_mesh", None)
+    if mesh is None or math.prod(mesh.shape) <= 1:
+        return None
+    return dist, mesh, dict(zip(mesh.axis_names, mesh.shape))
+
+
 def sequence_parallel_context():
     """`(mesh, seq_axis, batch_axis, head_axis)` when the current
     `keras.distribution` asks for sequence-parallel attention (JAX, a
     `sequence_axis` of size > 1), else None."""
-    if keras.backend.backend() != "jax":
+    found = _distribution_mesh()
+    if found is None:
         return None
-    dist = keras.distribution.distribution()
+    dist, mesh, sizes = found
     axis = getattr(dist, "sequence_axis", None)
-    if axis is None:
-        return None
-    mesh = dist.device_mesh
-    sizes = dict(zip(mesh.axis_names, mesh.shape))
-    if sizes.get(axis, 1) <= 1:
+    if axis is None or sizes.get(axis, 1) <= 1:
         return None
     return mesh, axis, getattr(dist, "batch_dim_name", None), getattr(dist, "head_axis", None)
+
+
+def pallas_sharded(query, key, value, activation, factor, mask):
+    """The Pallas kernel under the current `keras.distribution` (JAX): XLA
+    cannot split a kernel's custom call, so on a multi-device mesh it would
+    gather the batch onto every device and compute all of it there. Here
+    each device runs the kernel on its own shard instead (a `shard_map` over
+    the distribution's batch axis, and its head axis where tensor
+    parallelism splits the heads), which is exact: attention never mixes
+    batch elements or heads. Without such a mesh, or when neither axis
+    divides, the kernel runs on the whole arrays."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    from keras_reluvit import pallas_attention
+
+    found = _distribution_mesh()
+    if found is None:
+        return pallas_attention.attention(query, key, value, activation, factor, mask)
+    dist, mesh, sizes = found
+    b, t, nh, _ = query.shape
+
+    def axis_if_divides(axis, size, taken=None):
+        return axis if axis in sizes and axis != taken and size % sizes[axis] == 0 else None
+
+    batch = axis_if_divides(getattr(dist, "batch_dim_name", None), b)
+    heads = axis_if_divides(getattr(dist, "head_axis", None), nh, batch)
+    if batch is None and heads is None:
+        return pallas_attention.attention(query, key, value, activation, factor, mask)
+    spec = PartitionSpec(batch, None, heads, None)
+    args, specs = [query, key, value], [spec, spec, spec]
+    if factor is not None and not isinstance(factor, float):  # per row / head: shard it too
+        args.append(jnp.broadcast_to(jnp.asarray(factor, jnp.float32), (b, t, nh, 1)))
+        specs.append(spec)
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        args.append(jnp.broadcast_to(mask, (b,) + mask.shape[1:]))
+        specs.append(PartitionSpec(batch, None, None))
+    constant = factor if factor is None or isinstance(factor, float) else None
+
+    def local(q, k, v, *rest):
+        rest = list(rest)
+        f = rest.pop(0) if constant is None and factor is not None else constant
+        return pallas_attention.attention(q, k, v, activation, f, rest[0] if rest else None)
+
+    return jax.shard_map(local, mesh=mesh.backend_mesh, in_specs=tuple(specs), out_specs=spec,
+                         check_vma=False)(*args)
 
 
 def sequence_parallel(query, key, value, h, factor, mesh, seq_axis, batch_axis=None,
