@@ -130,17 +130,22 @@ def test_cli_train_with_a_mesh_on_eight_jax_devices(tmp_path):
                                       "strategy": "fsdp", "sequence_axis": None}
 
 
+def run_on_eight_devices(script):
+    """A check script of this folder on 8 virtual JAX CPU devices, in a
+    child process; its last line of output, as JSON."""
+    env = subprocess_env("jax")
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), script)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_pallas_kernel_runs_per_shard_under_a_distribution():
     """XLA cannot split the kernel's custom call; under DataParallel and a
     tensor-parallel layout each device runs the Pallas kernel on its own
     batch (and head) shard, with the one-device numbers."""
-    script = os.path.join(os.path.dirname(__file__), "pallas_dist_check.py")
-    env = subprocess_env("jax")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    proc = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = run_on_eight_devices("pallas_dist_check.py")
     assert r["devices"] == 8
     local = {"data_parallel": [[1, 37, 4, 16]],     # batch 8 over 8 devices
              "tensor_parallel": [[4, 37, 1, 16]]}   # batch over 2, 4 heads over 4
@@ -155,13 +160,7 @@ def test_jax_sequence_parallel_attention_equals_dense_on_eight_devices():
     """Tokens sharded over a `seq` mesh axis: partial sums over each device's
     keys combined by one reduce-scatter equal the dense attention, forward
     and gradient; a ViT uses it through the distribution API."""
-    script = os.path.join(os.path.dirname(__file__), "sp_check.py")
-    env = subprocess_env("jax")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    proc = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = run_on_eight_devices("sp_check.py")
     assert r["jax_devices"] == 8
     assert len(r["kernel"]) == 11  # 8 + the padded uneven / one-probe cases + Pallas shards
     for key, e in r["kernel"].items():
