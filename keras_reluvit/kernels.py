@@ -337,6 +337,12 @@ def sequence_parallel_context():
     return mesh, axis, getattr(dist, "batch_dim_name", None), getattr(dist, "head_axis", None)
 
 
+def _axis_if_divides(sizes, axis, size, taken=()):
+    """`axis` when it is a mesh axis (of `sizes`), not one of `taken`, and
+    divides `size`; else None (that dimension stays whole)."""
+    return axis if axis in sizes and axis not in taken and size % sizes[axis] == 0 else None
+
+
 def pallas_sharded(query, key, value, activation, factor, mask):
     """The Pallas kernel under the current `keras.distribution` (JAX): XLA
     cannot split a kernel's custom call, so on a multi-device mesh it would
@@ -358,27 +364,24 @@ def pallas_sharded(query, key, value, activation, factor, mask):
     dist, mesh, sizes = found
     b, t, nh, _ = query.shape
 
-    def axis_if_divides(axis, size, taken=None):
-        return axis if axis in sizes and axis != taken and size % sizes[axis] == 0 else None
-
-    batch = axis_if_divides(getattr(dist, "batch_dim_name", None), b)
-    heads = axis_if_divides(getattr(dist, "head_axis", None), nh, batch)
+    batch = _axis_if_divides(sizes, getattr(dist, "batch_dim_name", None), b)
+    heads = _axis_if_divides(sizes, getattr(dist, "head_axis", None), nh, (batch,))
     if batch is None and heads is None:
         return pallas_attention.attention(query, key, value, activation, factor, mask)
     spec = PartitionSpec(batch, None, heads, None)
     args, specs = [query, key, value], [spec, spec, spec]
-    if factor is not None and not isinstance(factor, float):  # per row / head: shard it too
+    per_row = factor is not None and not isinstance(factor, float)
+    if per_row:  # a factor per row / head is sharded too; a constant stays one
         args.append(jnp.broadcast_to(jnp.asarray(factor, jnp.float32), (b, t, nh, 1)))
         specs.append(spec)
     if mask is not None:
         mask = jnp.asarray(mask)
         args.append(jnp.broadcast_to(mask, (b,) + mask.shape[1:]))
         specs.append(PartitionSpec(batch, None, None))
-    constant = factor if factor is None or isinstance(factor, float) else None
 
     def local(q, k, v, *rest):
         rest = list(rest)
-        f = rest.pop(0) if constant is None and factor is not None else constant
+        f = rest.pop(0) if per_row else factor
         return pallas_attention.attention(q, k, v, activation, f, rest[0] if rest else None)
 
     return jax.shard_map(local, mesh=mesh.backend_mesh, in_specs=tuple(specs), out_specs=spec,
@@ -413,11 +416,8 @@ def sequence_parallel(query, key, value, h, factor, mesh, seq_axis, batch_axis=N
         key = ops.pad(key, [[0, 0], [0, pad_s], [0, 0], [0, 0]])
         value = ops.pad(value, [[0, 0], [0, pad_s], [0, 0], [0, 0]])
 
-    def axis_if_divides(axis, size):
-        return axis if axis in sizes and axis != seq_axis and size % sizes[axis] == 0 else None
-
-    spec = PartitionSpec(axis_if_divides(batch_axis, b), seq_axis,
-                         axis_if_divides(head_axis, nh), None)
+    spec = PartitionSpec(_axis_if_divides(sizes, batch_axis, b, (seq_axis,)), seq_axis,
+                         _axis_if_divides(sizes, head_axis, nh, (seq_axis,)), None)
 
     def local(q, k, v):
         q_all = jax.lax.all_gather(q, seq_axis, axis=1, tiled=True)

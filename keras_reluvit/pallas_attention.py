@@ -461,10 +461,8 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
     # One padding for both kernels: to the larger blocks (all powers of two).
     lay = _Layout(mode, q, k, v, max(bq, bq_dq), max(bk, bk_dq))
     b, nh = q.shape[0], q.shape[2]
-    shapes = [q.shape, k.shape, v.shape]
     if lay.padded:
         q, k, v, r, mask, do = _padded_inputs(lay, q, k, v, r, mask, do)
-        shapes = [q.shape, k.shape, v.shape]
     has_mask = mask is not None
     # dK, dV: one program per key block, looping over query blocks.
     in_specs = [lay.whole(lay.tp, lay.dp), lay.block(bk, lay.dp), lay.block(bk, lay.dvp),
@@ -480,15 +478,15 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
                                lim=lay.lim)
     dk, dv = _pallas(kernel, (b, nh, lay.grid("s", bk)), in_specs,
                      [lay.block(bk, lay.dp), lay.block(bk, lay.dvp)],
-                     [jax.ShapeDtypeStruct(shapes[1], k.dtype),
-                      jax.ShapeDtypeStruct(shapes[2], v.dtype)],
+                     [jax.ShapeDtypeStruct(k.shape, k.dtype),
+                      jax.ShapeDtypeStruct(v.shape, v.dtype)],
                      mode, lay.dp, "pointwise_attention_dkdv")(*args)
     # dQ: one program per query block, looping over key blocks.
     in_specs, args = lay.query_block_inputs(bq_dq, q, k, v, r, mask, do)
     kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk_dq,
                                num_keys=num_keys, has_mask=has_mask, lim=lay.lim)
     dq = _pallas(kernel, (b, nh, lay.grid("t", bq_dq)), in_specs, lay.block(bq_dq, lay.dp),
-                 jax.ShapeDtypeStruct(shapes[0], q.dtype), mode, lay.dp,
+                 jax.ShapeDtypeStruct(q.shape, q.dtype), mode, lay.dp,
                  "pointwise_attention_dq")(*args)
     if lay.padded:
         dq, dk, dv = (_from_padded(dq, lay.t, lay.d), _from_padded(dk, lay.s, lay.d),
