@@ -24,6 +24,7 @@ if not _command_line_help_only():
     from keras_reluvit.attention import PointwiseAttention
     from keras_reluvit.attention import pointwise_attention
     from keras_reluvit.checkpoints import load_checkpoint
+    from keras_reluvit.checkpoints import load_model
     from keras_reluvit.kernels import get_kernel
     from keras_reluvit.kernels import set_kernel
     from keras_reluvit.kernels import use_kernel
@@ -32,6 +33,11 @@ if not _command_line_help_only():
     from keras_reluvit.layers import MAPHead
     from keras_reluvit.layers import MLPBlock
     from keras_reluvit.layers import PositionEmbedding
+    from keras_reluvit.preprocessing import ImagePreprocessor
+    from keras_reluvit.preprocessing import decode_predictions
+    from keras_reluvit.preprocessing import imagenet1k_labels
+    from keras_reluvit.preprocessing import load_image
+    from keras_reluvit.preprocessing import preprocess
     from keras_reluvit.attention_kinds import attention_kinds
     from keras_reluvit.attention_kinds import attention_presets  # deprecated alias
     from keras_reluvit.vit import VARIANTS
@@ -59,4 +65,5 @@ if not _command_line_help_only():
     from keras_reluvit import data
     from keras_reluvit import distribution
     from keras_reluvit import export
+    from keras_reluvit import preprocessing
     from keras_reluvit import recipes

@@ -1,4 +1,4 @@
-"""`keras-reluvit train | eval | export | convert | prepare | bench | recipes | attention`.
+"""`keras-reluvit train | eval | predict | export | convert | prepare | bench | recipes | attention`.
 
 Examples:
 
@@ -6,6 +6,7 @@ Examples:
     keras-reluvit train --model vit_s16 --attention relu --dataset imagenet2012 \\
         --data-dir ~/tensorflow_datasets --recipe s16_i1k_90ep --output runs/s16_relu
     keras-reluvit eval runs/s16_relu/model.keras --dataset imagenet2012 --data-dir ...
+    keras-reluvit predict hf://timm/vit_small_patch16_224.augreg_in21k_ft_in1k cat.jpg
     keras-reluvit export runs/s16_relu/model.keras serving/vit_s16_relu/1
     keras-reluvit bench --dataset imagenet2012 --data-dir ~/tensorflow_datasets
     keras-reluvit prepare imagenet2012 --data-dir ~/tensorflow_datasets --manual-dir ~/ilsvrc
@@ -106,13 +107,42 @@ def _eval(args):
     from keras_reluvit import data as kr_data
     from keras_reluvit import recipes
 
-    model = keras.saving.load_model(args.model, compile=False)
+    model = _load_any(args.model)
     _prepared(args.dataset, args.data_dir, args.manual_dir)
     d = kr_data.load(args.dataset, args.batch_size, image_size=model.image_size,
-                     data_dir=args.data_dir, train_split=None, val_split=args.split)
+                     data_dir=args.data_dir, train_split=None, val_split=args.split,
+                     preprocessing=getattr(model, "preprocessing", None))
     recipes.compile(model, "digits", steps_per_epoch=1)
     result = model.evaluate(d.val, return_dict=True, verbose=0)
     print(json.dumps({k: float(v) for k, v in result.items()}))
+
+
+def _load_any(source):
+    """A `.keras` file, a preset / hub directory, a checkpoint file or an
+    `hf://` handle, as a model."""
+    from keras_reluvit import checkpoints
+
+    return checkpoints.load_model(source)
+
+
+def _predict(args):
+    from keras_reluvit import preprocessing
+
+    model = _load_any(args.model)
+    results = []
+    for path in args.images:
+        image = preprocessing.load_image(path)
+        logits = model.predict(model.preprocessor(image), verbose=0)
+        probs = preprocessing.probabilities(logits, args.activation)
+        top = preprocessing.decode_predictions(probs, model, top=args.top)[0]
+        results.append({"image": path, "top": [{"label": n, "probability": round(p, 6)}
+                                               for n, p in top]})
+        if not args.json:
+            print(path)
+            for name, p in top:
+                print(f"  {p:8.4f}  {name}")
+    if args.json:
+        print(json.dumps(results, indent=2))
 
 
 def _export(args):
@@ -261,6 +291,17 @@ def parser():
     e.add_argument("--batch-size", type=int, default=256)
     e.set_defaults(func=_eval)
 
+    pd = sub.add_parser("predict", help="top-5 classes of photographs, with the model's own "
+                        "preprocessing")
+    pd.add_argument("model", help="a .keras file, a preset / timm / transformers / keras-hub "
+                    "directory, a checkpoint file or an hf://org/name handle")
+    pd.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
+    pd.add_argument("--top", type=int, default=5)
+    pd.add_argument("--activation", choices=["softmax", "sigmoid"], default="softmax",
+                    help="logits to probabilities (sigmoid for sigmoid-loss models)")
+    pd.add_argument("--json", action="store_true", help="print JSON")
+    pd.set_defaults(func=_predict)
+
     x = sub.add_parser("export", help="export a .keras model as a TF SavedModel (or ONNX)")
     x.add_argument("model")
     x.add_argument("path")
@@ -321,7 +362,7 @@ EXTRA_OF = {
     "tensorflow": "train", "tensorflow_datasets": "train", "sklearn": "train",
     "matplotlib": "train", "tensorboard": "train", "importlib_resources": "train",
     "tf2onnx": "onnx", "onnx": "onnx", "onnxruntime": "onnx",
-    "jax": "jax", "torch": "torch", "triton": "cuda",
+    "jax": "jax", "torch": "torch", "triton": "cuda", "huggingface_hub": "hub",
 }
 
 

@@ -7,8 +7,13 @@ Python per image), big_vision's preprocessing:
   model resolution | random left-right flip | RandAugment (Keras core layer,
   per image, see `switch_randaugment`) |
   value range [-1, 1] | one-hot labels | MixUp (big_vision semantics).
-- eval: resize the shorter side to `resolution * 256 / 224` (area) | central
-  crop | value range [-1, 1] | one-hot labels. Deterministic.
+- eval: the model's own recipe (`preprocessing=`, see
+  `keras_reluvit.preprocessing`; by default ours and big_vision's: the
+  shorter side to `floor(resolution * 256 / 224)`, area | central crop |
+  [-1, 1]) | one-hot labels. Deterministic.
+
+Train images are normalised with the recipe's mean/std too, so a checkpoint
+fine-tuned here sees the value range it was trained on.
 
 The batches feed `model.fit` on every Keras backend (Keras converts tf.data
 batches for JAX and PyTorch).
@@ -24,6 +29,10 @@ import dataclasses
 import os
 
 import numpy as np
+
+from keras_reluvit.preprocessing import check_preprocessing
+from keras_reluvit.preprocessing import normalise
+from keras_reluvit.preprocessing import tf_preprocess
 
 ILSVRC_HELP = """ImageNet (imagenet2012) is not prepared in {data_dir}.
 tfds cannot download it. Put the two official archives in a manual directory:
@@ -165,21 +174,11 @@ def inception_crop(image, size, area, aspect, seed):
 
 
 def resize_small_central_crop(image, size):
-    """Resize the shorter side to size*256/224 (area), central crop `size`.
+    """Our evaluation geometry: the shorter side to `floor(size * 256 / 224)`
+    (area; the longer side in proportion, truncated), central crop `size`;
+    0-255 pixels out. `image` is `[H, W, C]` or a batch `[N, H, W, C]`."""
 
-    `image` is `[H, W, C]` or a batch `[N, H, W, C]` (float).
-    """
-    tf = _tf()
-    h, w = size
-    small = tf.cast(tf.round(min(h, w) * 256 / 224), tf.float32)
-    shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
-    ratio = small / tf.reduce_min(shape)
-    new = tf.cast(tf.round(shape * ratio), tf.int32)
-    new = tf.maximum(new, [h, w])
-    image = tf.image.resize(image, new, method="area")
-    top = (new[0] - h) // 2
-    left = (new[1] - w) // 2
-    return image[..., top : top + h, left : left + w, :]
+    return tf_preprocess(image, size, normalize=False)
 
 
 def to_rgb(image):
@@ -287,8 +286,12 @@ def pipeline(
     shuffle_buffer=10_000,
     drop_remainder=None,
     cache=False,
+    preprocessing=None,
 ):
     """Maps a tfds `{"image", "label"}` dataset to `(images, one_hot)` batches.
+
+    `preprocessing`: the model's recipe (`model.preprocessing`; default
+    ours): the evaluation geometry, and the normalisation of every image.
 
     Train: one shuffled pass per epoch (full batches, so `len(ds)` is the
     number of steps), seeded by `seed` yet different in every epoch,
@@ -297,6 +300,8 @@ def pipeline(
     tf = _tf()
     import keras
 
+
+    recipe = check_preprocessing(preprocessing)
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     aug = augment or Augment()
     AUTO = tf.data.AUTOTUNE
@@ -322,15 +327,12 @@ def pipeline(
                 image = tf.image.stateless_random_flip_left_right(image, s2)
             if randaug is not None:  # keyed by the example's own random draw
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
+            image = normalise(tf.clip_by_value(image, 0.0, 255.0), recipe)
         else:
-            image = resize_small_central_crop(image, size)
-        image = tf.ensure_shape(tf.clip_by_value(image, 0.0, 255.0), (*size, 3))
+            image = tf_preprocess(image, size, recipe)
+        image = tf.ensure_shape(image, (*size, 3))
         label = tf.one_hot(example["label"], num_classes)
         return image, label
-
-    def finish(images, labels):
-        images = images / 127.5 - 1.0
-        return images, labels
 
     def randoms(offset):
         # Seeded, and different in every epoch (each new iterator).
@@ -347,7 +349,6 @@ def pipeline(
     # Train batches are full (one epoch = one pass, len(train) = steps).
     drop = train if drop_remainder is None else drop_remainder
     ds = ds.batch(batch_size, drop_remainder=drop, num_parallel_calls=AUTO)
-    ds = ds.map(finish, num_parallel_calls=AUTO)
     if train and aug.mixup > 0:
         p = float(aug.mixup)
         ds = tf.data.Dataset.zip((ds, randoms(1)))
@@ -399,8 +400,12 @@ def load(
     manual_dir=None,
     process_index=0,
     process_count=1,
+    preprocessing=None,
 ):
     """Train and validation pipelines of a tfds dataset, by name.
+
+    `preprocessing`: the model's recipe (`model.preprocessing`, default
+    ours), for the evaluation geometry and the normalisation of all images.
 
     Returns a `Data`, which unpacks as `(train, val, info)`; `len(train)` is
     the number of steps of one epoch (one pass over the split).
@@ -446,7 +451,7 @@ def load(
             raw = b.as_dataset(split=shards[i], shuffle_files=True,
                                read_config=tfds.ReadConfig(shuffle_seed=shard_seed))
             return pipeline(raw, num_classes, image_size, local_batch, True, augment,
-                            shard_seed, cache=cache)
+                            shard_seed, cache=cache, preprocessing=preprocessing)
 
         if process_index is not None:
             train = shard_pipeline(int(process_index))
@@ -459,7 +464,7 @@ def load(
         raw = b.as_dataset(split=val_split, shuffle_files=False)
         val = pipeline(raw, num_classes, image_size,
                        eval_batch_size or (batch_size if process_index is None else local_batch),
-                       False, cache=cache)
+                       False, cache=cache, preprocessing=preprocessing)
     return Data(train, val, b.info, num_classes, steps, label_names)
 
 

@@ -10,13 +10,16 @@ backend-independent; the logits agree across backends to <= 1e-4).
 Signatures (dynamic batch):
 
 - `serving_default`: uint8 images `[N, H, W, 3]` of any H, W -> the
-  evaluation preprocessing in the graph (resize the shorter side to
-  `res * 256 / 224`, area; central crop; [-1, 1]) -> `probabilities`
-  `[N, C]`, `top_k_classes`, `top_k_scores` (k = min(5, C)) and
-  `top_k_labels` when class names are known;
+  model's own preprocessing in the graph (`model.preprocessing`: its
+  checkpoint's resize, crop and mean/std, antialiased; see
+  `keras_reluvit.preprocessing`) -> `probabilities` `[N, C]`,
+  `top_k_classes`, `top_k_scores` (k = min(5, C)) and `top_k_labels` when
+  class names are known (`model.label_names` by default);
 - `serve_bytes`: encoded JPEG/PNG/GIF/BMP strings `[N]` -> the same outputs
-  (decoded in the graph; each image is preprocessed on its own size);
-- `serve_preprocessed`: float `[N, res, res, 3]` in [-1, 1] -> `logits`;
+  (decoded in the graph, JPEG with the accurate integer DCT as PIL does;
+  each image is preprocessed on its own size);
+- `serve_preprocessed`: float model inputs `[N, res, res, 3]` (after the
+  preprocessing) -> `logits`;
 - `serve_preprocessed_xla`: the same, XLA-compiled (`jit_compile=True`).
 
 `onnx(model, path)` writes the classifier (preprocessed float images ->
@@ -127,13 +130,14 @@ def saved_model(model, path, label_names=None, activation="softmax", top_k=5,
     Example:
 
     ```python
-    kr.export.saved_model(model, "serving/vit_s16_relu/1", label_names=info.label_names)
+    kr.export.saved_model(model, "serving/vit_s16_relu/1")  # label names: the model's
     ```
     """
     if activation not in ("softmax", "sigmoid"):
         raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}.")
     if not hasattr(model, "image_size") or not model.get_config().get("include_top", True):
         raise ValueError("saved_model exports a keras_reluvit ViT classifier (include_top=True).")
+    label_names = label_names or model.label_names
     options = dict(label_names=list(label_names) if label_names else None,
                    activation=activation, top_k=int(top_k))
     path = os.path.expanduser(os.fspath(path))
@@ -164,22 +168,23 @@ def _write_onnx(model, path):
     return path
 
 
-def preprocess_uint8(images, size):
-    """uint8 `[N, H, W, 3]` -> float `[N, h, w, 3]` in [-1, 1], as evaluation."""
-    import tensorflow as tf
+def preprocess_uint8(images, size, preprocessing=None):
+    """uint8 `[N, H, W, 3]` -> the model inputs `[N, h, w, 3]` under the
+    recipe `preprocessing` (default ours), in TensorFlow ops, as the
+    `serving_default` signature computes them."""
+    from keras_reluvit.preprocessing import tf_preprocess
 
-    from keras_reluvit.data import resize_small_central_crop
-
-    x = resize_small_central_crop(tf.cast(images, tf.float32), size)
-    return tf.clip_by_value(x, 0.0, 255.0) / 127.5 - 1.0
+    return tf_preprocess(images, tuple(size), preprocessing)
 
 
 def _write_saved_model(model, path, label_names=None, activation="softmax", top_k=5):
     import tensorflow as tf
 
-    from keras_reluvit.data import resize_small_central_crop
+    from keras_reluvit.preprocessing import decode_image
+    from keras_reluvit.preprocessing import tf_preprocess
 
     size = tuple(model.image_size)
+    recipe = model.preprocessing
     num_classes = int(model.output_shape[-1])
     k = min(top_k, num_classes)
     if label_names is not None and len(label_names) != num_classes:
@@ -195,12 +200,10 @@ def _write_saved_model(model, path, label_names=None, activation="softmax", top_
         return out
 
     def serve_uint8(images):
-        return outputs(model(preprocess_uint8(images, size), training=False))
+        return outputs(model(tf_preprocess(images, size, recipe), training=False))
 
     def decode_one(data):
-        image = tf.io.decode_image(data, channels=3, expand_animations=False)
-        image = resize_small_central_crop(tf.cast(image, tf.float32), size)
-        return tf.clip_by_value(image, 0.0, 255.0) / 127.5 - 1.0
+        return tf_preprocess(decode_image(data), size, recipe)
 
     def serve_bytes(data):
         x = tf.map_fn(decode_one, data, fn_output_signature=tf.TensorSpec((*size, 3), tf.float32))

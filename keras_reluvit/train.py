@@ -24,6 +24,7 @@ from keras_reluvit import callbacks as kr_callbacks
 from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
 from keras_reluvit import recipes
+from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.vit import ViT
 
 
@@ -96,16 +97,20 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     if count > 1 and shards != count:
         raise ValueError(f"data_shards={shards} in a cluster of {count} processes: leave it "
                          "unset (each process reads its own shard).")
-    d = kr_data.load(
-        config["dataset"],
-        config["batch_size"],
-        image_size=config["image_size"],
-        data_dir=config["data_dir"],
-        augment=kr_data.Augment(**config["augment"]),
-        seed=config["seed"],
-        process_index=index if count > 1 else (None if shards > 1 else 0),
-        process_count=shards,
-    )
+    def load_data(preprocessing=None):
+        return kr_data.load(
+            config["dataset"],
+            config["batch_size"],
+            image_size=config["image_size"],
+            data_dir=config["data_dir"],
+            augment=kr_data.Augment(**config["augment"]),
+            seed=config["seed"],
+            process_index=index if count > 1 else (None if shards > 1 else 0),
+            process_count=shards,
+            preprocessing=preprocessing,
+        )
+
+    d = load_data()
     # Seeded after the data is loaded: preparing a data set on the first run
     # draws from Python's RNG, and a rerun must initialise the same model.
     keras.utils.set_random_seed(config["seed"])
@@ -113,12 +118,16 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         from keras_reluvit.checkpoints import load_checkpoint
 
         model = load_checkpoint(config["init"], num_classes=d.num_classes,
-                                image_size=config["image_size"], **config["model"])
+                                image_size=config["image_size"],
+                                **dict(config["model"], label_names=d.label_names))
         model_cfg = {k: v for k, v in model.get_config().items()
                      if k not in ("name", "trainable")}
+        if model.preprocessing != check_preprocessing(None):
+            # The checkpoint's value range and evaluation recipe, not ours.
+            d = load_data(model.preprocessing)
     else:
         model_cfg = dict(config["model"], num_classes=d.num_classes,
-                         image_size=config["image_size"])
+                         image_size=config["image_size"], label_names=d.label_names)
         model = ViT(**model_cfg)
     full = dict(config, model=model_cfg, num_classes=d.num_classes,
                 label_names=d.label_names, backend=keras.backend.backend(),
@@ -160,7 +169,6 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
                 from keras_reluvit import export as kr_export
 
                 kr_export.saved_model(model, os.path.join(output, "saved_model"),
-                                      label_names=d.label_names,
                                       activation=recipes.probability(recipe))
     return model, metrics
 

@@ -19,6 +19,7 @@ from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.attention import check_rate
 from keras_reluvit.attention_kinds import deserialize_attention
 from keras_reluvit.attention_kinds import resolve_attention
+from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.variants import VARIANTS  # noqa: F401 (public here too)
 from keras_reluvit.variants import canonical_variant  # noqa: F401
 from keras_reluvit.variants import parse_variant
@@ -102,6 +103,15 @@ class ViT(keras.Model):
             each residual branch (CaiT / DeiT-3; timm `init_values`).
         layer_norm_epsilon: epsilon of every LayerNorm (1e-6 as big_vision,
             timm and keras-hub).
+        preprocessing: how images are prepared for this model (resize, crop,
+            mean/std; a dict, see `keras_reluvit.preprocessing`). Default:
+            our own evaluation recipe (shorter side to 256/224 of the size,
+            area, centre crop, [-1, 1]); checkpoint readers set their
+            source's. Applied by `model.preprocessor`, the SavedModel
+            signatures, the data pipelines, `keras-reluvit eval | predict`.
+        label_names: the class names, one per output (with `include_top`);
+            checkpoint readers set their source's, training runs the data
+            set's. Used by `keras_reluvit.decode_predictions` and exports.
         dtype: a Keras dtype policy, e.g. `"float32"`, `"mixed_bfloat16"`.
             Logits are float32 under mixed policies.
 
@@ -144,6 +154,8 @@ class ViT(keras.Model):
         layer_scale=None,
         pre_norm=False,
         layer_norm_epsilon=L.LN_EPS,
+        preprocessing=None,
+        label_names=None,
         dtype=None,
         name=None,
         **kwargs,
@@ -157,7 +169,8 @@ class ViT(keras.Model):
             num_heads=num_heads, patch_size=patch_size, class_token=class_token,
             num_register_tokens=num_register_tokens, posemb_prefix=posemb_prefix,
             fc_norm=fc_norm, layer_scale=layer_scale, pre_norm=pre_norm,
-            layer_norm_epsilon=layer_norm_epsilon, dtype=dtype)
+            layer_norm_epsilon=layer_norm_epsilon, preprocessing=preprocessing,
+            label_names=label_names, dtype=dtype)
         parts = _build_parts(config, attention_args)
         inputs = keras.Input((*config["image_size"], 3), name="images", dtype="float32")
         outputs = _forward(parts, inputs)["output"]
@@ -192,6 +205,28 @@ class ViT(keras.Model):
     def posemb_prefix_tokens(self):
         """Rows of the position embedding before the patch grid."""
         return self.num_prefix_tokens if self._parts["posemb_prefix"] else 0
+
+    @property
+    def preprocessing(self):
+        """The input recipe (a dict; see `keras_reluvit.preprocessing`)."""
+        return dict(self._config["preprocessing"])
+
+    @property
+    def preprocessor(self):
+        """An `ImagePreprocessor` for this model: pixel images of any size
+        (uint8 or 0-255 floats; one, a batch or a list) -> its inputs.
+
+        Example: `model.predict(model.preprocessor(photos))`."""
+        from keras_reluvit.preprocessing import ImagePreprocessor
+
+        return ImagePreprocessor(self.image_size, name=f"{self.name}_preprocessor",
+                                 **self._config["preprocessing"])
+
+    @property
+    def label_names(self):
+        """The class names (a list, one per output), or None."""
+        names = self._config["label_names"]
+        return None if names is None else list(names)
 
     @property
     def blocks(self):
@@ -296,7 +331,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
                     representation_size, dropout, include_top, mlp_activation,
                     head_bias_init, width, depth, mlp_dim, num_heads, patch_size,
                     class_token, num_register_tokens, posemb_prefix, fc_norm, layer_scale,
-                    pre_norm, layer_norm_epsilon, dtype):
+                    pre_norm, layer_norm_epsilon, preprocessing, label_names, dtype):
     """The ViT's arguments checked (a ValueError naming the argument and what
     would work) and canonical: `(config, attention_args)`, the config as
     `get_config` returns it."""
@@ -344,6 +379,16 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
     layer_norm_epsilon = float(layer_norm_epsilon)
     if not layer_norm_epsilon > 0:
         raise ValueError(f"`layer_norm_epsilon` must be > 0, got {layer_norm_epsilon!r}.")
+    preprocessing = check_preprocessing(preprocessing)
+    if label_names is not None:
+        if isinstance(label_names, str) or not all(isinstance(n, str) for n in label_names):
+            raise ValueError("`label_names` must be a list of strings, one per class.")
+        label_names = list(label_names)
+        if not include_top:
+            raise ValueError("`label_names` name the classifier's outputs; this ViT has no "
+                             "head (include_top=False).")
+        if len(label_names) != num_classes:
+            raise ValueError(f"{len(label_names)} `label_names` for num_classes={num_classes}.")
     config = dict(
         variant=variant, attention=attention, num_classes=num_classes,
         image_size=image_size, pool=pool, posemb=posemb, qk_norm=check_qk_norm(qk_norm),
@@ -352,7 +397,8 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
         head_bias_init=float(head_bias_init), **dims, class_token=class_token,
         num_register_tokens=num_register_tokens, posemb_prefix=bool(posemb_prefix),
         fc_norm=bool(fc_norm), layer_scale=None if layer_scale is None else float(layer_scale),
-        pre_norm=bool(pre_norm), layer_norm_epsilon=layer_norm_epsilon, dtype=dtype,
+        pre_norm=bool(pre_norm), layer_norm_epsilon=layer_norm_epsilon,
+        preprocessing=preprocessing, label_names=label_names, dtype=dtype,
     )
     return config, attention_args
 

@@ -2,7 +2,8 @@
 # The venv is keyed by the requirement files, so a change re-creates it;
 # KRV_VENV overrides its location. KRV_PROFILE=peers makes the peers
 # benchmark's venv instead (benchmarks/env-peers.sh): requirements/test.txt
-# without its torch pin, plus benchmarks/requirements-peers.txt.
+# without its torch and triton pins (torch 2.14.1 brings its own triton),
+# plus benchmarks/requirements-peers.txt.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -19,7 +20,7 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
   if [ "${KRV_PROFILE:-test}" = peers ]; then
-    grep -v '^torch==' "$ROOT/requirements/test.txt" > "$VENV/test-without-torch.txt"
+    grep -v -E '^(torch|triton)==' "$ROOT/requirements/test.txt" > "$VENV/test-without-torch.txt"
     "$VENV/bin/pip" install -q -r "$VENV/test-without-torch.txt" \
         -r "$ROOT/benchmarks/requirements-peers.txt"
   else

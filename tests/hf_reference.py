@@ -5,6 +5,7 @@ share it with TensorFlow; a child keeps each library in its own process).
     python hf_reference.py make OUT      # save_pretrained directories + reference outputs
     python hf_reference.py logits DIR X.npy OUT.npy   # ViTForImageClassification.from_pretrained(DIR)
     python hf_reference.py readme OUT    # the directories the README's examples name, tiny
+    python hf_reference.py photos OUT JPEG...   # classifiers + image processors, on photographs
 
 `make` builds small models of every supported architecture with transformers
 itself, perturbs every parameter (so zero-initialised tokens, unit LayerNorms
@@ -124,5 +125,51 @@ def readme(out):
         model.save_pretrained(os.path.join(out, name))
 
 
+# name -> (model, image processor) as the hub has them at 224 px: ViT squashes
+# to 224 (bilinear), DeiT squashes to 256 and crops 224 (bicubic, ImageNet
+# mean/std), CLIP resizes the shortest edge to 224 and crops (bicubic, OpenAI
+# mean/std). Tiny widths, the real input geometry.
+NAMES = ["tench", "goldfish", "great white shark", "cock", "hen", "ostrich", "junco"]
+
+
+def photo_cases():
+    labels = dict(id2label=dict(enumerate(NAMES)), label2id={n: i for i, n in enumerate(NAMES)})
+    at224 = dict(SMALL, image_size=224, patch_size=16)
+    return {
+        "vit": (T.ViTForImageClassification(T.ViTConfig(**at224, intermediate_size=64,
+                                                         **labels)),
+                T.ViTImageProcessorPil()),
+        "deit": (T.DeiTForImageClassification(T.DeiTConfig(**at224, intermediate_size=64,
+                                                           **labels)),
+                 T.DeiTImageProcessorPil()),
+        "clip": (T.CLIPVisionModelWithProjection(T.CLIPVisionConfig(
+                     **at224, intermediate_size=64, projection_dim=7)),
+                 T.CLIPImageProcessorPil()),
+    }
+
+
+def photos(out, *jpegs):
+    """Each case written with `save_pretrained` (model and image processor)
+    and what transformers computes from the JPEG files, opened with PIL as
+    its docs show: softmax of the logits (CLIP: of the projection)."""
+    from PIL import Image
+
+    ref = {}
+    for i, (name, (model, processor)) in enumerate(photo_cases().items()):
+        torch.manual_seed(i)
+        model = perturbed(model, seed=200 + i)
+        model.save_pretrained(os.path.join(out, name))
+        processor.save_pretrained(os.path.join(out, name))
+        ims = [Image.open(j) for j in jpegs]
+        px = processor(images=ims, return_tensors="pt")["pixel_values"]
+        with torch.no_grad():
+            o = model(px)
+            z = (o.image_embeds if name == "clip" else o.logits).double()
+        ref[name] = torch.softmax(z, -1).numpy()
+        ref[name + "/pixels"] = px.numpy().transpose(0, 2, 3, 1)
+    np.savez(os.path.join(out, "photos.npz"), **ref)
+
+
 if __name__ == "__main__":
-    {"make": make, "logits": logits, "readme": readme}[sys.argv[1]](*sys.argv[2:])
+    {"make": make, "logits": logits, "readme": readme, "photos": photos}[sys.argv[1]](
+        *sys.argv[2:])

@@ -113,11 +113,12 @@ def quick_gelu(x):
     return x / (1 + np.exp(-1.702 * x))
 
 
-def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False, act=None):
+def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False, act=None, eps=1e-6):
     """timm's VisionTransformer.forward in NumPy (eval mode, fused SDPA
     semantics): patch_embed, _pos_embed, norm_pre, blocks, norm, pool,
     fc_norm, head. `act`: the MLP activation (timm's default exact GELU;
-    `quick_gelu` for the `vit_*_clip_quickgelu_*` towers)."""
+    `quick_gelu` for the `vit_*_clip_quickgelu_*` towers); `eps`: every
+    LayerNorm's (1e-5 in timm's CLIP towers)."""
     act = act or gelu_exact
     x = np.transpose(x_nhwc, (0, 3, 1, 2)).astype("float64")  # NCHW as timm
     W = sd["patch_embed.proj.weight"].astype("float64")
@@ -138,7 +139,7 @@ def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False, act=None):
     else:
         x = np.concatenate(to_cat + [x], axis=1) + sd["pos_embed"]
     if "norm_pre.weight" in sd:
-        x = ln(x, sd["norm_pre.weight"], sd["norm_pre.bias"])
+        x = ln(x, sd["norm_pre.weight"], sd["norm_pre.bias"], eps)
     dh = D // heads
 
     def attend(q, k, v):  # (B, H, N, dh)
@@ -148,22 +149,22 @@ def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False, act=None):
     depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
     for i in range(depth):
         b = f"blocks.{i}."
-        y = ln(x, sd[b + "norm1.weight"], sd[b + "norm1.bias"])
+        y = ln(x, sd[b + "norm1.weight"], sd[b + "norm1.bias"], eps)
         qkv = y @ sd[b + "attn.qkv.weight"].T + sd.get(b + "attn.qkv.bias", 0)
         N = qkv.shape[1]
         q, k, v = qkv.reshape(B, N, 3, heads, dh).transpose(2, 0, 3, 1, 4)
         if b + "attn.q_norm.weight" in sd:
-            q = ln(q, sd[b + "attn.q_norm.weight"], sd[b + "attn.q_norm.bias"])
-            k = ln(k, sd[b + "attn.k_norm.weight"], sd[b + "attn.k_norm.bias"])
+            q = ln(q, sd[b + "attn.q_norm.weight"], sd[b + "attn.q_norm.bias"], eps)
+            k = ln(k, sd[b + "attn.k_norm.weight"], sd[b + "attn.k_norm.bias"], eps)
         o = attend(q, k, v).transpose(0, 2, 1, 3).reshape(B, N, D)
         o = o @ sd[b + "attn.proj.weight"].T + sd[b + "attn.proj.bias"]
         x = x + o * sd.get(b + "ls1.gamma", 1.0)
-        y = ln(x, sd[b + "norm2.weight"], sd[b + "norm2.bias"])
+        y = ln(x, sd[b + "norm2.weight"], sd[b + "norm2.bias"], eps)
         y = act(y @ sd[b + "mlp.fc1.weight"].T + sd[b + "mlp.fc1.bias"])
         y = y @ sd[b + "mlp.fc2.weight"].T + sd[b + "mlp.fc2.bias"]
         x = x + y * sd.get(b + "ls2.gamma", 1.0)
     if "norm.weight" in sd:
-        x = ln(x, sd["norm.weight"], sd["norm.bias"])
+        x = ln(x, sd["norm.weight"], sd["norm.bias"], eps)
     if global_pool == "map":
         p = "attn_pool."
         t = x[:, npre:]
@@ -173,7 +174,7 @@ def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False, act=None):
         k, v = kv.reshape(B, t.shape[1], 2, heads, dh).transpose(2, 0, 3, 1, 4)
         o = attend(q, k, v).transpose(0, 2, 1, 3).reshape(B, 1, D)
         o = o @ sd[p + "proj.weight"].T + sd[p + "proj.bias"]
-        y = ln(o, sd[p + "norm.weight"], sd[p + "norm.bias"])
+        y = ln(o, sd[p + "norm.weight"], sd[p + "norm.bias"], eps)
         y = gelu_exact(y @ sd[p + "mlp.fc1.weight"].T + sd[p + "mlp.fc1.bias"])
         o = o + y @ sd[p + "mlp.fc2.weight"].T + sd[p + "mlp.fc2.bias"]
         x = o[:, 0]
@@ -182,7 +183,7 @@ def np_timm(sd, x_nhwc, heads, global_pool, no_embed_class=False, act=None):
     else:  # avg over the non-prefix tokens
         x = x[:, npre:].mean(1)
     if "fc_norm.weight" in sd:
-        x = ln(x, sd["fc_norm.weight"], sd["fc_norm.bias"])
+        x = ln(x, sd["fc_norm.weight"], sd["fc_norm.bias"], eps)
     return x @ sd["head.weight"].T + sd["head.bias"]
 
 
@@ -237,11 +238,18 @@ def test_timm_clip_towers_load_exactly(tmp_path):
     model = kr.load_checkpoint(path, num_heads=2)
     cfg = model.get_config()
     assert cfg["pre_norm"] and cfg["mlp_activation"] == "gelu" and cfg["pool"] == "tok"
-    np.testing.assert_allclose(to_np(model(x)), np_timm(sd, x, 2, "token"), atol=1e-4, rtol=1e-4)
+    # timm builds its CLIP towers' LayerNorms with eps 1e-5: a bare state dict
+    # with norm_pre is one of them, and gets OpenAI's mean/std.
+    assert cfg["layer_norm_epsilon"] == 1e-5
+    assert model.preprocessing["mean"] == pytest.approx((0.48145466, 0.4578275, 0.40821073))
+    np.testing.assert_allclose(to_np(model(x)), np_timm(sd, x, 2, "token", eps=1e-5),
+                               atol=1e-5, rtol=1e-5)
+    assert np.abs(np_timm(sd, x, 2, "token", eps=1e-5)  # the epsilons differ visibly here
+                  - np_timm(sd, x, 2, "token")).max() > 4e-5
     quick = kr.load_checkpoint(path, num_heads=2, mlp_activation="quick_gelu")
-    ref = np_timm(sd, x, 2, "token", act=quick_gelu)
-    np.testing.assert_allclose(to_np(quick(x)), ref, atol=1e-4, rtol=1e-4)
-    assert np.abs(ref - np_timm(sd, x, 2, "token")).max() > 1e-3  # the activations differ here
+    ref = np_timm(sd, x, 2, "token", act=quick_gelu, eps=1e-5)
+    np.testing.assert_allclose(to_np(quick(x)), ref, atol=1e-5, rtol=1e-5)
+    assert np.abs(ref - np_timm(sd, x, 2, "token", eps=1e-5)).max() > 1e-3  # activations differ
     # A trained stem bias: timm's pre-norm stem has none, so it goes into pos_embed.
     stem = quick.get_layer("embedding")
     stem.bias.assign(RNG(12).normal(0, 0.2, (32,)).astype("float32"))
@@ -251,8 +259,8 @@ def test_timm_clip_towers_load_exactly(tmp_path):
     back = kr.load_checkpoint(tmp_path / "back.safetensors", num_heads=2)  # act from metadata
     assert back.get_config()["mlp_activation"] == "quick_gelu"
     np.testing.assert_allclose(to_np(back(x)), to_np(quick(x)), atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(to_np(back(x)), np_timm(out, x, 2, "token", act=quick_gelu),
-                               atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(to_np(back(x)), np_timm(out, x, 2, "token", act=quick_gelu,
+                                                       eps=1e-5), atol=1e-4, rtol=1e-4)
     # A timm hub directory (config.json + model.safetensors): its architecture
     # name says quick GELU, which a bare state dict cannot.
     hub = tmp_path / "vit_base_patch16_clip_quickgelu_224.openai"
@@ -264,9 +272,16 @@ def test_timm_clip_towers_load_exactly(tmp_path):
     assert C.detect_format(hub) == "timm_hub"
     from_hub = kr.load_checkpoint(hub, num_heads=2)
     assert from_hub.get_config()["mlp_activation"] == "quick_gelu"
-    np.testing.assert_allclose(to_np(from_hub(x)), ref, atol=1e-4, rtol=1e-4)
+    assert from_hub.get_config()["layer_norm_epsilon"] == 1e-5
+    assert from_hub.preprocessing["mean"] == (0.48, 0.46, 0.41)
+    np.testing.assert_allclose(to_np(from_hub(x)), ref, atol=1e-5, rtol=1e-5)
+    # The bare state dict named by its timm architecture: the same model.
+    named = kr.load_checkpoint(path, num_heads=2,
+                               architecture="vit_base_patch16_clip_quickgelu_224.openai")
+    np.testing.assert_allclose(to_np(named(x)), ref, atol=1e-5, rtol=1e-5)
     (hub / "config.json").write_text(json.dumps({"architecture": "resnet50"}))
-    with pytest.raises(C.CheckpointError, match="a timm 'resnet50'; keras_reluvit loads timm "
+    with pytest.raises(C.CheckpointError, match="a timm 'resnet50'; keras_reluvit loads the "
+                                                "architectures timm builds as a "
                                                 "VisionTransformer"):
         kr.load_checkpoint(hub)
 

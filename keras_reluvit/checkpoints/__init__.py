@@ -109,26 +109,72 @@ def detect_format(path):
     )
 
 
-def read_checkpoint(path, **overrides):
+HUB_PREFIX = "hf://"
+# What a model directory on the Hub needs: configs, safetensors weights
+# (single or sharded), Keras weights (keras-hub presets, ours).
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.weights.h5"]
+
+
+def hub_directory(handle):
+    """`hf://org/name[@revision]` -> the local snapshot directory, through
+    `huggingface_hub` (its cache, `HF_HOME`, and offline mode
+    `HF_HUB_OFFLINE=1`, as timm and keras-hub use it). `pytorch_model.bin`
+    is fetched only where a repository has no safetensors weights."""
+    spec = handle[len(HUB_PREFIX):]
+    repo, _, revision = spec.partition("@")
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise CheckpointError(f"{handle}: a Hugging Face handle is hf://ORG/NAME[@REVISION].")
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ImportError(f"Loading {handle} needs huggingface_hub: pip install "
+                          "\"keras-reluvit[hub]\" (or pip install huggingface_hub).") from None
+
+    def fetch(patterns):
+        return huggingface_hub.snapshot_download(repo, revision=revision or None,
+                                                 allow_patterns=patterns)
+
+    try:
+        directory = fetch(_HUB_PATTERNS)
+        if not any(f.endswith((".safetensors", ".weights.h5")) for f in os.listdir(directory)):
+            directory = fetch(_HUB_PATTERNS + ["pytorch_model.bin"])
+    except Exception as e:  # not cached and no network, no such repo, ...
+        cache = huggingface_hub.constants.HF_HUB_CACHE
+        raise CheckpointError(
+            f"{handle}: cannot get {repo} from the Hugging Face Hub ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}) and it is not in the cache at "
+            f"{cache}. On a machine with network run `hf download {repo}` (or "
+            f"huggingface_hub.snapshot_download({repo!r})) and copy its cache here "
+            "(HF_HOME / HF_HUB_CACHE), or pass the downloaded directory instead of the "
+            "handle.") from None
+    return directory
+
+
+def read_checkpoint(path, architecture=None, **overrides):
     """`(arch, weights, format)`: the ViT arguments read from `path` and a
     `{variable path: (array, source key)}` map. Mostly internal; see
     `load_checkpoint`."""
     path = os.fspath(path)
     fmt = detect_format(path)
-    arch, w = FORMATS[fmt][1](path, overrides)
+    if architecture is not None and fmt != "timm":
+        raise CheckpointError(
+            f"{path}: architecture={architecture!r} names the timm model of a bare state "
+            f"dict; a {fmt} checkpoint carries its own architecture.")
+    arch, w = FORMATS[fmt][1](path, dict(overrides, architecture=architecture))
     return arch, w, fmt
 
 
 def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
-                    posemb_resampling=None, **overrides):
+                    posemb_resampling=None, architecture=None, **overrides):
     """Builds a `ViT` from a pretrained checkpoint, architecture and weights.
 
     Args:
         path: a timm `.safetensors` / `.pth` / `.bin` state dict, a big_vision
             or AugReg `.npz`, a Hugging Face transformers ViT / DeiT / DINOv2 /
             CLIP directory, a keras-hub ViT preset directory, a
-            keras_reluvit preset directory or `.keras` file. The format is
-            detected from the file.
+            keras_reluvit preset directory or `.keras` file, or one of those
+            directories on the Hugging Face Hub as `hf://org/name[@revision]`.
+            The format is detected from the file.
         attention: the attention of the returned model. Default: the
             checkpoint's own, i.e. `"softmax"` for timm, big_vision,
             transformers and keras-hub (what every public checkpoint was trained with) and the
@@ -146,6 +192,12 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
             features at 224 px are transformers' own.
         posemb_resampling: None (the format's, above), `"bilinear"`,
             `"bicubic"` or `"bicubic_antialias"` (timm's own resampling).
+        architecture: for a bare timm state dict, its timm name (e.g.
+            `"vit_base_patch16_clip_224.openai_ft_in1k"`): what the file
+            cannot say — a CLIP tower's LayerNorm epsilon 1e-5, quick GELU,
+            the family's preprocessing (see
+            `checkpoints.timm.preprocessing_from_name`). Hub directories and
+            other formats carry their own.
         **overrides: any other `ViT` argument, for values a checkpoint does not
             store or to change them: `num_heads` (timm state dicts store no
             head count; standard widths are inferred), `mlp_activation`
@@ -154,10 +206,11 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
             `dtype`, `name`.
 
     Returns:
-        A `keras_reluvit.ViT` (float images in [-1, 1], NHWC, as every ViT
-        here). Inputs are not normalised by the model: AugReg / big_vision
-        checkpoints expect [-1, 1]; timm checkpoints trained with ImageNet
-        mean/std need `keras_reluvit.checkpoints.fold_input_normalization`.
+        A `keras_reluvit.ViT` that takes what its source's model takes
+        (NHWC): the weights are unchanged, and `model.preprocessing` holds
+        the source's recipe (resize, crop, mean/std), so
+        `model.preprocessor(photos)` gives the inputs the source's own
+        pipeline gives, and `model.label_names` its class names.
 
     Example:
 
@@ -169,13 +222,20 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
     ```
     """
     path = os.fspath(path)
-    arch, weights, fmt = read_checkpoint(path, **overrides)
+    if path.startswith(HUB_PREFIX):
+        repo = path[len(HUB_PREFIX):].partition("@")[0]
+        overrides.setdefault("name", "vit_" + re.sub(r"\W+", "_", repo.split("/")[-1]).lower())
+        directory = hub_directory(path)
+        arch, weights, fmt = read_checkpoint(directory, architecture=architecture, **overrides)
+        return _build(arch, weights, fmt, directory, attention, num_classes, image_size,
+                      overrides, posemb_resampling, source=path)
+    arch, weights, fmt = read_checkpoint(path, architecture=architecture, **overrides)
     return _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides,
                   posemb_resampling)
 
 
 def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides,
-           posemb_resampling=None):
+           posemb_resampling=None, source=None):
     arch = dict(arch)
     refused = arch.pop("_needs_num_classes", None)
     resampling = arch.pop("_posemb_resampling", "bilinear")
@@ -203,6 +263,8 @@ def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrid
             arch.update(include_top=True, num_classes=num_classes)
     if image_size is not None:
         arch["image_size"] = image_size
+    if fresh_head or not arch.get("include_top", True):  # the source's classes are gone
+        arch.pop("label_names", None)
     arch.update(overrides)
     if "variant" not in arch:
         arch["variant"] = _variant_name(arch["width"], patch)
@@ -216,8 +278,18 @@ def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrid
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from e
     assign(model, weights, path, fresh_head=fresh_head, posemb_resampling=resampling)
-    model.checkpoint_source = {"path": path, "format": fmt}
+    model.checkpoint_source = {"path": source or path, "format": fmt}
     return model
+
+
+def load_model(source, **overrides):
+    """Any model source as a `ViT`: a `.keras` file (Keras' own loader), a
+    preset / timm / transformers / keras-hub directory, a checkpoint file or
+    an `hf://org/name` handle (`load_checkpoint`, with `overrides`)."""
+    source = os.fspath(source)
+    if not overrides and os.path.isfile(source) and source.lower().endswith(".keras"):
+        return keras.saving.load_model(source, compile=False)
+    return load_checkpoint(source, **overrides)
 
 
 def fold_input_normalization(model, mean, std):
@@ -245,10 +317,15 @@ def fold_input_normalization(model, mean, std):
 
 def from_preset(directory, **overrides):
     """Loads a model directory as a `ViT`: a preset (ours, or a keras-hub
-    ViT), a Hugging Face transformers directory or a timm hub directory;
+    ViT), a Hugging Face transformers directory or a timm hub directory, or
+    such a directory on the Hugging Face Hub by handle
+    (`"hf://timm/vit_small_patch16_224.augreg_in21k_ft_in1k"`,
+    `"hf://google/vit-base-patch16-224"`; see `hub_directory`);
     `attention`, `num_classes`, `image_size` and other overrides as
     `load_checkpoint` (the attention defaults to the checkpoint's own)."""
     directory = os.fspath(directory)
+    if directory.startswith(HUB_PREFIX):
+        return load_checkpoint(directory, **overrides)
     fmt = detect_format(directory)
     if fmt not in ("preset", "keras_hub", "hf", "timm_hub"):
         raise CheckpointError(f"{directory}: not a model directory (a preset's config.json + "

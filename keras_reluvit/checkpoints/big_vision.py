@@ -15,6 +15,7 @@ from keras_reluvit.checkpoints.common import _posemb_layout
 from keras_reluvit.checkpoints.common import _refuse
 from keras_reluvit.checkpoints.common import _require
 from keras_reluvit.checkpoints.common import _Weights
+from keras_reluvit.preprocessing import imagenet1k_labels
 
 
 _NPZ_PREFIXES = ("opt/target/", "params/img/", "params/")
@@ -181,6 +182,11 @@ def _big_vision(p, path, overrides):
         for key, ours in per_block:
             w.put(f"block_{i:02d}/{ours}", block(i, key), bkey(i, key))
     _refuse(path, set(p) - used)
+    # big_vision's evaluation: resize_small(256) | central_crop(224) (area),
+    # value_range(-1, 1): our default recipe.
+    arch["preprocessing"] = None
+    if arch.get("include_top") and arch.get("num_classes") == 1000:
+        arch["label_names"] = imagenet1k_labels()
     return arch, w
 
 

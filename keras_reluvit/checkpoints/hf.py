@@ -34,6 +34,11 @@ from keras_reluvit.checkpoints.common import patch_links
 from keras_reluvit.checkpoints.common import read_json
 from keras_reluvit.checkpoints.common import read_links
 from keras_reluvit.checkpoints.common import write_links
+from keras_reluvit.preprocessing import IMAGENET_MEAN
+from keras_reluvit.preprocessing import IMAGENET_STD
+from keras_reluvit.preprocessing import OPENAI_CLIP_MEAN
+from keras_reluvit.preprocessing import OPENAI_CLIP_STD
+from keras_reluvit.preprocessing import check_preprocessing
 
 CONFIG = "config.json"
 
@@ -172,6 +177,97 @@ def name_map(arch, family, base="", head="classifier"):
     return links
 
 
+PREPROCESSOR = "preprocessor_config.json"
+# transformers' image processor defaults per model_type (a
+# preprocessor_config.json may hold only what differs; without one, these).
+_PROCESSORS = {
+    "vit": dict(size={"height": 224, "width": 224}, resample=2, do_center_crop=False,
+                image_mean=[0.5] * 3, image_std=[0.5] * 3),
+    "deit": dict(size={"height": 256, "width": 256}, resample=3, do_center_crop=True,
+                 crop_size={"height": 224, "width": 224}, image_mean=list(IMAGENET_MEAN),
+                 image_std=list(IMAGENET_STD)),
+    "dinov2": dict(size={"shortest_edge": 256}, resample=3, do_center_crop=True,
+                   crop_size={"height": 224, "width": 224}, image_mean=list(IMAGENET_MEAN),
+                   image_std=list(IMAGENET_STD)),
+    "clip": dict(size={"shortest_edge": 224}, resample=3, do_center_crop=True,
+                 crop_size={"height": 224, "width": 224}, image_mean=list(OPENAI_CLIP_MEAN),
+                 image_std=list(OPENAI_CLIP_STD)),
+}
+_RESAMPLE = {2: "bilinear", 3: "bicubic", "bilinear": "bilinear", "bicubic": "bicubic"}
+
+
+def _hw(value, where, key, square_int):
+    """A transformers size: `{"height", "width"}`, `{"shortest_edge"}` or an
+    int -> `("hw", (h, w))` / `("short", n)`."""
+    if isinstance(value, bool):
+        value = None
+    if isinstance(value, int):
+        return ("hw", (value, value)) if square_int else ("short", value)
+    if isinstance(value, dict):
+        if isinstance(value.get("height"), int) and isinstance(value.get("width"), int):
+            return "hw", (value["height"], value["width"])
+        if isinstance(value.get("shortest_edge"), int) and len(value) == 1:
+            return "short", value["shortest_edge"]
+    raise CheckpointError(f"{where}: {key} {value!r} is not a size keras_reluvit reads "
+                          '({"height": H, "width": W}, {"shortest_edge": N} or an int).')
+
+
+def preprocessing_from_processor(directory, family):
+    """Our recipe from `preprocessor_config.json` (or transformers' defaults
+    for the family): PIL resampling on uint8 images, transformers' centre
+    crop (`(H - h) // 2`), `rescale_factor` and `image_mean` / `image_std`."""
+    path = os.path.join(directory, PREPROCESSOR)
+    defaults = _PROCESSORS["dinov2" if family.startswith("dinov2") else family]
+    pc = dict(defaults, **(read_json(path) if os.path.exists(path) else {}))
+    resample = pc.get("resample", 2)
+    if resample not in _RESAMPLE:
+        raise CheckpointError(f"{path}: resample {resample!r} is not supported (2 / "
+                              "'bilinear' or 3 / 'bicubic').")
+    kind, size = _hw(pc.get("size"), path, "size", square_int=family in ("vit", "deit"))
+    if not pc.get("do_resize", True):
+        kind, size = "hw", None
+    crop = None
+    if pc.get("do_center_crop"):
+        _, crop = _hw(pc.get("crop_size", size), path, "crop_size", square_int=True)
+    if kind == "short" and crop is None:
+        raise CheckpointError(f"{path}: size is a shortest_edge without do_center_crop, which "
+                              "gives images of varying shape; a ViT takes one size.")
+    if size is None:
+        pct, resize = 1.0, "squash"
+    elif kind == "short":
+        pct, resize = min(crop) / size, "shorter"
+    else:
+        pct, resize = (1.0 if crop is None else crop[0] / size[0]), "squash"
+        if crop is not None and abs(crop[1] / size[1] - pct) > 1e-6:
+            raise CheckpointError(f"{path}: crop_size {crop} is not the same fraction of size "
+                                  f"{size} in height and width.")
+    factor = float(pc.get("rescale_factor", 1 / 255)) if pc.get("do_rescale", True) else 1.0
+    mean, std = (pc.get("image_mean"), pc.get("image_std")) if pc.get(
+        "do_normalize", True) else (0.0, 1.0)
+    try:
+        unit = 255.0 * factor  # their pixel unit in [0, 1] pixels
+        mean = [float(m) / unit for m in (mean if isinstance(mean, list) else [mean] * 3)]
+        std = [float(s) / unit for s in (std if isinstance(std, list) else [std] * 3)]
+        return check_preprocessing(dict(
+            resize=resize, crop_pct=min(pct, 1.0), interpolation=_RESAMPLE[resample],
+            antialias=True, round_uint8=True, crop_offset="floor", mean=mean, std=std))
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{path}: rescale_factor / image_mean / image_std: {e}") from None
+
+
+def _labels(config, num_classes, cfg_path):
+    id2label = config.get("id2label")
+    if not isinstance(id2label, dict) or len(id2label) != num_classes:
+        return None
+    try:
+        names = [str(id2label[str(i)]) for i in range(num_classes)]
+    except KeyError as e:
+        raise CheckpointError(f"{cfg_path}: id2label lacks class {e}.") from None
+    if all(n == f"LABEL_{i}" for i, n in enumerate(names)):  # transformers' placeholders
+        return None
+    return names
+
+
 def read(directory, overrides):
     """`(arch, weights)` of a transformers ViT directory."""
     cfg_path = os.path.join(directory, CONFIG)
@@ -259,6 +355,9 @@ def read(directory, overrides):
             raise CheckpointError(f"{cfg_path}: pooler_act {c['pooler_act']!r}; the ViT's "
                                   "representation layer is Dense + tanh.")
         arch["representation_size"] = int(sd[base + "pooler.dense.weight"].shape[0])
+    arch["preprocessing"] = preprocessing_from_processor(directory, family)
+    if arch["include_top"] and family != "clip":  # CLIP's head is a projection, not classes
+        arch["label_names"] = _labels(config, arch["num_classes"], cfg_path)
     links = name_map(arch, family, base, head)
     known = {k for link in links for k in link.keys} | ignored
     _refuse(directory, [k for k in sd if k not in known])
@@ -274,6 +373,10 @@ def hf_state_dict(model, directory=None, strict=True):
     (a headless ViT: `ViTModel.from_pretrained(directory,
     add_pooling_layer=False)`, or with the pooler when the ViT has a
     `representation_size` equal to its width).
+
+    With the ViT's class names (`id2label`) and, where transformers' image
+    processors can express its preprocessing, `preprocessor_config.json`
+    (see `processor_config`).
 
     HF's ViT is the original layout: class token pooling (`pool="tok"`), a
     position row per token, no registers, qk-norm, LayerScale, pre-norm or
@@ -319,8 +422,10 @@ def hf_state_dict(model, directory=None, strict=True):
     )
     if top:
         n = cfg["num_classes"]
-        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(n)}
-        config["label2id"] = {f"LABEL_{i}": i for i in range(n)}
+        names = model.label_names or [f"LABEL_{i}" for i in range(n)]
+        config["id2label"] = {str(i): name for i, name in enumerate(names)}
+        config["label2id"] = {name: i for i, name in enumerate(names)}
+    processor = processor_config(model.preprocessing, h)
     if directory is not None:
         from safetensors.numpy import save_file
 
@@ -329,4 +434,33 @@ def hf_state_dict(model, directory=None, strict=True):
         save_file(sd, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(directory, CONFIG), "w") as f:
             json.dump(config, f, indent=2)
+        if processor is not None:
+            with open(os.path.join(directory, PREPROCESSOR), "w") as f:
+                json.dump(processor, f, indent=2)
     return sd, config
+
+
+def processor_config(recipe, size):
+    """transformers' `preprocessor_config.json` for our recipe at `size`, or
+    None where transformers' processors cannot express it (area resizing,
+    keras-hub's crop-then-resize): ViTImageProcessor for a plain squash,
+    DeiTImageProcessor for squash + crop, CLIPImageProcessor for the
+    shorter side + crop."""
+    if recipe["interpolation"] not in ("bilinear", "bicubic") or recipe["resize"] == "crop_resize":
+        return None
+    resized = int(size / recipe["crop_pct"] + 1e-6)
+    out = dict(do_resize=True, resample={"bilinear": 2, "bicubic": 3}[recipe["interpolation"]],
+               do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+               image_mean=list(recipe["mean"]), image_std=list(recipe["std"]))
+    if recipe["resize"] == "shorter":
+        out.update(image_processor_type="CLIPImageProcessor", do_convert_rgb=True,
+                   size={"shortest_edge": resized}, do_center_crop=True,
+                   crop_size={"height": size, "width": size})
+    elif recipe["crop_pct"] < 1:
+        out.update(image_processor_type="DeiTImageProcessor",
+                   size={"height": resized, "width": resized}, do_center_crop=True,
+                   crop_size={"height": size, "width": size})
+    else:
+        out.update(image_processor_type="ViTImageProcessor",
+                   size={"height": size, "width": size})
+    return out

@@ -9,6 +9,8 @@ import numpy as np
 from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import _Weights
 from keras_reluvit.checkpoints.common import read_json
+from keras_reluvit.preprocessing import check_preprocessing
+from keras_reluvit.preprocessing import imagenet1k_labels
 
 
 def detect(path):
@@ -26,6 +28,49 @@ def read(path, overrides):
         raise CheckpointError(
             f"{path}: a keras-hub {config.get('class_name')} preset, not a ViTBackbone.")
     return _keras_hub(path, config, path)
+
+
+def _converter_config(directory):
+    """The `ImageConverter` config of a preset: `image_converter.json`, else
+    the one nested in `preprocessor.json`; None when there is neither."""
+    path = os.path.join(directory, "image_converter.json")
+    if os.path.exists(path):
+        return path, read_json(path).get("config", {})
+    path = os.path.join(directory, "preprocessor.json")
+    if os.path.exists(path):
+        conv = read_json(path).get("config", {}).get("image_converter")
+        if isinstance(conv, dict):
+            return path, conv.get("config", {})
+    return None, None
+
+
+def preprocessing_from_converter(directory):
+    """Our recipe from keras-hub's `ImageConverter` (a Keras `Resizing` with
+    `crop_to_aspect_ratio`, then `x * scale + offset` on 0-255 pixels).
+    Without a converter, keras-hub's ViT presets' own: [-1, 1], bilinear."""
+    path, conv = _converter_config(directory)
+    if conv is None:
+        conv = dict(scale=1 / 127.5, offset=-1.0, interpolation="bilinear", antialias=False,
+                    crop_to_aspect_ratio=True)
+    if not isinstance(conv, dict):
+        raise CheckpointError(f"{path}: the image converter's config is not an object.")
+    if conv.get("pad_to_aspect_ratio"):
+        raise CheckpointError(f"{path}: pad_to_aspect_ratio=True is not supported.")
+    interp = conv.get("interpolation", "bilinear")
+    if interp not in ("bilinear", "bicubic"):
+        raise CheckpointError(f"{path}: interpolation {interp!r} is not supported "
+                              "('bilinear', 'bicubic').")
+    try:
+        scale = np.broadcast_to(np.asarray(conv.get("scale") or 1.0, "float64"), (3,))
+        offset = np.broadcast_to(np.asarray(conv.get("offset") or 0.0, "float64"), (3,))
+        std = 1.0 / (255.0 * scale)  # x = p * scale + offset = (p / 255 - mean) / std
+        return check_preprocessing(dict(
+            resize="crop_resize" if conv.get("crop_to_aspect_ratio", True) else "squash",
+            crop_pct=1.0, interpolation=interp, antialias=bool(conv.get("antialias", False)),
+            round_uint8=False, crop_offset="floor", mean=tuple(-offset * std),
+            std=tuple(std)))
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{path}: scale / offset: {e}") from None
 
 
 def _read_h5_vars(path):
@@ -133,6 +178,9 @@ def _keras_hub(directory, config, path):
             w.put("pre_logits/bias", raw[dense[0] + "1"], dense[0] + "1")
             dense = dense[1:]
         arch.update(include_top=True, num_classes=task["num_classes"])
+        if task["num_classes"] == 1000:
+            arch["label_names"] = imagenet1k_labels()
         w.put("head/kernel", raw[dense[0] + "0"], dense[0] + "0")
         w.put("head/bias", raw[dense[0] + "1"], dense[0] + "1")
+    arch["preprocessing"] = preprocessing_from_converter(directory)
     return arch, w

@@ -19,7 +19,14 @@ from keras_reluvit.checkpoints.common import norm_links
 from keras_reluvit.checkpoints.common import out_proj_links
 from keras_reluvit.checkpoints.common import patch_links
 from keras_reluvit.checkpoints.common import read_links
+from keras_reluvit.checkpoints.common import read_json
 from keras_reluvit.checkpoints.common import write_links
+from keras_reluvit.preprocessing import IMAGENET_MEAN
+from keras_reluvit.preprocessing import IMAGENET_STD
+from keras_reluvit.preprocessing import OPENAI_CLIP_MEAN
+from keras_reluvit.preprocessing import OPENAI_CLIP_STD
+from keras_reluvit.preprocessing import check_preprocessing
+from keras_reluvit.preprocessing import imagenet1k_labels
 
 # Widths of the standard variants -> heads (timm state dicts store no head
 # count; the tables of big_vision / timm name one per width).
@@ -60,7 +67,24 @@ def detect(path):
 
 
 def read(path, overrides):
-    return _timm(_read_timm_file(path), path, overrides)
+    """A bare state dict. `overrides["architecture"]` (the timm name, e.g.
+    `"vit_base_patch16_clip_224.openai"`) supplies what the file cannot
+    say; without it, timm's VisionTransformer defaults (a `norm_pre`
+    marks a CLIP tower: LayerNorm epsilon 1e-5, OpenAI's mean/std)."""
+    name = overrides.get("architecture")
+    if name is not None:
+        check_architecture(name, path)
+    arch, w = _timm(_read_timm_file(path), path, overrides, architecture=name)
+    ours = arch.pop("_written_by_us", False)
+    if name is None and arch["pre_norm"] and not ours:  # a CLIP-derived tower
+        name = "vit_clip_"
+        arch["layer_norm_epsilon"] = 1e-5
+    recorded = (_writer_kwargs(path) or {}).get("keras_reluvit_preprocessing")
+    arch["preprocessing"] = (check_preprocessing(recorded) if ours and recorded
+                             else preprocessing_from_name(name))
+    if arch.get("include_top") and arch["num_classes"] == 1000:
+        arch["label_names"] = imagenet1k_labels()
+    return arch, w
 
 
 _HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -70,8 +94,6 @@ def detect_hub(path):
     """A timm Hugging Face Hub directory (`push_to_hf_hub` /
     `save_for_hf`): `config.json` naming an `architecture`, beside
     `model.safetensors` or `pytorch_model.bin`."""
-    from keras_reluvit.checkpoints.common import read_json
-
     cfg = os.path.join(path, "config.json")
     if not (os.path.isdir(path) and os.path.exists(cfg)
             and any(os.path.exists(os.path.join(path, w)) for w in _HUB_WEIGHTS)):
@@ -80,22 +102,125 @@ def detect_hub(path):
     return "architecture" in config and "model_type" not in config
 
 
+# The architectures timm builds as a plain `VisionTransformer`
+# (timm/models/vision_transformer.py and deit.py): these name prefixes ...
+_VIT_NAMES = re.compile(r"^(vit|deit|deit3|flexivit|aimv2|beit3|test_vit\d*)_|"
+                        r"^eva_large_patch14_(196|336)\b")
+# ... except the families timm builds with other classes or stems.
+_OTHER_NAMES = (
+    (re.compile(r"_rope|_dinov3|^vit_pe_|_lingbot|_sapiens"), "timm's Eva (rotary embeddings)"),
+    (re.compile(r"^vit_s?relpos_"), "timm's VisionTransformerRelPos (relative positions)"),
+    (re.compile(r"_r\d+_s\d+_|_r_s\d+_|_resnet\d|_mci_"), "a hybrid CNN stem"),
+    (re.compile(r"_distilled_"), "timm's VisionTransformerDistilled (a second, distillation "
+     "head)"),
+)
+
+
+def check_architecture(name, where):
+    """A timm architecture name (`vit_small_patch16_224`, with or without a
+    `.tag`) that timm builds as a `VisionTransformer`; otherwise a
+    CheckpointError naming what timm builds instead."""
+    base = str(name).split(".")[0]
+    for pattern, what in _OTHER_NAMES:
+        if pattern.search(base):
+            raise CheckpointError(f"{where}: timm builds {base!r} as {what}, which "
+                                  "keras_reluvit.ViT does not express.")
+    if not _VIT_NAMES.search(base):
+        raise CheckpointError(
+            f"{where}: a timm {base!r}; keras_reluvit loads the architectures timm builds as "
+            "a VisionTransformer (vit_*, deit_*, deit3_*, flexivit_*, ...).")
+    return base
+
+
+def architecture_args(name):
+    """What a timm architecture name says that its state dict does not: the
+    CLIP towers' LayerNorm epsilon (1e-5) and OpenAI's quick GELU."""
+    base = str(name).split(".")[0]
+    args = {}
+    if "_clip_" in base or base.endswith("_clip"):
+        args["layer_norm_epsilon"] = 1e-5
+    if "quickgelu" in base:
+        args["mlp_activation"] = "quick_gelu"
+    return args
+
+
+_INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear"}
+
+
+def preprocessing_from_cfg(cfg, where):
+    """Our recipe from timm's `pretrained_cfg` / data config (`input_size`,
+    `interpolation`, `crop_pct`, `crop_mode`, `mean`, `std`): PIL resampling
+    on uint8 images, torchvision's centre crop."""
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{where}: pretrained_cfg is not an object.")
+    interp = cfg.get("interpolation", "bicubic")
+    if interp not in _INTERPOLATIONS:
+        raise CheckpointError(f"{where}: pretrained_cfg.interpolation {interp!r} is not "
+                              f"supported ({', '.join(_INTERPOLATIONS)}).")
+    mode = cfg.get("crop_mode") or "center"
+    modes = {"center": "shorter", "squash": "squash"}
+    if mode not in modes:
+        raise CheckpointError(f"{where}: pretrained_cfg.crop_mode {mode!r} is not supported "
+                              f"({', '.join(modes)}).")
+    recipe = dict(resize=modes[mode], crop_pct=cfg.get("crop_pct") or 0.875,
+                  interpolation=_INTERPOLATIONS[interp], antialias=True, round_uint8=True,
+                  crop_offset="round", mean=cfg.get("mean", (0.5,) * 3),
+                  std=cfg.get("std", (0.5,) * 3))
+    for key in ("mean", "std", "crop_pct"):
+        try:
+            check_preprocessing({key: recipe[key]})
+        except ValueError as e:
+            raise CheckpointError(f"{where}: pretrained_cfg.{key}: {e}") from None
+    return check_preprocessing(recipe)
+
+
+def preprocessing_from_name(name):
+    """The recipe of a timm architecture name where no `pretrained_cfg` is
+    at hand (a bare state dict): timm's VisionTransformer default
+    (bicubic, crop_pct 0.9, mean = std = 0.5), with the ImageNet mean/std
+    for `deit*` and OpenAI's for `*_clip_*` towers, as timm's tables give
+    those families. A hub directory's `config.json` is exact; this is the
+    rule of thumb for files that carry nothing."""
+    base = str(name or "").split(".")[0]
+    cfg = dict(interpolation="bicubic", crop_pct=0.9, mean=(0.5,) * 3, std=(0.5,) * 3)
+    if base.startswith("deit"):
+        cfg.update(mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    if "_clip_" in base:
+        cfg.update(mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
+    return preprocessing_from_cfg(cfg, name)
+
+
+def hub_labels(config, num_classes):
+    """Class names from a timm hub `config.json`: `label_descriptions`
+    (e.g. "tench, Tinca tinca") where given, else `label_names` (synsets);
+    the ImageNet-1k names for a 1000-class head without any."""
+    names = config.get("label_names") or config.get("pretrained_cfg", {}).get("label_names")
+    descriptions = (config.get("label_descriptions")
+                    or config.get("pretrained_cfg", {}).get("label_descriptions") or {})
+    if isinstance(names, dict):
+        names = [names.get(str(i), names.get(i, f"class_{i}")) for i in range(num_classes)]
+    if names and len(names) == num_classes:
+        return [str(descriptions.get(n, n)) if isinstance(descriptions, dict) else str(n)
+                for n in names]
+    return imagenet1k_labels() if num_classes == 1000 else None
+
+
 def read_hub(path, overrides):
     """A timm hub directory: the state dict as `read`, plus what the config
-    says and a state dict cannot: OpenAI's quick GELU for the
-    `*_quickgelu_*` architectures (`mlp_activation=` overrides)."""
-    from keras_reluvit.checkpoints.common import read_json
-
-    config = read_json(os.path.join(path, "config.json"))
-    name = str(config["architecture"])
-    if not name.startswith("vit_"):
-        raise CheckpointError(f"{path}: a timm {name!r}; keras_reluvit loads timm "
-                              "VisionTransformer (vit_*) models.")
+    says and a state dict cannot: the preprocessing (`pretrained_cfg`), class
+    names, and from the architecture name the CLIP towers' LayerNorm epsilon
+    and OpenAI's quick GELU (`mlp_activation=` etc. override)."""
+    cfg_path = os.path.join(path, "config.json")
+    config = read_json(cfg_path)
+    name = check_architecture(config["architecture"], path)
     weights = next(os.path.join(path, w) for w in _HUB_WEIGHTS
                    if os.path.exists(os.path.join(path, w)))
-    arch, w = _timm(_read_timm_file(weights), weights, overrides)
-    if "quickgelu" in name:
-        arch["mlp_activation"] = "quick_gelu"
+    arch, w = _timm(_read_timm_file(weights), weights, overrides, architecture=name)
+    arch.pop("_written_by_us", None)
+    arch["preprocessing"] = preprocessing_from_cfg(config.get("pretrained_cfg", {}),
+                                                   cfg_path)
+    if arch.get("include_top"):
+        arch["label_names"] = hub_labels(config, arch["num_classes"])
     return arch, w
 
 
@@ -197,26 +322,41 @@ def name_map(arch):
     return links
 
 
-def _timm_activation(path):
-    """timm state dicts do not store the MLP activation: exact GELU (timm's
-    default) unless a `.safetensors` file's metadata carries the
-    `timm_kwargs` our writer records (`act_layer`, e.g. `"quick_gelu"` for a
-    `vit_*_clip_quickgelu_*` model; pass `mlp_activation="quick_gelu"` for
-    files without it)."""
+def _writer_kwargs(path):
+    """The `timm_kwargs` our writer records in a `.safetensors` file's
+    metadata, or None (timm's own files carry none)."""
     if not path.lower().endswith(".safetensors"):
-        return "gelu"
+        return None
     try:
         from safetensors import safe_open
 
         with safe_open(path, "np") as f:
-            kwargs = json.loads((f.metadata() or {}).get("timm_kwargs", "{}"))
+            kwargs = json.loads((f.metadata() or {}).get("timm_kwargs", "null"))
     except Exception:
-        return "gelu"
+        return None
+    return kwargs if isinstance(kwargs, dict) else None
+
+
+def _timm_activation(path):
+    """timm state dicts do not store the MLP activation: exact GELU (timm's
+    default) unless our writer's `timm_kwargs` carry `act_layer` (e.g.
+    `"quick_gelu"`; pass `mlp_activation=` or `architecture=` for files
+    without it)."""
+    kwargs = _writer_kwargs(path) or {}
     return {"quick_gelu": "quick_gelu", "gelu_tanh": "gelu_tanh"}.get(
-        kwargs.get("act_layer") if isinstance(kwargs, dict) else None, "gelu")
+        kwargs.get("act_layer"), "gelu")
 
 
-def _timm(sd, path, overrides):
+def _timm_norm(path):
+    """The LayerNorm epsilon our writer records (`norm_layer`), else nothing."""
+    kwargs = _writer_kwargs(path)
+    if kwargs is None:
+        return {}
+    m = re.fullmatch(r"LayerNorm\(eps=([0-9.eE+-]+)\)", str(kwargs.get("norm_layer", "")))
+    return {"layer_norm_epsilon": float(m.group(1)) if m else 1e-6, "_written_by_us": True}
+
+
+def _timm(sd, path, overrides, architecture=None):
     _require(sd, "patch_embed.proj.weight", path, "timm VisionTransformer state dict")
     _refuse(path, [
         k for k in sd
@@ -286,6 +426,7 @@ def _timm(sd, path, overrides):
         include_top="head.weight" in sd,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 1000,
     )
+    arch.update(_timm_norm(path), **architecture_args(architecture))
     if "pos_embed" not in sd:
         raise CheckpointError(f"{path}: no pos_embed (models without an absolute "
                               "position embedding are not supported).")
@@ -354,7 +495,8 @@ def timm_state_dict(model, path=None, strict=True):
     if cfg["layer_norm_epsilon"] != 1e-6:
         kwargs["norm_layer"] = f"LayerNorm(eps={cfg['layer_norm_epsilon']})"
     if path is not None:
-        _write_state_dict(sd, os.fspath(path), kwargs)
+        _write_state_dict(sd, os.fspath(path), dict(
+            kwargs, keras_reluvit_preprocessing=model.preprocessing))
     return sd, kwargs
 
 

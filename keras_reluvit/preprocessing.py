@@ -1,0 +1,414 @@
+"""How a model's images are prepared: resize, crop and normalise, as its
+checkpoint was trained and evaluated.
+
+A ViT carries this recipe in its config (`ViT(preprocessing=...)`, saved
+with `.keras` files and presets); every checkpoint reader fills it from its
+source (timm's `pretrained_cfg`, transformers' `preprocessor_config.json`,
+keras-hub's `image_converter.json`, big_vision's eval pipeline), and it is
+applied wherever images enter: `model.preprocessor(images)` /
+`keras_reluvit.preprocess(model, images)` in a notebook, the SavedModel's
+`serving_default` and `serve_bytes`, the tf.data pipelines of
+`keras_reluvit.data` and `keras-reluvit eval | predict`.
+
+The recipe (`ViT(preprocessing={...})`; every key optional):
+
+- `resize`: `"shorter"` — the shorter side to `floor(size / crop_pct)`
+  (the longer side in proportion, truncated), then a centre crop of
+  `size` (timm's `crop_mode="center"`, transformers' `shortest_edge` +
+  centre crop, big_vision's `resize_small | central_crop`);
+  `"squash"` — both sides to `floor(size / crop_pct)`, then the centre crop
+  (transformers' `{"height", "width"}` sizes, timm's `crop_mode="squash"`);
+  `"crop_resize"` — the largest centred region of the model's aspect
+  ratio, resized to `size` (keras-hub's `crop_to_aspect_ratio=True`).
+- `crop_pct`: the crop's fraction of the resized image, in (0, 1].
+- `interpolation`: `"bicubic"`, `"bilinear"` or `"area"` (box averaging,
+  big_vision's and our own evaluation).
+- `antialias`: widen the bilinear / bicubic filter when downsampling, as
+  PIL (and so timm and transformers) always do.
+- `round_uint8`: round to uint8 after each (horizontal, then vertical)
+  resampling pass, as PIL does on 8-bit images (timm, transformers).
+- `crop_offset`: `"floor"` (`(H - h) // 2`: transformers, big_vision,
+  keras) or `"round"` (`round((H - h) / 2)`, half to even: torchvision's
+  `CenterCrop`, i.e. timm).
+- `mean`, `std`: per channel, in units of [0, 1] pixels: the model takes
+  `(pixel / 255 - mean) / std`. `[-1, 1]` (big_vision, ours) is
+  mean = std = 0.5.
+
+The default is our own (and big_vision's) evaluation recipe: `"shorter"`,
+`crop_pct` 0.875 (224 of 256), `"area"`, `"floor"`, [-1, 1].
+"""
+
+import math
+
+import keras
+import numpy as np
+
+RESIZE_MODES = ("shorter", "squash", "crop_resize")
+INTERPOLATIONS = ("bicubic", "bilinear", "area")
+CROP_OFFSETS = ("floor", "round")
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+DEFAULT = dict(resize="shorter", crop_pct=0.875, interpolation="area", antialias=True,
+               round_uint8=False, crop_offset="floor", mean=(0.5, 0.5, 0.5),
+               std=(0.5, 0.5, 0.5))
+
+
+def _triple(value, key):
+    try:
+        values = [float(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    except (TypeError, ValueError):
+        values = []
+    if len(values) == 1:
+        values *= 3
+    if len(values) != 3 or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"preprocessing {key!r} must be one number or three (RGB), "
+                         f"got {value!r}.")
+    return tuple(values)
+
+
+def check_preprocessing(preprocessing=None):
+    """The recipe, complete and canonical (a plain dict, JSON-friendly):
+    `None` is `DEFAULT`; a dict overrides `DEFAULT`'s keys. A bad key or
+    value raises a ValueError naming it."""
+    if preprocessing is None:
+        return dict(DEFAULT)
+    if not isinstance(preprocessing, dict):
+        raise ValueError("preprocessing must be a dict of "
+                         f"{sorted(DEFAULT)}, got {type(preprocessing).__name__}.")
+    unknown = sorted(set(preprocessing) - set(DEFAULT))
+    if unknown:
+        raise ValueError(f"Unknown preprocessing key(s) {unknown}; valid: {sorted(DEFAULT)}.")
+    p = dict(DEFAULT, **preprocessing)
+    for key, valid in (("resize", RESIZE_MODES), ("interpolation", INTERPOLATIONS),
+                       ("crop_offset", CROP_OFFSETS)):
+        if p[key] not in valid:
+            raise ValueError(f"preprocessing {key!r} must be one of {valid}, got {p[key]!r}.")
+    try:
+        crop = float(p["crop_pct"])
+    except (TypeError, ValueError):
+        crop = float("nan")
+    if not 0 < crop <= 1:
+        raise ValueError(f"preprocessing 'crop_pct' must be in (0, 1], got {p['crop_pct']!r}.")
+    if p["resize"] == "crop_resize" and crop != 1:
+        raise ValueError("preprocessing resize='crop_resize' crops the whole centred region; "
+                         f"it takes crop_pct=1, got {crop}.")
+    for key in ("antialias", "round_uint8"):
+        if not isinstance(p[key], (bool, np.bool_)):
+            raise ValueError(f"preprocessing {key!r} must be True or False, got {p[key]!r}.")
+    mean, std = _triple(p["mean"], "mean"), _triple(p["std"], "std")
+    if min(std) <= 0:
+        raise ValueError(f"preprocessing 'std' must be positive, got {std}.")
+    return dict(p, crop_pct=crop, antialias=bool(p["antialias"]),
+                round_uint8=bool(p["round_uint8"]), mean=mean, std=std)
+
+
+# ---------------------------------------------------------------- geometry
+class _Int:
+    """Integer arithmetic on Python ints (shapes known) ..."""
+    minimum, maximum = staticmethod(min), staticmethod(max)
+
+    @staticmethod
+    def round_ratio(x, ratio):  # round(x / ratio), half to even, as Python
+        return int(round(x / ratio))
+
+    @staticmethod
+    def ratio(a, b, c, d):  # min(a / b, c / d)
+        return min(a / b, c / d)
+
+
+class _TFInt:
+    """... and on TensorFlow int32 scalars (dynamic shapes in a graph)."""
+
+    def __init__(self):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.minimum, self.maximum = tf.minimum, tf.maximum
+
+    def round_ratio(self, x, ratio):
+        tf = self.tf
+        return tf.cast(tf.round(tf.cast(x, tf.float64) / ratio), tf.int32)
+
+    def ratio(self, a, b, c, d):
+        tf = self.tf
+        f = lambda v: tf.cast(v, tf.float64)  # noqa: E731
+        return tf.minimum(f(a) / f(b), f(c) / f(d))
+
+
+def _half(d, how):
+    """`d // 2`, or `round(d / 2)` half to even, in integer arithmetic."""
+    q = d // 2
+    return q if how == "floor" else q + (d % 2) * (q % 2)
+
+
+def plan(h, w, size, p, xp=_Int):
+    """Where the recipe `p` takes an `h` x `w` image for a model of `size`:
+    `(crop_before, resize_to, crop_after)`, boxes as `(top, left, height,
+    width)`, `crop_before` None except for `"crop_resize"`. Integer
+    arithmetic on ints or (with `xp=_TFInt()`) TensorFlow scalars."""
+    th, tw = size
+    if p["resize"] == "crop_resize":  # keras' Resizing(crop_to_aspect_ratio=True)
+        ch = xp.maximum(xp.minimum(h, w * th // tw), 1)
+        cw = xp.maximum(xp.minimum(w, h * tw // th), 1)
+        return ((h - ch) // 2, (w - cw) // 2, ch, cw), (th, tw), (0, 0, th, tw)
+    sh = math.floor(th / p["crop_pct"] + 1e-6)
+    sw = math.floor(tw / p["crop_pct"] + 1e-6)
+    if p["resize"] == "squash":
+        rh, rw = sh, sw
+    elif sh == sw:  # torchvision Resize(int): the shorter side, the other truncated
+        short = xp.minimum(h, w)
+        rh = xp.maximum(sh, sh * h // short)
+        rw = xp.maximum(sw, sw * w // short)
+    else:  # timm ResizeKeepRatio: the tighter side fits, both rounded
+        ratio = xp.ratio(h, sh, w, sw)
+        rh, rw = xp.round_ratio(h, ratio), xp.round_ratio(w, ratio)
+    top, left = _half(rh - th, p["crop_offset"]), _half(rw - tw, p["crop_offset"])
+    return None, (rh, rw), (top, left, th, tw)
+
+
+def _area_matrix(n_in, n_out):
+    """`(n_out, n_in)` box-averaging weights: output pixel i averages input
+    [i * s, (i + 1) * s), s = n_in / n_out, by overlap (TensorFlow's
+    `resize(method="area")`)."""
+    s = n_in / n_out
+    lo = np.arange(n_out)[:, None] * s
+    j = np.arange(n_in)[None, :]
+    overlap = np.clip(np.minimum(j + 1, lo + s) - np.maximum(j, lo), 0, None)
+    return (overlap / s).astype("float32")
+
+
+# ----------------------------------------------------------- the two paths
+def _resize_generic(x, to, p):
+    """`keras.ops` resampling of a float batch `[N, H, W, 3]` (static shape)."""
+    ops = keras.ops
+    rh, rw = to
+    if p["interpolation"] == "area":
+        my = ops.convert_to_tensor(_area_matrix(int(x.shape[1]), rh))
+        mx = ops.convert_to_tensor(_area_matrix(int(x.shape[2]), rw))
+        return ops.einsum("ih,nhwc,jw->nijc", my, x, mx)
+    if not p["round_uint8"]:
+        return ops.image.resize(x, (rh, rw), interpolation=p["interpolation"],
+                                antialias=p["antialias"])
+    for target in ((int(x.shape[1]), rw), (rh, rw)):  # PIL: horizontal pass first
+        x = ops.image.resize(x, target, interpolation=p["interpolation"],
+                             antialias=p["antialias"])
+        x = ops.clip(ops.round(x), 0.0, 255.0)
+    return x
+
+
+def normalise(x, p):
+    """0-255 pixels -> `(x / 255 - mean) / std` (any backend, or tf.data)."""
+    mean = np.asarray(p["mean"], "float32") * 255.0
+    scale = 1.0 / (255.0 * np.asarray(p["std"], "float32"))
+    return (x - mean) * scale
+
+
+def _generic(images, size, p):
+    ops = keras.ops
+    x = ops.cast(images, "float32")
+    h, w = int(x.shape[1]), int(x.shape[2])
+    before, to, (top, left, th, tw) = plan(h, w, size, p)
+    if before is not None:
+        t, l_, ch, cw = before
+        x = x[:, t:t + ch, l_:l_ + cw]
+    x = _resize_generic(x, to, p)
+    x = x[:, top:top + th, left:left + tw]
+    return normalise(x, p)
+
+
+def tf_preprocess(images, size, p=None, normalize=True):
+    """The recipe `p` in TensorFlow ops, for graphs with dynamic image sizes
+    (tf.data, SavedModel signatures): `images` `[H, W, 3]` or
+    `[N, H, W, 3]` (one size per batch) of any dtype holding 0-255 pixel
+    values -> float32 model inputs (0-255 pixels without `normalize`).
+    Equal to the `keras.ops` path (tested)."""
+    import tensorflow as tf
+
+    p = check_preprocessing(p) if p is None or "resize" not in p else p
+
+    x = tf.cast(images, tf.float32)
+    shape = tf.shape(x)
+    h, w = shape[-3], shape[-2]
+    before, (rh, rw), (top, left, th, tw) = plan(h, w, size, p, _TFInt())
+    if before is not None:
+        t, l_, ch, cw = before
+        x = x[..., t:t + ch, l_:l_ + cw, :]
+    method = {"bicubic": "bicubic", "bilinear": "bilinear", "area": "area"}[p["interpolation"]]
+    antialias = p["antialias"] and method != "area"
+    if p["round_uint8"] and method != "area":
+        x = tf.image.resize(x, tf.stack([tf.shape(x)[-3], rw]), method=method,
+                            antialias=antialias)
+        x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
+        x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
+        x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
+    else:
+        x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
+    x = x[..., top:top + th, left:left + tw, :]
+    x = tf.ensure_shape(x, [*([None] * (len(images.shape) - 3)), th, tw, 3])
+    return normalise(x, p) if normalize else x
+
+
+def _in_tf_graph():
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return False
+    return not tf.executing_eagerly()
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class ImagePreprocessor(keras.layers.Layer):
+    """Prepares images for a model as its checkpoint expects them.
+
+    Takes pixel images (uint8, or floats holding 0-255 values) of any size:
+    one `[H, W, 3]` array, a batch `[N, H, W, 3]`, or a list of arrays of
+    different sizes; returns the float32 model inputs `[N, *image_size, 3]`.
+    Runs on every backend (`keras.ops`), and in TensorFlow graphs with
+    dynamic sizes (tf.data, SavedModels) through TensorFlow's own resize,
+    which computes the same thing.
+
+    Args:
+        image_size: `(height, width)` the model takes.
+        **recipe: the keys of `keras_reluvit.preprocessing` (`resize`,
+            `crop_pct`, `interpolation`, `antialias`, `round_uint8`,
+            `crop_offset`, `mean`, `std`); missing ones take our default.
+
+    Example:
+
+    >>> import numpy as np, keras_reluvit
+    >>> pre = keras_reluvit.ImagePreprocessor((32, 32), interpolation="bicubic")
+    >>> photo = np.random.randint(0, 256, (48, 64, 3), dtype="uint8")
+    >>> tuple(pre(photo).shape)
+    (1, 32, 32, 3)
+    """
+
+    def __init__(self, image_size=(224, 224), name=None, dtype=None, **recipe):
+        kwargs = {k: recipe.pop(k) for k in ("trainable",) if k in recipe}
+        super().__init__(name=name, dtype=dtype, **kwargs)
+        if isinstance(image_size, int):
+            image_size = (image_size, image_size)
+        self.image_size = tuple(int(s) for s in image_size)
+        self.recipe = check_preprocessing(recipe)
+
+    def call(self, images):
+        if isinstance(images, (list, tuple)):
+            return keras.ops.concatenate([self.call(image) for image in images], axis=0)
+        if len(images.shape) == 3:
+            images = images[None]
+        if len(images.shape) != 4 or images.shape[-1] != 3:
+            raise ValueError(f"ImagePreprocessor takes RGB images [H, W, 3] or [N, H, W, 3], "
+                             f"got shape {tuple(images.shape)}.")
+        if keras.backend.backend() == "tensorflow" or _in_tf_graph():
+            return tf_preprocess(images, self.image_size, self.recipe)
+        return _generic(images, self.image_size, self.recipe)
+
+    def compute_output_spec(self, images):
+        n = None if isinstance(images, (list, tuple)) else (
+            images.shape[0] if len(images.shape) == 4 else 1)
+        return keras.KerasTensor((n, *self.image_size, 3), "float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(image_size=self.image_size, **self.recipe)
+        return config
+
+
+def preprocess(model, images):
+    """`model.preprocessor(images)`: pixel images of any size (uint8 or 0-255
+    floats; one image, a batch or a list) -> the model's inputs."""
+    return model.preprocessor(images)
+
+
+def decode_image(data):
+    """Encoded image bytes (a TensorFlow string scalar) -> uint8 `[H, W, 3]`
+    in TensorFlow ops: JPEG with the accurate integer DCT (as PIL, i.e. timm
+    and transformers, decode), PNG / GIF / BMP with `tf.io.decode_image`."""
+    import tensorflow as tf
+
+    return tf.cond(
+        tf.io.is_jpeg(data),
+        lambda: tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_image(data, channels=3, expand_animations=False))
+
+
+def load_image(path):
+    """An image file as uint8 `[H, W, 3]` (numpy), decoded as the SavedModel's
+    `serve_bytes` decodes (TensorFlow; JPEG with the accurate integer DCT,
+    as PIL). Without TensorFlow, PIL decodes (the same pixels for JPEG)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        import tensorflow as tf
+    except ImportError:
+        tf = None
+    if tf is not None:
+        try:
+            return decode_image(tf.constant(data)).numpy()
+        except tf.errors.InvalidArgumentError as e:
+            raise ValueError(f"{path}: not a JPEG, PNG, GIF or BMP image ({e.message}).") from None
+    try:
+        import io
+
+        from PIL import Image
+    except ImportError:
+        raise ImportError(f"Decoding {path} needs TensorFlow (pip install "
+                          "\"keras-reluvit[train]\") or Pillow.") from None
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def probabilities(logits, activation="softmax"):
+    """Logits `[N, C]` -> probabilities (softmax, or sigmoid for models
+    trained with a sigmoid cross-entropy), as numpy."""
+    z = np.asarray(keras.ops.convert_to_numpy(logits), "float64")
+    if activation == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-z))
+    if activation != "softmax":
+        raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}.")
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+# ---------------------------------------------------------------- labels
+def imagenet1k_labels():
+    """The 1000 ImageNet-1k class names in the standard class order
+    (WordNet lemmas, e.g. "tench, Tinca tinca"; the same strings as
+    transformers' ImageNet checkpoints)."""
+    import importlib.resources
+
+    text = importlib.resources.files("keras_reluvit").joinpath(
+        "resources/imagenet1k_labels.txt").read_text(encoding="utf-8")
+    return [line.split("\t", 1)[1] for line in text.splitlines() if line]
+
+
+def decode_predictions(predictions, model=None, top=5, label_names=None):
+    """The `top` classes of each row of `predictions` (probabilities or
+    logits, `[N, C]`) as lists of `(class name, score)`, best first.
+
+    Class names come from `label_names`, else `model.label_names` (what the
+    checkpoint stored), else `"class_<i>"`.
+
+    Example:
+
+    >>> import numpy as np, keras_reluvit
+    >>> keras_reluvit.decode_predictions(np.array([[0.1, 0.7, 0.2]]),
+    ...                                  label_names=["cat", "dog", "eel"], top=2)
+    [[('dog', 0.7), ('eel', 0.2)]]
+    """
+    p = np.asarray(keras.ops.convert_to_numpy(predictions), "float64")
+    if p.ndim != 2:
+        raise ValueError(f"decode_predictions takes [N, classes] scores, got shape {p.shape}.")
+    names = label_names if label_names is not None else getattr(model, "label_names", None)
+    if names is not None and len(names) != p.shape[1]:
+        raise ValueError(f"{len(names)} label names for {p.shape[1]} classes.")
+    k = min(int(top), p.shape[1])
+    out = []
+    for row in p:
+        idx = np.argsort(-row, kind="stable")[:k]
+        out.append([(names[i] if names is not None else f"class_{i}", float(row[i]))
+                    for i in idx])
+    return out

@@ -1,0 +1,118 @@
+"""`keras-reluvit predict` and hf:// handles, offline over a Hugging Face
+cache this test populates, and the SavedModel's `serve_bytes` against
+transformers' own predictions on JPEG photographs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import run_hf_reference
+from conftest import subprocess_env
+from test_checkpoints import save_safetensors
+from test_checkpoints import timm_state_dict
+from test_preprocessing import jpeg_files
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def cache_repo(cache, repo, files_from):
+    """One repository in huggingface_hub's cache layout
+    (models--ORG--NAME/{refs/main, snapshots/COMMIT/...})."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(COMMIT)
+    shutil.copytree(files_from, root / "snapshots" / COMMIT)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hub")
+    jpegs = jpeg_files(tmp)
+    run_hf_reference("photos", str(tmp), *jpegs)
+    cache = tmp / "cache"
+    cache_repo(cache, "google/vit-base-patch16-224", tmp / "vit")
+    timm_dir = tmp / "timm_dir"
+    timm_dir.mkdir()
+    save_safetensors(timm_state_dict(np.random.default_rng(3), width=192, heads=3, classes=1000),
+                     timm_dir / "model.safetensors")
+    (timm_dir / "config.json").write_text(json.dumps({
+        "architecture": "vit_small_patch16_224", "num_classes": 1000,
+        "pretrained_cfg": {"input_size": [3, 32, 32], "interpolation": "bicubic",
+                           "crop_pct": 0.9, "mean": [0.5] * 3, "std": [0.5] * 3}}))
+    cache_repo(cache, "timm/vit_small_patch16_224.augreg_in21k_ft_in1k", timm_dir)
+    env = dict(subprocess_env("jax"), HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
+    return tmp, jpegs, dict(np.load(tmp / "photos.npz")), env
+
+
+def predict(env, *args):
+    return subprocess.run([sys.executable, "-m", "keras_reluvit.cli", "predict", *args],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_predict_a_hub_handle_offline_gives_transformers_top5(hub):
+    """`keras-reluvit predict hf://google/vit-base-patch16-224 photo.jpg`
+    from the populated cache: transformers' own top-5 (its id2label names,
+    its probabilities within 1e-3), for every photograph."""
+    tmp, jpegs, ref, env = hub
+    proc = predict(env, "hf://google/vit-base-patch16-224", *jpegs, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    id2label = json.loads((tmp / "vit" / "config.json").read_text())["id2label"]
+    for row, probs in zip(out, ref["vit"]):
+        want = np.argsort(-probs)[:5]
+        assert [t["label"] for t in row["top"]] == [id2label[str(i)] for i in want]
+        np.testing.assert_allclose([t["probability"] for t in row["top"]], probs[want],
+                                   atol=1e-3)
+    text = predict(env, "hf://google/vit-base-patch16-224", jpegs[0])
+    assert text.returncode == 0 and text.stdout.startswith(jpegs[0])
+    assert len(text.stdout.strip().splitlines()) == 6  # the path, then five classes
+
+
+def test_timm_hub_handle_and_missing_handles(hub):
+    _, jpegs, _, env = hub
+    proc = predict(env, "hf://timm/vit_small_patch16_224.augreg_in21k_ft_in1k", jpegs[1],
+                   "--json", "--top", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    top = json.loads(proc.stdout)[0]["top"]
+    # A 1000-class timm head without names: the ImageNet-1k class names.
+    import keras_reluvit as kr
+
+    assert len(top) == 3 and all(t["label"] in kr.imagenet1k_labels() for t in top)
+    missing = predict(env, "hf://someone/not-cached", jpegs[0])
+    assert missing.returncode == 2
+    assert "hf://someone/not-cached: cannot get someone/not-cached" in missing.stderr
+    assert "hf download someone/not-cached" in missing.stderr
+
+
+SERVE = """
+import json, sys, numpy as np, tensorflow as tf
+fn = tf.saved_model.load(sys.argv[1]).signatures["serve_bytes"]
+data = [open(p, "rb").read() for p in sys.argv[2:]]
+out = fn(image_bytes=tf.constant(data))
+print(json.dumps({"probabilities": out["probabilities"].numpy().tolist(),
+                  "labels": [[s.decode() for s in row] for row in out["top_k_labels"].numpy()]}))
+"""
+
+
+def test_saved_model_serves_transformers_predictions(hub, tmp_path):
+    """A transformers DeiT (squash to 256, crop 224, bicubic, ImageNet
+    mean/std) exported with its recipe: `serve_bytes` on the JPEG files
+    gives transformers' probabilities (1e-3) and class names, with plain
+    TensorFlow."""
+    import keras_reluvit as kr
+
+    src, jpegs, ref, _ = hub
+    model = kr.ViT.from_preset(src / "deit")
+    path = kr.export.saved_model(model, tmp_path / "deit" / "1")
+    proc = subprocess.run([sys.executable, "-c", SERVE, str(path), *jpegs],
+                          env=subprocess_env("tensorflow"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(out["probabilities"], ref["deit"], atol=1e-3)
+    assert out["labels"][0][0] == model.label_names[int(np.argmax(ref["deit"][0]))]

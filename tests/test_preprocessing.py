@@ -1,0 +1,410 @@
+"""Predict like the source: each checkpoint's preprocessing, applied where
+images enter, against the sources' own pipelines.
+
+References are independent of our code: PIL (what timm's torchvision
+transforms and transformers' image processors call on uint8 images) with
+torchvision's / transformers' crop rules written out here, Keras' own
+`Resizing(crop_to_aspect_ratio=True)` (keras-hub's converter), TensorFlow's
+area resize (big_vision's), and transformers itself in a child process on
+JPEG photographs (scikit-image's sample images).
+"""
+
+import io
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+from PIL import Image
+
+import keras_reluvit as kr
+from keras_reluvit import preprocessing as P
+from keras_reluvit.checkpoints import CheckpointError
+
+from conftest import run_hf_reference
+from test_checkpoints import save_safetensors
+from test_checkpoints import timm_state_dict
+
+
+def photographs():
+    import skimage.data as d
+
+    return {n: getattr(d, n)() for n in ("astronaut", "coffee", "chelsea", "rocket")}
+
+
+def jpeg_files(tmp_path):
+    paths = []
+    for name, img in photographs().items():
+        path = tmp_path / f"{name}.jpg"
+        Image.fromarray(img).save(path, quality=90)
+        paths.append(str(path))
+    return paths
+
+
+def to_np(x):
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+# ------------------------------------------------------- PIL references
+def pil_timm(img, size, crop_pct, resample, mean, std, squash=False):
+    """timm's eval transform as torchvision runs it on a PIL image:
+    Resize(floor(size / crop_pct)) (the shorter side; the other truncated),
+    CenterCrop (offsets round((H - h) / 2)), ToTensor, Normalize."""
+    im = Image.fromarray(img)
+    s = math.floor(size / crop_pct)
+    w, h = im.size
+    if squash:
+        nw = nh = s
+    elif w <= h:
+        nw, nh = s, int(s * h / w)
+    else:
+        nw, nh = int(s * w / h), s
+    a = np.asarray(im.resize((nw, nh), resample)).astype("float64")
+    top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
+    a = a[top:top + size, left:left + size] / 255.0
+    return ((a - mean) / std).astype("float32")
+
+
+def pil_transformers(img, size, crop, resample, mean, std, shortest_edge=False):
+    """transformers' PIL image processors: resize (squash to `size`, or the
+    shortest edge to `size`), centre crop with offsets (H - h) // 2,
+    rescale 1/255, normalise."""
+    im = Image.fromarray(img)
+    w, h = im.size
+    if shortest_edge:
+        short, long = (w, h) if w <= h else (h, w)
+        new = (size, int(size * long / short))
+        nw, nh = (new[0], new[1]) if w <= h else (new[1], new[0])
+    else:
+        nw = nh = size
+    a = np.asarray(im.resize((nw, nh), resample)).astype("float64")
+    if crop:
+        top, left = (nh - crop) // 2, (nw - crop) // 2
+        a = a[top:top + crop, left:left + crop]
+    return ((a / 255.0 - mean) / std).astype("float32")
+
+
+ONE_LEVEL = 1.0 / 255.0  # one uint8 step, in [0, 1] pixel units
+
+
+def in_levels(diff, std):
+    """Differences of normalised pixels in uint8 steps."""
+    return np.abs(diff) * np.asarray(std) / ONE_LEVEL
+
+
+TIMM = dict(resize="shorter", crop_pct=0.9, interpolation="bicubic", antialias=True,
+            round_uint8=True, crop_offset="round", mean=(0.5,) * 3, std=(0.5,) * 3)
+
+
+@pytest.mark.parametrize("case", ["timm_center", "timm_squash", "hf_vit", "hf_deit", "hf_clip"])
+def test_preprocessor_equals_pil_pipelines_on_photographs(case):
+    """`model.preprocessor` on each photograph against the PIL pipeline it
+    stands for: at most one uint8 step anywhere (PIL's fixed-point filter
+    weights), equal almost everywhere."""
+    imagenet = (P.IMAGENET_MEAN, P.IMAGENET_STD)
+    clip = (P.OPENAI_CLIP_MEAN, P.OPENAI_CLIP_STD)
+    recipe, ref = {
+        "timm_center": (TIMM, lambda im: pil_timm(im, 224, 0.9, Image.BICUBIC, 0.5, 0.5)),
+        "timm_squash": (dict(TIMM, resize="squash", crop_pct=0.875, mean=imagenet[0],
+                             std=imagenet[1]),
+                        lambda im: pil_timm(im, 224, 0.875, Image.BICUBIC, *imagenet,
+                                            squash=True)),
+        "hf_vit": (dict(TIMM, resize="squash", crop_pct=1.0, interpolation="bilinear",
+                        crop_offset="floor"),
+                   lambda im: pil_transformers(im, 224, None, Image.BILINEAR, 0.5, 0.5)),
+        "hf_deit": (dict(TIMM, resize="squash", crop_pct=224 / 256, crop_offset="floor",
+                         mean=imagenet[0], std=imagenet[1]),
+                    lambda im: pil_transformers(im, 256, 224, Image.BICUBIC, *imagenet)),
+        "hf_clip": (dict(TIMM, crop_pct=1.0, crop_offset="floor", mean=clip[0], std=clip[1]),
+                    lambda im: pil_transformers(im, 224, 224, Image.BICUBIC, *clip,
+                                                shortest_edge=True)),
+    }[case]
+    pre = kr.ImagePreprocessor((224, 224), **recipe)
+    for name, img in photographs().items():
+        got, want = to_np(pre(img))[0], ref(img)
+        assert got.shape == want.shape == (224, 224, 3), name
+        steps = in_levels(got - want, recipe["std"])
+        assert steps.max() <= 1.01, (name, steps.max())
+        assert (steps > 0.5).mean() < 0.02, (name, (steps > 0.5).mean())
+    # The recipe matters: our default (area, 256/224, [-1, 1]) is far off.
+    default = to_np(kr.ImagePreprocessor((224, 224))(img))[0]
+    assert in_levels(default - want, recipe["std"]).mean() > 5
+
+
+def test_rounding_like_pil_matters():
+    """Without PIL's rounding to uint8 after each pass, bicubic overshoot at
+    sharp edges survives: many steps off in places (so the option is what
+    makes the comparison above tight)."""
+    img = photographs()["astronaut"]
+    want = pil_timm(img, 224, 0.9, Image.BICUBIC, 0.5, 0.5)
+    loose = to_np(kr.ImagePreprocessor(224, **dict(TIMM, round_uint8=False))(img))[0]
+    assert in_levels(loose - want, 0.5).max() > 5
+
+
+@pytest.mark.parametrize("recipe", [
+    TIMM, dict(TIMM, resize="squash", crop_offset="floor"),
+    dict(TIMM, interpolation="bilinear", round_uint8=False, crop_pct=1.0),
+    {},  # ours: area
+    dict(resize="crop_resize", crop_pct=1.0, interpolation="bilinear", antialias=False),
+])
+def test_tensorflow_graph_path_equals_the_keras_ops_path(recipe):
+    """SavedModels and tf.data run the recipe in TensorFlow ops on dynamic
+    shapes; the backend's `keras.ops` path computes the same (one uint8
+    step where rounding ties fall differently)."""
+    import tensorflow as tf
+
+    recipe = P.check_preprocessing(recipe)
+    for img in photographs().values():
+        for size in ((224, 224), (96, 64)):
+            generic = to_np(P._generic(img[None], size, recipe))
+            graph = tf.function(lambda x: P.tf_preprocess(x, size, recipe),
+                                input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
+            in_graph = graph(tf.constant(img)).numpy()[None]
+            steps = in_levels(generic - in_graph, recipe["std"])
+            limit = 1.01 if recipe["round_uint8"] else 0.01
+            assert steps.max() <= limit, (size, steps.max())
+
+
+def test_crop_resize_is_keras_resizing_with_crop_to_aspect_ratio():
+    """keras-hub's ImageConverter: Keras' Resizing(crop_to_aspect_ratio=True),
+    then x * scale + offset."""
+    recipe = dict(resize="crop_resize", crop_pct=1.0, interpolation="bilinear",
+                  antialias=False, mean=(0.5,) * 3, std=(0.5,) * 3)
+    for img in photographs().values():
+        for size in ((224, 224), (64, 96)):
+            want = keras.layers.Resizing(*size, crop_to_aspect_ratio=True,
+                                         interpolation="bilinear")(img[None].astype("float32"))
+            want = to_np(want) / 127.5 - 1.0
+            got = to_np(kr.ImagePreprocessor(size, **recipe)(img))
+            np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_area_is_tensorflows_area_resize():
+    """Ours and big_vision's: resize_small with TensorFlow's area method,
+    then the central crop ((H - h) // 2), [-1, 1]."""
+    import tensorflow as tf
+
+    for img in photographs().values():
+        h, w = img.shape[:2]
+        s = 256
+        nh, nw = s * h // min(h, w), s * w // min(h, w)
+        small = tf.image.resize(tf.cast(img, tf.float32), (nh, nw), method="area").numpy()
+        top, left = (nh - 224) // 2, (nw - 224) // 2
+        want = small[top:top + 224, left:left + 224] / 127.5 - 1.0
+        got = to_np(kr.ImagePreprocessor(224)(img))[0]
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_inputs_of_any_form():
+    pre = kr.ImagePreprocessor(32, interpolation="bicubic")
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(0, 256, s, dtype="uint8") for s in ((40, 50, 3), (70, 33, 3)))
+    one, batch, mixed = pre(a), pre(np.stack([a, a])), pre([a, b])
+    assert tuple(one.shape) == (1, 32, 32, 3) and tuple(mixed.shape) == (2, 32, 32, 3)
+    np.testing.assert_allclose(to_np(batch)[1], to_np(one)[0], atol=1e-6)
+    np.testing.assert_allclose(to_np(mixed)[1], to_np(pre(b))[0], atol=1e-6)
+    np.testing.assert_allclose(to_np(pre(a.astype("float32"))), to_np(one), atol=1e-5)
+    with pytest.raises(ValueError, match=r"RGB images \[H, W, 3\]"):
+        pre(rng.integers(0, 256, (40, 50), dtype="uint8"))
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"resize": "stretch"}, "'resize' must be one of"),
+    ({"interpolation": "lanczos"}, "'interpolation' must be one of"),
+    ({"crop_pct": 1.2}, r"'crop_pct' must be in \(0, 1\]"),
+    ({"crop_pct": "x"}, r"'crop_pct' must be in \(0, 1\]"),
+    ({"mean": (0.5, 0.5)}, "'mean' must be one number or three"),
+    ({"std": 0.0}, "'std' must be positive"),
+    ({"antialias": "yes"}, "'antialias' must be True or False"),
+    ({"scale": 2}, r"Unknown preprocessing key\(s\) \['scale'\]"),
+    ({"resize": "crop_resize", "crop_pct": 0.9}, "takes crop_pct=1"),
+])
+def test_bad_recipes_are_refused_by_name(bad, message):
+    with pytest.raises(ValueError, match=message):
+        P.check_preprocessing(bad)
+    with pytest.raises(ValueError, match=message):
+        kr.ViT("Ti/16", depth=1, image_size=32, preprocessing=bad)
+
+
+def test_recipe_and_labels_travel_with_the_model(tmp_path):
+    recipe = dict(TIMM, mean=P.IMAGENET_MEAN, std=P.IMAGENET_STD)
+    model = kr.ViT("Ti/16", depth=1, width=32, num_heads=2, mlp_dim=64, image_size=32,
+                   num_classes=3, preprocessing=recipe, label_names=["cat", "dog", "eel"])
+    model.save(tmp_path / "m.keras")
+    back = keras.saving.load_model(tmp_path / "m.keras")
+    assert back.preprocessing == P.check_preprocessing(recipe)
+    assert back.label_names == ["cat", "dog", "eel"]
+    model.save_to_preset(tmp_path / "preset")
+    preset = kr.ViT.from_preset(tmp_path / "preset")
+    assert preset.preprocessing == model.preprocessing and preset.label_names == model.label_names
+    # A new head forgets the names; a head of another size cannot take them.
+    assert kr.ViT.from_preset(tmp_path / "preset", num_classes=4).label_names is None
+    with pytest.raises(ValueError, match="2 `label_names` for num_classes=3"):
+        kr.ViT("Ti/16", depth=1, image_size=32, num_classes=3, label_names=["a", "b"])
+    with pytest.raises(ValueError, match="this ViT has no head"):
+        kr.ViT("Ti/16", depth=1, image_size=32, include_top=False, label_names=["a"])
+
+
+def test_decode_predictions_and_imagenet_names():
+    names = kr.imagenet1k_labels()
+    assert len(names) == 1000 and len(set(names)) == 999  # WordNet's two "crane"s
+    assert names[0] == "tench, Tinca tinca" and names[999].startswith("toilet tissue")
+    probs = np.zeros((2, 1000))
+    probs[0, [1, 207, 3]] = [0.5, 0.3, 0.2]
+    probs[1, 999] = 1.0
+    top = kr.decode_predictions(probs, label_names=names, top=3)
+    assert [n for n, _ in top[0]] == [names[1], names[207], names[3]]
+    assert top[0][0][1] == 0.5 and top[1][0] == (names[999], 1.0)
+    assert kr.decode_predictions(probs[:, :4], top=1)[0] == [("class_1", 0.5)]
+    with pytest.raises(ValueError, match="3 label names for 1000 classes"):
+        kr.decode_predictions(probs, label_names=["a", "b", "c"])
+
+
+# ------------------------------------------------- readers fill the recipe
+def timm_hub(tmp_path, architecture, pretrained_cfg, sd=None, **extra):
+    hub = tmp_path / architecture
+    hub.mkdir()
+    save_safetensors(sd or timm_state_dict(np.random.default_rng(1)), hub / "model.safetensors")
+    (hub / "config.json").write_text(json.dumps(dict(
+        architecture=architecture, num_classes=5, pretrained_cfg=pretrained_cfg, **extra)))
+    return hub
+
+
+def test_timm_hub_directories_carry_their_pretrained_cfg(tmp_path):
+    """AugReg-style (crop_pct 0.9, 0.5/0.5) and DeiT (a deit_* name, ImageNet
+    mean/std): the recipe, and class names from label_names /
+    label_descriptions."""
+    cfg = dict(input_size=[3, 32, 32], interpolation="bicubic", crop_pct=0.9,
+               crop_mode="center", mean=[0.5] * 3, std=[0.5] * 3)
+    names = [f"n0{i}" for i in range(5)]
+    augreg = kr.ViT.from_preset(timm_hub(tmp_path, "vit_small_patch16_224", cfg,
+                                         label_names=names,
+                                         label_descriptions={"n01": "goldfish"}), num_heads=2)
+    assert augreg.preprocessing == P.check_preprocessing(TIMM)
+    assert augreg.label_names == ["n00", "goldfish", "n02", "n03", "n04"]
+    deit_cfg = dict(cfg, crop_pct=0.875, mean=list(P.IMAGENET_MEAN), std=list(P.IMAGENET_STD))
+    deit = kr.ViT.from_preset(timm_hub(tmp_path, "deit_small_patch16_224", deit_cfg),
+                              num_heads=2)
+    assert deit.preprocessing["mean"] == P.IMAGENET_MEAN and deit.preprocessing["crop_pct"] == 0.875
+    assert deit.label_names is None  # 5 classes, no names given
+    for name in ("deit3_base_patch16_224", "flexivit_small", "vit_base_patch16_siglip_224"):
+        kr.ViT.from_preset(timm_hub(tmp_path, name, cfg), num_heads=2)
+
+
+@pytest.mark.parametrize("name, what", [
+    ("vit_relpos_base_patch16_224", "VisionTransformerRelPos"),
+    ("deit_small_distilled_patch16_224", "VisionTransformerDistilled"),
+    ("vit_base_r50_s16_224", "a hybrid CNN stem"),
+    ("vit_base_patch16_rope_224", "Eva"),
+    ("eva02_base_patch14_224", "keras_reluvit loads the architectures"),
+    ("convnext_tiny", "keras_reluvit loads the architectures"),
+])
+def test_timm_architectures_built_by_other_classes_are_refused(tmp_path, name, what):
+    with pytest.raises(CheckpointError, match=what):
+        kr.ViT.from_preset(timm_hub(tmp_path, name, {}))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("interpolation", "lanczos", "pretrained_cfg.interpolation 'lanczos'"),
+    ("crop_mode", "border", "pretrained_cfg.crop_mode 'border'"),
+    ("mean", [0.5, "x", 0.5], "pretrained_cfg.mean"),
+    ("crop_pct", 1.5, "pretrained_cfg.crop_pct"),
+])
+def test_malformed_timm_preprocessing_names_file_and_field(tmp_path, field, value, message):
+    hub = timm_hub(tmp_path, "vit_small_patch16_224", {field: value})
+    with pytest.raises(CheckpointError, match=f"config.json: {message}"):
+        kr.ViT.from_preset(hub, num_heads=2)
+
+
+def test_bare_timm_state_dicts_take_timm_defaults_or_the_named_family(tmp_path):
+    path = save_safetensors(timm_state_dict(np.random.default_rng(2), classes=1000),
+                            tmp_path / "w.safetensors")
+    plain = kr.load_checkpoint(path, num_heads=2)
+    assert plain.preprocessing == P.check_preprocessing(TIMM)  # VisionTransformer's _cfg
+    assert plain.label_names == kr.imagenet1k_labels()  # a 1000-class head: ImageNet-1k
+    deit = kr.load_checkpoint(path, num_heads=2, architecture="deit_small_patch16_224.fb_in1k")
+    assert deit.preprocessing["mean"] == P.IMAGENET_MEAN
+    with pytest.raises(CheckpointError, match="VisionTransformerDistilled"):
+        kr.load_checkpoint(path, architecture="deit_small_distilled_patch16_224")
+    plain.save(tmp_path / "m.keras")
+    with pytest.raises(CheckpointError, match="names the timm model of a bare state dict"):
+        kr.load_checkpoint(tmp_path / "m.keras", architecture="vit_small_patch16_224")
+
+
+def keras_hub_converter(directory, **conv):
+    (directory / "image_converter.json").write_text(json.dumps(
+        {"module": "keras_hub.src.models.vit.vit_image_converter",
+         "class_name": "ViTImageConverter", "config": conv}))
+
+
+def test_keras_hub_and_big_vision_recipes():
+    from keras_reluvit.checkpoints import keras_hub
+
+    import tempfile
+    import pathlib
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = pathlib.Path(tmp)
+        keras_hub_converter(d, image_size=[224, 224], scale=[1 / 127.5] * 3, offset=[-1.0] * 3,
+                            interpolation="bilinear", antialias=False,
+                            crop_to_aspect_ratio=True)
+        r = keras_hub.preprocessing_from_converter(str(d))
+        assert r["resize"] == "crop_resize" and r["interpolation"] == "bilinear"
+        np.testing.assert_allclose(r["mean"], 0.5) and np.testing.assert_allclose(r["std"], 0.5)
+        keras_hub_converter(d, scale=1 / 255.0, offset=None, interpolation="nearest")
+        with pytest.raises(CheckpointError, match="image_converter.json: interpolation 'nearest'"):
+            keras_hub.preprocessing_from_converter(str(d))
+
+
+def test_transformers_preprocessor_configs(tmp_path):
+    """`preprocessor_config.json` fields, including the legacy int sizes and
+    a rescale factor other than 1/255; malformed ones name file and field."""
+    from keras_reluvit.checkpoints import hf
+
+    def recipe(family, **pc):
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps(pc))
+        return hf.preprocessing_from_processor(str(tmp_path), family)
+
+    vit = recipe("vit", size=224, resample=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    assert (vit["resize"], vit["crop_pct"], vit["interpolation"]) == ("squash", 1.0, "bilinear")
+    clip = recipe("clip", size={"shortest_edge": 256}, crop_size=224, do_center_crop=True)
+    assert (clip["resize"], clip["crop_pct"]) == ("shorter", 224 / 256)
+    assert clip["mean"] == P.OPENAI_CLIP_MEAN  # transformers' CLIP default
+    scaled = recipe("vit", rescale_factor=1 / 127.5, image_mean=[1.0] * 3, image_std=[1.0] * 3)
+    np.testing.assert_allclose(scaled["mean"], 0.5) and np.testing.assert_allclose(scaled["std"], 0.5)
+    for bad, message in [(dict(resample=1), "resample 1"),
+                         (dict(size={"longest_edge": 3}), "size {'longest_edge': 3}"),
+                         (dict(size={"shortest_edge": 224}, do_center_crop=False),
+                          "size is a shortest_edge without do_center_crop"),
+                         (dict(image_mean="x"), "image_mean")]:
+        with pytest.raises(CheckpointError, match="preprocessor_config.json: .*" + message):
+            recipe("vit", **bad)
+
+
+# ---------------------------------------- against transformers on photographs
+@pytest.fixture(scope="module")
+def hf_photos(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hf_photos")
+    jpegs = jpeg_files(tmp)
+    run_hf_reference("photos", str(tmp), *jpegs)
+    return tmp, jpegs, dict(np.load(tmp / "photos.npz"))
+
+
+@pytest.mark.parametrize("name", ["vit", "deit", "clip"])
+def test_transformers_checkpoints_predict_like_transformers(hf_photos, name):
+    """save_pretrained directories (model + image processor), loaded here,
+    on JPEG photographs: our preprocessor gives transformers' pixel values
+    within one uint8 step (TF's accurate-DCT decode vs PIL's, PIL's
+    fixed-point resampling), and the probabilities agree to 1e-3; with
+    the recipe dropped they do not."""
+    tmp, jpegs, ref = hf_photos
+    model = kr.ViT.from_preset(tmp / name)
+    images = [kr.load_image(j) for j in jpegs]
+    x = to_np(model.preprocessor(images))
+    steps = in_levels(x - ref[name + "/pixels"], model.preprocessing["std"])
+    assert steps.max() <= 2.01 and (steps > 0.5).mean() < 0.01, (steps.max(), (steps > 0.5).mean())
+    probs = P.probabilities(model.predict(x, verbose=0))
+    np.testing.assert_allclose(probs, ref[name], atol=1e-3)
+    wrong = to_np(kr.ImagePreprocessor(model.image_size)(images))  # our default recipe
+    assert np.abs(P.probabilities(model.predict(wrong, verbose=0)) - ref[name]).max() > 1e-2
