@@ -55,14 +55,21 @@ def timm_side(out, jpegs):
         x = torch.stack([transform(Image.open(j).convert("RGB")) for j in jpegs])
         with torch.no_grad():
             ref[name] = torch.log_softmax(model(x).double(), -1).numpy()
+            t = np.random.default_rng(0).uniform(-2, 2, (2, 3, 224, 224)).astype("float32")
+            ref[name + "/x"] = t.transpose(0, 2, 3, 1)
+            ref[name + "/logits"] = model(torch.from_numpy(t)).double().numpy()
         ref[name + "/cfg"] = json.dumps({k: v for k, v in cfg.items()})
     np.savez(os.path.join(out, "timm.npz"), **ref)
 
 
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--timm-side", nargs="+", help=argparse.SUPPRESS)  # the child process
+    return ap
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--timm-side", nargs="+")
-    args = ap.parse_args()
+    args = parser().parse_args()
     if args.timm_side:
         return timm_side(args.timm_side[0], args.timm_side[1:])
     import skimage.data
@@ -82,9 +89,18 @@ def main():
     ref = dict(np.load(os.path.join(tmp, "timm.npz")))
     import tensorflow as tf
 
-    print(f"{'architecture':48s} {'ours vs timm':>14s} {'SavedModel vs timm':>20s}")
+    print("Photographs: max |log-probability| gap (classes timm gives >= 1e-6).")
+    print("Logits on one tensor: max |gap| / max |logit|, the hub directory and its bare")
+    print("model.safetensors (architecture= given, except the plain CLIP tower: norm_pre says it).")
+    print(f"{'architecture':46s} {'ours':>8s} {'SavedModel':>11s} {'logits hub':>11s} "
+          f"{'logits bare':>12s}")
     for name in ARCHS:
         model = kr.ViT.from_preset(os.path.join(tmp, name))
+        scale = np.abs(ref[name + "/logits"]).max()
+        hub = np.abs(np.asarray(model(ref[name + "/x"])) - ref[name + "/logits"]).max() / scale
+        named = None if name.startswith("vit_base_patch16_clip_224") else name
+        bare = kr.load_checkpoint(os.path.join(tmp, name, "model.safetensors"), architecture=named)
+        bare = np.abs(np.asarray(bare(ref[name + "/x"])) - ref[name + "/logits"]).max() / scale
         x = model.preprocessor([kr.load_image(j) for j in jpegs])
         ours = np.log(P.probabilities(model.predict(x, verbose=0)))
         path = os.path.join(tmp, name + ".serving")
@@ -95,7 +111,7 @@ def main():
         seen = ref[name] > np.log(1e-6)  # float32 probabilities below that underflow
         gap = np.abs(ours - ref[name])[seen].max()
         gap_served = np.abs(served - ref[name])[seen].max()
-        print(f"{name:48s} {gap:14.4f} {gap_served:20.4f}")
+        print(f"{name:46s} {gap:8.4f} {gap_served:11.4f} {hub:11.1e} {bare:12.1e}")
 
 
 if __name__ == "__main__":

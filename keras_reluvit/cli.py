@@ -102,8 +102,6 @@ def _set_mesh(spec, strategy, sequence_axis=None):
 
 
 def _eval(args):
-    import keras
-
     from keras_reluvit import data as kr_data
     from keras_reluvit import recipes
 
@@ -203,7 +201,8 @@ def _convert(args):
     model = checkpoints.load_checkpoint(args.source, attention=args.attention,
                                         num_classes=args.num_classes,
                                         image_size=args.image_size,
-                                        posemb_resampling=args.posemb_resampling, **overrides)
+                                        posemb_resampling=args.posemb_resampling,
+                                        architecture=args.architecture, **overrides)
     out = args.output
     if out.endswith(".keras"):
         model.save(out)
@@ -335,6 +334,8 @@ def parser():
                    help="how (default: the format's; bilinear, transformers' DINOv2 its own)")
     c.add_argument("--num-classes", type=int, help="new head size (0: features only)")
     c.add_argument("--num-heads", type=int, help="heads, where the checkpoint has no count")
+    c.add_argument("--architecture", help="a bare timm state dict's timm name, e.g. "
+                   "vit_base_patch16_clip_224.openai (CLIP eps, quick GELU, preprocessing)")
     c.add_argument("--mlp-activation", choices=["gelu", "gelu_tanh", "quick_gelu"])
     c.add_argument("--to", choices=["preset", "hf"], default="preset",
                    help="what a directory OUT becomes (default: a keras_reluvit preset)")

@@ -9,7 +9,7 @@ Python per image), big_vision's preprocessing:
   value range [-1, 1] | one-hot labels | MixUp (big_vision semantics).
 - eval: the model's own recipe (`preprocessing=`, see
   `keras_reluvit.preprocessing`; by default ours and big_vision's: the
-  shorter side to `floor(resolution * 256 / 224)`, area | central crop |
+  shorter side to `round(resolution * 256 / 224)`, area | central crop |
   [-1, 1]) | one-hot labels. Deterministic.
 
 Train images are normalised with the recipe's mean/std too, so a checkpoint
@@ -174,8 +174,8 @@ def inception_crop(image, size, area, aspect, seed):
 
 
 def resize_small_central_crop(image, size):
-    """Our evaluation geometry: the shorter side to `floor(size * 256 / 224)`
-    (area; the longer side in proportion, truncated), central crop `size`;
+    """Our evaluation geometry: the shorter side to `round(size * 256 / 224)`
+    (area; the longer side in proportion, rounded), central crop `size`;
     0-255 pixels out. `image` is `[H, W, C]` or a batch `[N, H, W, C]`."""
 
     return tf_preprocess(image, size, normalize=False)

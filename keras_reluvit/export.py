@@ -20,7 +20,16 @@ Signatures (dynamic batch):
   each image is preprocessed on its own size);
 - `serve_preprocessed`: float model inputs `[N, res, res, 3]` (after the
   preprocessing) -> `logits`;
-- `serve_preprocessed_xla`: the same, XLA-compiled (`jit_compile=True`).
+- `serve_preprocessed_xla`: the same, XLA-compiled (`jit_compile=True`);
+- `serve`: Keras' own endpoint, as `model.export` names it: the model
+  inputs -> the model's output (logits), `reloaded.serve(x)` equal to
+  `model.predict(x)`.
+
+`ViT.export(path, format="tf_saved_model")` — Keras' own call — writes this
+archive on every backend (Keras 3.15's writer fails on PyTorch and cannot
+hold the in-graph image decoding on JAX), a superset of Keras' archive
+except that `serving_default` is the uint8-image signature (Keras': the
+model inputs, which `serve` keeps). `format="onnx"` writes `onnx(...)`.
 
 `onnx(model, path)` writes the classifier (preprocessed float images ->
 logits, dynamic batch) through tf2onnx, also from every backend.
@@ -118,7 +127,7 @@ def _in_tensorflow(model, path, writer, options, modules=None):
 
 
 def saved_model(model, path, label_names=None, activation="softmax", top_k=5,
-                custom_modules=None):
+                custom_modules=None, input_signature=None):
     """Writes a TF-Serving SavedModel of a keras_reluvit ViT to `path`.
 
     Works for a model built and trained under any backend. `path` is the
@@ -126,6 +135,8 @@ def saved_model(model, path, label_names=None, activation="softmax", top_k=5,
     From JAX / PyTorch a TensorFlow child process writes it; it imports the
     modules where the model's custom objects (e.g. a registered attention
     activation) live, found automatically, or `custom_modules` (names).
+    `input_signature`: the shape of the `serve` endpoint's input, as Keras'
+    `model.export` takes it (default `[None, *image_size, 3]` float32).
 
     Example:
 
@@ -139,14 +150,39 @@ def saved_model(model, path, label_names=None, activation="softmax", top_k=5,
         raise ValueError("saved_model exports a keras_reluvit ViT classifier (include_top=True).")
     label_names = label_names or model.label_names
     options = dict(label_names=list(label_names) if label_names else None,
-                   activation=activation, top_k=int(top_k))
+                   activation=activation, top_k=int(top_k),
+                   input_shape=serve_shape(model, input_signature))
     path = os.path.expanduser(os.fspath(path))
     return _in_tensorflow(model, path, "_write_saved_model", options, custom_modules)
 
 
-def onnx(model, path, custom_modules=None):
+def serve_shape(model, input_signature):
+    """The input shape (a list, batch None or fixed) of Keras' `serve`
+    endpoint from a Keras-style `input_signature` (one spec with `.shape`:
+    `tf.TensorSpec`, `keras.InputSpec`, a `KerasTensor`, or a shape), checked
+    against the model: `[batch, *image_size, 3]`."""
+    want = [None, *model.image_size, 3]
+    if input_signature is None:
+        return want
+    spec = input_signature
+    if isinstance(spec, (list, tuple)) and len(spec) == 1 and hasattr(spec[0], "shape"):
+        spec = spec[0]
+    shape = getattr(spec, "shape", spec)
+    try:
+        shape = [None if d is None else int(d) for d in shape]
+    except TypeError:
+        shape = None
+    if shape is None or len(shape) != 4 or shape[1:] != want[1:] or (
+            shape[0] is not None and shape[0] < 1):
+        raise ValueError(f"input_signature {input_signature!r}: {model.name} takes one input "
+                         f"of shape [batch, {want[1]}, {want[2]}, 3] (batch None or a size).")
+    return shape
+
+
+def onnx(model, path, custom_modules=None, input_signature=None):
     """Writes an ONNX model of the classifier: float images `[N, res, res, 3]`
-    in [-1, 1] -> `logits` (dynamic batch), via tf2onnx from any backend.
+    (the model inputs, after the preprocessing) -> `logits` (dynamic batch,
+    or the batch of `input_signature`), via tf2onnx from any backend.
 
     Example:
 
@@ -157,14 +193,16 @@ def onnx(model, path, custom_modules=None):
     if not hasattr(model, "image_size"):
         raise ValueError("onnx exports a keras_reluvit ViT.")
     path = os.path.expanduser(os.fspath(path))
-    return _in_tensorflow(model, path, "_write_onnx", {}, custom_modules)
+    options = {"input_shape": serve_shape(model, input_signature)}
+    return _in_tensorflow(model, path, "_write_onnx", options, custom_modules)
 
 
-def _write_onnx(model, path):
+def _write_onnx(model, path, input_shape=None):
     import tensorflow as tf
 
-    spec = tf.TensorSpec((None, *model.image_size, 3), tf.float32, name="images")
-    model.export(path, format="onnx", verbose=False, input_signature=[spec])
+    spec = tf.TensorSpec(input_shape or (None, *model.image_size, 3), tf.float32, name="images")
+    # Keras' own ONNX writer (ViT.export routes "onnx" here).
+    keras.Model.export(model, path, format="onnx", verbose=False, input_signature=[spec])
     return path
 
 
@@ -177,7 +215,8 @@ def preprocess_uint8(images, size, preprocessing=None):
     return tf_preprocess(images, tuple(size), preprocessing)
 
 
-def _write_saved_model(model, path, label_names=None, activation="softmax", top_k=5):
+def _write_saved_model(model, path, label_names=None, activation="softmax", top_k=5,
+                       input_shape=None):
     import tensorflow as tf
 
     from keras_reluvit.preprocessing import decode_image
@@ -224,6 +263,10 @@ def _write_saved_model(model, path, label_names=None, activation="softmax", top_
     # TensorFlow / TF Serving build with XLA, as the pip wheels are).
     archive.add_endpoint("serve_preprocessed_xla", tf.function(
         serve_preprocessed, jit_compile=True, input_signature=preprocessed))
+    # Keras' own endpoint (what `model.export` writes): inputs -> the output.
+    archive.add_endpoint("serve", lambda x: model(x, training=False),
+                         [tf.TensorSpec(input_shape or [None, *size, 3], tf.float32,
+                                        name="inputs")])
     archive.write_out(path, verbose=False)
     return path
 

@@ -30,12 +30,17 @@ The recipe (`ViT(preprocessing={...})`; every key optional):
 - `crop_offset`: `"floor"` (`(H - h) // 2`: transformers, big_vision,
   keras) or `"round"` (`round((H - h) / 2)`, half to even: torchvision's
   `CenterCrop`, i.e. timm).
+- `resize_rounding`: how the resized size is made whole: `"floor"`
+  (timm: `floor(size / crop_pct)`, the longer side truncated, as
+  torchvision's `Resize`) or `"round"` (big_vision's `resize_small`: both
+  rounded, half to even).
 - `mean`, `std`: per channel, in units of [0, 1] pixels: the model takes
   `(pixel / 255 - mean) / std`. `[-1, 1]` (big_vision, ours) is
   mean = std = 0.5.
 
 The default is our own (and big_vision's) evaluation recipe: `"shorter"`,
-`crop_pct` 0.875 (224 of 256), `"area"`, `"floor"`, [-1, 1].
+`crop_pct` 0.875 (224 of 256), `"area"`, `crop_offset="floor"`,
+`resize_rounding="round"`, [-1, 1].
 """
 
 import math
@@ -53,8 +58,8 @@ OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 DEFAULT = dict(resize="shorter", crop_pct=0.875, interpolation="area", antialias=True,
-               round_uint8=False, crop_offset="floor", mean=(0.5, 0.5, 0.5),
-               std=(0.5, 0.5, 0.5))
+               round_uint8=False, crop_offset="floor", resize_rounding="round",
+               mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
 
 def _triple(value, key):
@@ -84,7 +89,7 @@ def check_preprocessing(preprocessing=None):
         raise ValueError(f"Unknown preprocessing key(s) {unknown}; valid: {sorted(DEFAULT)}.")
     p = dict(DEFAULT, **preprocessing)
     for key, valid in (("resize", RESIZE_MODES), ("interpolation", INTERPOLATIONS),
-                       ("crop_offset", CROP_OFFSETS)):
+                       ("crop_offset", CROP_OFFSETS), ("resize_rounding", CROP_OFFSETS)):
         if p[key] not in valid:
             raise ValueError(f"preprocessing {key!r} must be one of {valid}, got {p[key]!r}.")
     try:
@@ -116,6 +121,10 @@ class _Int:
         return int(round(x / ratio))
 
     @staticmethod
+    def round_div(a, b):  # round(a / b), half to even
+        return int(round(a / b))
+
+    @staticmethod
     def ratio(a, b, c, d):  # min(a / b, c / d)
         return min(a / b, c / d)
 
@@ -132,6 +141,10 @@ class _TFInt:
     def round_ratio(self, x, ratio):
         tf = self.tf
         return tf.cast(tf.round(tf.cast(x, tf.float64) / ratio), tf.int32)
+
+    def round_div(self, a, b):
+        tf = self.tf
+        return tf.cast(tf.round(tf.cast(a, tf.float64) / tf.cast(b, tf.float64)), tf.int32)
 
     def ratio(self, a, b, c, d):
         tf = self.tf
@@ -155,10 +168,14 @@ def plan(h, w, size, p, xp=_Int):
         ch = xp.maximum(xp.minimum(h, w * th // tw), 1)
         cw = xp.maximum(xp.minimum(w, h * tw // th), 1)
         return ((h - ch) // 2, (w - cw) // 2, ch, cw), (th, tw), (0, 0, th, tw)
-    sh = math.floor(th / p["crop_pct"] + 1e-6)
-    sw = math.floor(tw / p["crop_pct"] + 1e-6)
+    rounded = p["resize_rounding"] == "round"
+    whole = (lambda v: int(round(v))) if rounded else (lambda v: math.floor(v + 1e-6))
+    sh, sw = whole(th / p["crop_pct"]), whole(tw / p["crop_pct"])
     if p["resize"] == "squash":
         rh, rw = sh, sw
+    elif sh == sw and rounded:  # big_vision's resize_small: both sides rounded
+        short = xp.minimum(h, w)
+        rh, rw = xp.round_div(sh * h, short), xp.round_div(sw * w, short)
     elif sh == sw:  # torchvision Resize(int): the shorter side, the other truncated
         short = xp.minimum(h, w)
         rh = xp.maximum(sh, sh * h // short)
@@ -200,11 +217,15 @@ def _resize_generic(x, to, p):
     return x
 
 
-def normalise(x, p):
-    """0-255 pixels -> `(x / 255 - mean) / std` (any backend, or tf.data)."""
-    mean = np.asarray(p["mean"], "float32") * 255.0
-    scale = 1.0 / (255.0 * np.asarray(p["std"], "float32"))
-    return (x - mean) * scale
+def normalise(x, p, convert=None):
+    """0-255 pixels -> `(x / 255 - mean) / std` (TensorFlow / tf.data; with
+    `convert=keras.ops.convert_to_tensor`, any backend), computed as
+    `x / (255 std) - mean / std`: for [-1, 1], `x / 127.5 - 1`."""
+    std = np.asarray(p["std"], "float64")
+    scale, shift = (255.0 * std).astype("float32"), (np.asarray(p["mean"]) / std).astype("float32")
+    if convert is not None:
+        scale, shift = convert(scale), convert(shift)
+    return x / scale - shift
 
 
 def _generic(images, size, p):
@@ -217,7 +238,7 @@ def _generic(images, size, p):
         x = x[:, t:t + ch, l_:l_ + cw]
     x = _resize_generic(x, to, p)
     x = x[:, top:top + th, left:left + tw]
-    return normalise(x, p)
+    return normalise(ops.clip(x, 0.0, 255.0), p, ops.convert_to_tensor)
 
 
 def tf_preprocess(images, size, p=None, normalize=True):
@@ -237,19 +258,51 @@ def tf_preprocess(images, size, p=None, normalize=True):
     if before is not None:
         t, l_, ch, cw = before
         x = x[..., t:t + ch, l_:l_ + cw, :]
-    method = {"bicubic": "bicubic", "bilinear": "bilinear", "area": "area"}[p["interpolation"]]
+    method = p["interpolation"]
     antialias = p["antialias"] and method != "area"
-    if p["round_uint8"] and method != "area":
-        x = tf.image.resize(x, tf.stack([tf.shape(x)[-3], rw]), method=method,
-                            antialias=antialias)
+    if antialias and before is None:
+        # Only the crop's pixels: TensorFlow's scale-and-translate (what
+        # `resize(antialias=True)` runs) samples the resized image at the
+        # crop's positions directly, PIL's pass order kept (columns, then
+        # rows) -- the same values as resizing everything and cropping.
+        x = _crop_resample(tf, x, (h, w), (rh, rw), (top, left, th, tw), method,
+                           p["round_uint8"])
+    else:
+        if p["round_uint8"] and method != "area":
+            x = tf.image.resize(x, tf.stack([tf.shape(x)[-3], rw]), method=method,
+                                antialias=antialias)
+            x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
+            x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
+            x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
+        else:
+            x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
+        x = x[..., top:top + th, left:left + tw, :]
+    x = tf.ensure_shape(x, [*([None] * (len(images.shape) - 3)), th, tw, 3])
+    x = tf.clip_by_value(x, 0.0, 255.0)
+    return normalise(x, p) if normalize else x
+
+
+def _crop_resample(tf, x, hw, resized, crop, method, round_uint8):
+    """`resize(x, resized)[crop]` (antialiased) computing only the crop."""
+    batched = len(x.shape) == 4
+    x = x if batched else x[None]
+    (h, w), (rh, rw), (top, left, th, tw) = hw, resized, crop
+    f = lambda v: tf.cast(v, tf.float32)  # noqa: E731
+
+    def sample(images, size, scale, translation):
+        return tf.raw_ops.ScaleAndTranslate(
+            images=images, size=tf.stack(size), scale=tf.stack(scale),
+            translation=tf.stack(translation), antialias=True,
+            kernel_type={"bicubic": "keyscubic", "bilinear": "triangle"}[method])
+
+    if round_uint8:  # PIL: columns, rounded to uint8, then rows, rounded
+        x = sample(x, [h, tw], [1.0, f(rw) / f(w)], [0.0, -f(left)])
         x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
-        x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
+        x = sample(x, [th, tw], [f(rh) / f(h), 1.0], [-f(top), 0.0])
         x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
     else:
-        x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
-    x = x[..., top:top + th, left:left + tw, :]
-    x = tf.ensure_shape(x, [*([None] * (len(images.shape) - 3)), th, tw, 3])
-    return normalise(x, p) if normalize else x
+        x = sample(x, [th, tw], [f(rh) / f(h), f(rw) / f(w)], [-f(top), -f(left)])
+    return x if batched else x[0]
 
 
 def _in_tf_graph():
@@ -336,29 +389,18 @@ def decode_image(data):
 
 
 def load_image(path):
-    """An image file as uint8 `[H, W, 3]` (numpy), decoded as the SavedModel's
-    `serve_bytes` decodes (TensorFlow; JPEG with the accurate integer DCT,
-    as PIL). Without TensorFlow, PIL decodes (the same pixels for JPEG)."""
+    """An image file (JPEG, PNG, GIF, BMP) as uint8 `[H, W, 3]` (numpy),
+    decoded as the SavedModel's `serve_bytes` decodes it: TensorFlow, JPEG
+    with the accurate integer DCT (the pixels PIL gives). Needs TensorFlow
+    (the `[train]` extra)."""
     with open(path, "rb") as f:
         data = f.read()
-    try:
-        import tensorflow as tf
-    except ImportError:
-        tf = None
-    if tf is not None:
-        try:
-            return decode_image(tf.constant(data)).numpy()
-        except tf.errors.InvalidArgumentError as e:
-            raise ValueError(f"{path}: not a JPEG, PNG, GIF or BMP image ({e.message}).") from None
-    try:
-        import io
+    import tensorflow as tf
 
-        from PIL import Image
-    except ImportError:
-        raise ImportError(f"Decoding {path} needs TensorFlow (pip install "
-                          "\"keras-reluvit[train]\") or Pillow.") from None
-    with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(im.convert("RGB"))
+    try:
+        return decode_image(tf.constant(data)).numpy()
+    except tf.errors.InvalidArgumentError as e:
+        raise ValueError(f"{path}: not a JPEG, PNG, GIF or BMP image ({e.message}).") from None
 
 
 def probabilities(logits, activation="softmax"):
@@ -385,9 +427,10 @@ def imagenet1k_labels():
     return [line.split("\t", 1)[1] for line in text.splitlines() if line]
 
 
-def decode_predictions(predictions, model=None, top=5, label_names=None):
-    """The `top` classes of each row of `predictions` (probabilities or
-    logits, `[N, C]`) as lists of `(class name, score)`, best first.
+def decode_predictions(predictions, model=None, top=5, label_names=None, from_logits=False):
+    """The `top` classes of each row of `predictions` (`[N, C]`
+    probabilities; logits with `from_logits=True`, turned into softmax
+    probabilities) as lists of `(class name, probability)`, best first.
 
     Class names come from `label_names`, else `model.label_names` (what the
     checkpoint stored), else `"class_<i>"`.
@@ -399,7 +442,8 @@ def decode_predictions(predictions, model=None, top=5, label_names=None):
     ...                                  label_names=["cat", "dog", "eel"], top=2)
     [[('dog', 0.7), ('eel', 0.2)]]
     """
-    p = np.asarray(keras.ops.convert_to_numpy(predictions), "float64")
+    p = (probabilities(predictions) if from_logits
+         else np.asarray(keras.ops.convert_to_numpy(predictions), "float64"))
     if p.ndim != 2:
         raise ValueError(f"decode_predictions takes [N, classes] scores, got shape {p.shape}.")
     names = label_names if label_names is not None else getattr(model, "label_names", None)

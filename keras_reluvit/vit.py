@@ -315,6 +315,51 @@ class ViT(keras.Model):
 
         return checkpoints.save_to_preset(self, preset_dir)
 
+    # ---- Keras' own export call -------------------------------------------
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+               **kwargs):
+        """Keras' `model.export`, on every backend: `format="tf_saved_model"`
+        writes `keras_reluvit.export.saved_model`'s archive (Keras' `serve`
+        endpoint, plus the serving signatures with this model's
+        preprocessing and class names), `"onnx"` `keras_reluvit.export.onnx`;
+        both from JAX, TensorFlow or PyTorch (Keras 3.15's own writer fails
+        on PyTorch). `input_signature` sets the `serve` / ONNX input shape;
+        other formats go to Keras. Keras' backend-specific options
+        (`is_static`, `jax2tf_kwargs`, ...) are refused by name: a TensorFlow
+        process writes the archive from the `.keras` model, so they would do
+        nothing.
+
+        Example:
+
+        ```python
+        model.export("vit_s16_relu", format="tf_saved_model")
+        reloaded = tf.saved_model.load("vit_s16_relu")
+        logits = reloaded.serve(x)                         # == model.predict(x)
+        probs = reloaded.serve_bytes(image_bytes=jpegs)    # photographs in
+        ```
+        """
+        from keras_reluvit import export as kr_export
+
+        if format not in ("tf_saved_model", "onnx"):
+            return super().export(filepath, format=format, verbose=verbose,
+                                  input_signature=input_signature, **kwargs)
+        if kwargs:
+            raise ValueError(
+                f"{self.name}.export(format={format!r}) does not take {sorted(kwargs)}: "
+                "keras_reluvit writes the archive in a TensorFlow process from the .keras "
+                "model (see keras_reluvit.export), where those options do nothing. Drop them.")
+        if format == "onnx":
+            path = kr_export.onnx(self, filepath, input_signature=input_signature)
+            what = "an ONNX model (model inputs -> logits)"
+        else:
+            path = kr_export.saved_model(self, filepath, input_signature=input_signature)
+            what = ("a SavedModel: serve (Keras' endpoint: model inputs -> logits), "
+                    "serving_default / serve_bytes (uint8 images / encoded bytes with the "
+                    "model's own preprocessing -> probabilities, top-k)")
+        if verbose is None or verbose:
+            print(f"keras_reluvit: wrote {what} to {path} (see keras_reluvit.export).")
+        return path
+
     @classmethod
     def from_config(cls, config):
         config = dict(config)

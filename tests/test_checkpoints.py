@@ -663,6 +663,16 @@ def test_fold_input_normalization_matches_normalised_inputs():
     want = to_np(model(normalised))
     C.fold_input_normalization(model, mean, std)
     np.testing.assert_allclose(to_np(model(x)), want, atol=1e-4, rtol=1e-4)
+    # The recipe now says [-1, 1]: the preprocessor feeds the folded model.
+    assert model.preprocessing["mean"] == model.preprocessing["std"] == (0.5, 0.5, 0.5)
+    photo = np.random.default_rng(9).integers(0, 256, (40, 52, 3), dtype="uint8")
+    pre = to_np(model.preprocessor(photo))
+    assert -1.0 <= pre.min() and pre.max() <= 1.0 and pre.max() - pre.min() > 1.0
+    # By default the mean/std are the model's own recipe's.
+    timm_like = rich_model(pool="tok", preprocessing={"mean": mean, "std": std})
+    want = to_np(timm_like(normalised))
+    C.fold_input_normalization(timm_like)
+    np.testing.assert_allclose(to_np(timm_like(x)), want, atol=1e-4, rtol=1e-4)
 
 
 def test_cli_convert_writes_keras_preset_and_timm(tmp_path):

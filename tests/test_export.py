@@ -180,3 +180,55 @@ def test_export_of_a_model_with_a_custom_activation(tmp_path):
     if keras.backend.backend() != "tensorflow":
         with pytest.raises(ValueError, match="__main__"):
             kr.export.saved_model(model, tmp_path / "sm2" / "1")
+
+
+KERAS_CALL = textwrap.dedent("""
+    import json, sys, numpy as np, tensorflow as tf
+    m = tf.saved_model.load(sys.argv[1])
+    x = np.load(sys.argv[2])
+    print(json.dumps({"serve": m.serve(tf.constant(x)).numpy().tolist(),
+                      "signatures": sorted(m.signatures.keys())}))
+""")
+
+
+def test_keras_export_call_works_on_every_backend(tmp_path, capsys):
+    """`model.export(path, format="tf_saved_model")` as users write it (Keras
+    3.15's own writer fails on PyTorch): the archive loads with plain
+    TensorFlow, its `serve` equals `model.predict`, and it has the serving
+    signatures; one line says what was written."""
+    model = kr.ViT("Ti/8", width=32, depth=2, num_heads=2, mlp_dim=64, image_size=32,
+                   num_classes=7, attention="relu", label_names=LABELS)
+    rng = np.random.default_rng(3)
+    for v in model.weights:
+        v.assign((rng.normal(0, 0.3, v.shape) + ("gamma" in v.path)).astype("float32"))
+    x = rng.uniform(-1, 1, (5, 32, 32, 3)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    path = model.export(str(tmp_path / "vit_relu"), format="tf_saved_model")
+    assert "keras_reluvit: wrote a SavedModel" in capsys.readouterr().out
+    proc = subprocess.run([sys.executable, "-c", KERAS_CALL, str(path), str(tmp_path / "x.npy")],
+                          env=subprocess_env("tensorflow"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(out["serve"], model.predict(x, verbose=0), atol=1e-4)
+    assert {"serving_default", "serve_bytes", "serve", "serve_preprocessed"} <= set(
+        out["signatures"])
+    # ONNX through the same call.
+    import onnxruntime as ort
+
+    onnx_path = model.export(str(tmp_path / "vit.onnx"), format="onnx", verbose=False)
+    session = ort.InferenceSession(str(onnx_path))
+    got = session.run(None, {session.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)
+
+
+def test_keras_export_arguments_are_checked_by_name(tmp_path):
+    model = kr.ViT("Ti/8", width=32, depth=1, num_heads=2, mlp_dim=64, image_size=32,
+                   num_classes=3)
+    with pytest.raises(ValueError, match=r"does not take \['is_static'\]"):
+        model.export(str(tmp_path / "a"), is_static=True)
+    with pytest.raises(ValueError, match=r"takes one input of shape \[batch, 32, 32, 3\]"):
+        model.export(str(tmp_path / "b"), input_signature=[keras.InputSpec(shape=(None, 64, 64, 3))])
+    # A plain Keras model is not ours: its export is Keras' own.
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    assert type(plain).export is keras.Model.export

@@ -57,9 +57,9 @@ def test_eval_pipeline_is_deterministic_and_center_crops(imagenet_dir):
     a = np.concatenate([np.asarray(b[0]) for b in val])
     b = np.concatenate([np.asarray(b[0]) for b in val])
     np.testing.assert_array_equal(a, b)
-    # Each image: shorter side resized to floor(32 * 256 / 224) = 36 (area; the
-    # longer side in proportion, truncated), then the central 32 x 32, in
-    # [-1, 1] -- spelled out here on the raw tfds images.
+    # Each image: shorter side resized to round(32 * 256 / 224) = 37 (area; the
+    # longer side in proportion, rounded, as big_vision's resize_small), then
+    # the central 32 x 32, in [-1, 1] -- spelled out here on the raw tfds images.
     raw = D.builder("imagenet2012", imagenet_dir).as_dataset(split="validation",
                                                              shuffle_files=False)
     for got, ex in zip(a, raw):
@@ -67,7 +67,7 @@ def test_eval_pipeline_is_deterministic_and_center_crops(imagenet_dir):
         if img.shape[-1] == 1:
             img = tf.repeat(img, 3, axis=-1)
         h, w = img.shape[:2]
-        nh, nw = 36 * h // min(h, w), 36 * w // min(h, w)
+        nh, nw = round(h * 37 / min(h, w)), round(w * 37 / min(h, w))
         small = tf.image.resize(img, (nh, nw), method="area").numpy()
         top, left = (nh - 32) // 2, (nw - 32) // 2
         want = np.clip(small[top:top + 32, left:left + 32], 0, 255) / 127.5 - 1.0
@@ -82,7 +82,7 @@ def test_resize_small_central_crop_geometry():
     img[:, 36:44] = 255.0
     out = D.resize_small_central_crop(tf.constant(img), (28, 28)).numpy()
     assert out.shape == (28, 28, 3)
-    # shorter side -> floor(28*256/224) = 32, i.e. 32x64; the band lands in the crop centre
+    # shorter side -> 28*256/224 = 32, i.e. 32x64; the band lands in the crop centre
     col = out[14, :, 0]
     assert col[12:16].min() > 200 and col[:6].max() < 1 and col[-6:].max() < 1
 

@@ -126,9 +126,11 @@ def hub_directory(handle):
         raise CheckpointError(f"{handle}: a Hugging Face handle is hf://ORG/NAME[@REVISION].")
     try:
         import huggingface_hub
+        import huggingface_hub.constants
     except ImportError:
-        raise ImportError(f"Loading {handle} needs huggingface_hub: pip install "
-                          "\"keras-reluvit[hub]\" (or pip install huggingface_hub).") from None
+        raise ModuleNotFoundError(f"Loading {handle} needs huggingface_hub: pip install "
+                                  "\"keras-reluvit[hub]\" (or pip install huggingface_hub).",
+                                  name="huggingface_hub") from None
 
     def fetch(patterns):
         return huggingface_hub.snapshot_download(repo, revision=revision or None,
@@ -292,16 +294,20 @@ def load_model(source, **overrides):
     return load_checkpoint(source, **overrides)
 
 
-def fold_input_normalization(model, mean, std):
+def fold_input_normalization(model, mean=None, std=None):
     """Folds a per-channel input normalisation into the patch embedding, in
-    place, so the model keeps taking [-1, 1] images.
+    place, so the model takes [-1, 1] images instead.
 
     A checkpoint trained on `(pixel - mean) / std` with pixels in [0, 1]
-    (timm's ImageNet-normalised models: mean (0.485, 0.456, 0.406), std
-    (0.229, 0.224, 0.225)) then gives its logits on `x = 2 * pixel - 1`:
-    the stem is linear, so `W * ((x + 1) / 2 - mean) / std + b` is again a
-    convolution of `x`. Exact up to float rounding.
+    (default: its own recipe's, `model.preprocessing`) then gives its logits
+    on `x = 2 * pixel - 1`: the stem is linear, so
+    `W * ((x + 1) / 2 - mean) / std + b` is again a convolution of `x`.
+    Exact up to float rounding. The model's recipe then says [-1, 1], so
+    `model.preprocessor` keeps giving what the model takes.
     """
+    recipe = model.preprocessing
+    mean = recipe["mean"] if mean is None else mean
+    std = recipe["std"] if std is None else std
     mean = np.broadcast_to(np.asarray(mean, "float64"), (3,))
     std = np.broadcast_to(np.asarray(std, "float64"), (3,))
     stem = model.get_layer("embedding")
@@ -312,6 +318,7 @@ def fold_input_normalization(model, mean, std):
     new_bias = bias + np.einsum("hwcd,c->d", kernel, shift)
     stem.kernel.assign((kernel * scale[None, None, :, None]).astype("float32"))
     stem.bias.assign(new_bias.astype("float32"))
+    model._config["preprocessing"] = dict(recipe, mean=(0.5,) * 3, std=(0.5,) * 3)
     return model
 
 

@@ -250,7 +250,8 @@ def preprocessing_from_processor(directory, family):
         std = [float(s) / unit for s in (std if isinstance(std, list) else [std] * 3)]
         return check_preprocessing(dict(
             resize=resize, crop_pct=min(pct, 1.0), interpolation=_RESAMPLE[resample],
-            antialias=True, round_uint8=True, crop_offset="floor", mean=mean, std=std))
+            antialias=True, round_uint8=True, crop_offset="floor", resize_rounding="floor",
+            mean=mean, std=std))
     except (TypeError, ValueError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: rescale_factor / image_mean / image_std: {e}") from None
 

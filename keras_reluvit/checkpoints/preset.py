@@ -83,7 +83,10 @@ def _read_preset(path):
     if config.get("class_name") != "ViT":
         raise CheckpointError(f"{path}: {PRESET_CONFIG} describes a "
                               f"{config.get('class_name')!r}, not a ViT.")
-    model = model_class().from_config(config["config"])
+    try:
+        model = model_class().from_config(config["config"])
+    except (TypeError, ValueError) as e:  # e.g. a malformed preprocessing recipe
+        raise CheckpointError(f"{os.path.join(path, PRESET_CONFIG)}: {e}") from None
     weights = os.path.join(path, PRESET_WEIGHTS)
     try:
         model.load_weights(weights)

@@ -164,7 +164,7 @@ def preprocessing_from_cfg(cfg, where):
                               f"({', '.join(modes)}).")
     recipe = dict(resize=modes[mode], crop_pct=cfg.get("crop_pct") or 0.875,
                   interpolation=_INTERPOLATIONS[interp], antialias=True, round_uint8=True,
-                  crop_offset="round", mean=cfg.get("mean", (0.5,) * 3),
+                  crop_offset="round", resize_rounding="floor", mean=cfg.get("mean", (0.5,) * 3),
                   std=cfg.get("std", (0.5,) * 3))
     for key in ("mean", "std", "crop_pct"):
         try:

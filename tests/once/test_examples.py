@@ -25,7 +25,8 @@ def test_quickstart_notebook_is_saved_without_outputs_and_runs_on_jax(tmp_path, 
     assert all(not c.outputs and c.execution_count is None for c in code)
     source = "\n".join(c.source for c in code)
     for step in ('kr.ViT_S16(attention="relu"', ".summary()", ".fit(", ".evaluate(",
-                 ".intermediates(", "kr.export.saved_model", "tf.saved_model.load",
+                 ".intermediates(", ".export(export_dir, format=\"tf_saved_model\")",
+                 "tf.saved_model.load", "served.serve(",
                  "kr.data.imagenet("):
         assert step in source, step
     for key, value in subprocess_env("jax").items():

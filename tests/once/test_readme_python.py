@@ -3,6 +3,7 @@ the README's own text, with only the sizes made small (named below per
 block) and files it names generated (tiny checkpoints in the formats it
 loads, a generated ImageNet through the real tfds builder)."""
 
+import json
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ import numpy as np
 
 from conftest import run_hf_reference
 from conftest import subprocess_env
+from test_predict import cache_repo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -64,12 +66,20 @@ def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
         for marker in ("y = layer(x, x)", "model.save_to_preset(", "hf/facebook-dinov2-small",
                        "kr.data.imagenet(",
                        "kr.export.saved_model(", "sequence_axis=", "strategy=\"fsdp\"",
-                       "def squareplus", "serve_preprocessed_xla(", "kr.use_kernel("):
+                       "def squareplus", "serve_preprocessed_xla(", "kr.use_kernel(",
+                       "kr.load_image(\"cat.jpg\")"):
             if marker in block:
                 by_marker.setdefault(marker, i)
-    assert len(by_marker) == 10, by_marker
+    assert len(by_marker) == 11, by_marker
     monkeypatch.chdir(tmp_path)
     make_checkpoints(str(tmp_path))
+    # hf:// handles: the Hub's copy, from a cache populated here, offline.
+    import huggingface_hub.constants
+
+    cache_repo(tmp_path / "hf_cache", "google/vit-base-patch16-224",
+               tmp_path / "hf" / "google-vit-base-patch16-224")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     ns = {"x": np.random.default_rng(0).normal(size=(2, 197, 384)).astype("float32")}
     run = [
         (code[by_marker["y = layer(x, x)"]], []),
@@ -106,3 +116,33 @@ def test_readme_python_blocks_run(tmp_path, imagenet_dir, monkeypatch):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "shape (None, 1000)" in proc.stdout
     assert "kernel (2, 197, 6, 64) auto" in proc.stdout
+    # The Predict block: its hf:// handle from a Hugging Face cache populated
+    # here (a timm hub directory, as save_for_hf writes it), offline, on a
+    # photograph.
+    predict_block = code[by_marker['kr.load_image("cat.jpg")']]
+    hub = tmp_path / "timm_hub"
+    hub.mkdir()
+    kr_model = __import__("keras_reluvit").ViT("S/16", depth=1, mlp_dim=64, image_size=32,
+                                               pool="tok", qk_norm=False, num_classes=1000,
+                                               mlp_activation="gelu", attention="softmax")
+    __import__("keras_reluvit").export.timm_state_dict(kr_model, hub / "model.safetensors")
+    (hub / "config.json").write_text(json.dumps({
+        "architecture": "vit_small_patch16_224", "num_classes": 1000,
+        "pretrained_cfg": {"input_size": [3, 32, 32], "interpolation": "bicubic",
+                           "crop_pct": 0.9, "mean": [0.5] * 3, "std": [0.5] * 3}}))
+    cache_repo(tmp_path / "hf_cache_timm", "timm/vit_small_patch16_224.augreg_in21k_ft_in1k",
+               hub)
+    import skimage.data
+    from PIL import Image
+
+    Image.fromarray(skimage.data.chelsea()).save(tmp_path / "cat.jpg")
+    env = dict(subprocess_env("jax"), HF_HUB_CACHE=str(tmp_path / "hf_cache_timm"),
+               HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-c", predict_block], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    top = eval(proc.stdout.strip().splitlines()[-1])  # the printed top-5
+    names = __import__("keras_reluvit").imagenet1k_labels()
+    assert len(top) == 5 and all(name in names for name, _ in top)
+    probs = [p for _, p in top]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
