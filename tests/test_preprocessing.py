@@ -9,7 +9,6 @@ area resize (big_vision's), and transformers itself in a child process on
 JPEG photographs (scikit-image's sample images).
 """
 
-import io
 import json
 import math
 
@@ -345,23 +344,27 @@ def keras_hub_converter(directory, **conv):
          "class_name": "ViTImageConverter", "config": conv}))
 
 
-def test_keras_hub_and_big_vision_recipes():
+def test_keras_hub_and_big_vision_recipes(tmp_path):
     from keras_reluvit.checkpoints import keras_hub
 
-    import tempfile
-    import pathlib
-
-    with tempfile.TemporaryDirectory() as tmp:
-        d = pathlib.Path(tmp)
-        keras_hub_converter(d, image_size=[224, 224], scale=[1 / 127.5] * 3, offset=[-1.0] * 3,
-                            interpolation="bilinear", antialias=False,
-                            crop_to_aspect_ratio=True)
-        r = keras_hub.preprocessing_from_converter(str(d))
-        assert r["resize"] == "crop_resize" and r["interpolation"] == "bilinear"
-        np.testing.assert_allclose(r["mean"], 0.5) and np.testing.assert_allclose(r["std"], 0.5)
-        keras_hub_converter(d, scale=1 / 255.0, offset=None, interpolation="nearest")
-        with pytest.raises(CheckpointError, match="image_converter.json: interpolation 'nearest'"):
-            keras_hub.preprocessing_from_converter(str(d))
+    keras_hub_converter(tmp_path, image_size=[224, 224], scale=[1 / 127.5] * 3,
+                        offset=[-1.0] * 3, interpolation="bilinear", antialias=False,
+                        crop_to_aspect_ratio=True)
+    r = keras_hub.preprocessing_from_converter(str(tmp_path))
+    assert r["resize"] == "crop_resize" and r["interpolation"] == "bilinear"
+    np.testing.assert_allclose(r["mean"], 0.5)
+    np.testing.assert_allclose(r["std"], 0.5)
+    keras_hub_converter(tmp_path, scale=1 / 255.0, offset=None, interpolation="nearest")
+    with pytest.raises(CheckpointError, match="image_converter.json: interpolation 'nearest'"):
+        keras_hub.preprocessing_from_converter(str(tmp_path))
+    # big_vision / AugReg .npz: big_vision's evaluation (our default) and, for a
+    # 1000-class head, the ImageNet-1k names.
+    model = kr.ViT("Ti/16", depth=1, width=32, num_heads=2, mlp_dim=64, image_size=32,
+                   num_classes=1000, preprocessing=TIMM, attention="softmax")
+    kr.export.big_vision_npz(model, tmp_path / "bv.npz")
+    bv = kr.load_checkpoint(tmp_path / "bv.npz")
+    assert bv.preprocessing == P.check_preprocessing(None) != model.preprocessing
+    assert bv.label_names == kr.imagenet1k_labels()
 
 
 def test_transformers_preprocessor_configs(tmp_path):
@@ -379,7 +382,8 @@ def test_transformers_preprocessor_configs(tmp_path):
     assert (clip["resize"], clip["crop_pct"]) == ("shorter", 224 / 256)
     assert clip["mean"] == P.OPENAI_CLIP_MEAN  # transformers' CLIP default
     scaled = recipe("vit", rescale_factor=1 / 127.5, image_mean=[1.0] * 3, image_std=[1.0] * 3)
-    np.testing.assert_allclose(scaled["mean"], 0.5) and np.testing.assert_allclose(scaled["std"], 0.5)
+    np.testing.assert_allclose(scaled["mean"], 0.5)
+    np.testing.assert_allclose(scaled["std"], 0.5)
     for bad, message in [(dict(resample=1), "resample 1"),
                          (dict(size={"longest_edge": 3}), "size {'longest_edge': 3}"),
                          (dict(size={"shortest_edge": 224}, do_center_crop=False),
