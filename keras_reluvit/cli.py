@@ -127,12 +127,12 @@ def _predict(args):
     from keras_reluvit import preprocessing
 
     model = _load_any(args.model)
+    images = [preprocessing.load_image(path) for path in args.images]  # any sizes
+    probs = preprocessing.probabilities(model.predict(model.preprocessor(images), verbose=0),
+                                        args.activation)
     results = []
-    for path in args.images:
-        image = preprocessing.load_image(path)
-        logits = model.predict(model.preprocessor(image), verbose=0)
-        probs = preprocessing.probabilities(logits, args.activation)
-        top = preprocessing.decode_predictions(probs, model, top=args.top)[0]
+    for path, top in zip(args.images, preprocessing.decode_predictions(probs, model,
+                                                                       top=args.top)):
         results.append({"image": path, "top": [{"label": n, "probability": round(p, 6)}
                                                for n, p in top]})
         if not args.json:

@@ -117,11 +117,7 @@ class _Int:
     minimum, maximum = staticmethod(min), staticmethod(max)
 
     @staticmethod
-    def round_ratio(x, ratio):  # round(x / ratio), half to even, as Python
-        return int(round(x / ratio))
-
-    @staticmethod
-    def round_div(a, b):  # round(a / b), half to even
+    def round_div(a, b):  # round(a / b), half to even, as Python
         return int(round(a / b))
 
     @staticmethod
@@ -137,10 +133,6 @@ class _TFInt:
 
         self.tf = tf
         self.minimum, self.maximum = tf.minimum, tf.maximum
-
-    def round_ratio(self, x, ratio):
-        tf = self.tf
-        return tf.cast(tf.round(tf.cast(x, tf.float64) / ratio), tf.int32)
 
     def round_div(self, a, b):
         tf = self.tf
@@ -158,6 +150,14 @@ def _half(d, how):
     return q if how == "floor" else q + (d % 2) * (q % 2)
 
 
+def resized_side(side, p):
+    """The resize target of a model side `side` under recipe `p`:
+    `side / crop_pct` made whole by `p["resize_rounding"]`."""
+    if p["resize_rounding"] == "round":
+        return int(round(side / p["crop_pct"]))
+    return math.floor(side / p["crop_pct"] + 1e-6)
+
+
 def plan(h, w, size, p, xp=_Int):
     """Where the recipe `p` takes an `h` x `w` image for a model of `size`:
     `(crop_before, resize_to, crop_after)`, boxes as `(top, left, height,
@@ -168,12 +168,10 @@ def plan(h, w, size, p, xp=_Int):
         ch = xp.maximum(xp.minimum(h, w * th // tw), 1)
         cw = xp.maximum(xp.minimum(w, h * tw // th), 1)
         return ((h - ch) // 2, (w - cw) // 2, ch, cw), (th, tw), (0, 0, th, tw)
-    rounded = p["resize_rounding"] == "round"
-    whole = (lambda v: int(round(v))) if rounded else (lambda v: math.floor(v + 1e-6))
-    sh, sw = whole(th / p["crop_pct"]), whole(tw / p["crop_pct"])
+    sh, sw = resized_side(th, p), resized_side(tw, p)
     if p["resize"] == "squash":
         rh, rw = sh, sw
-    elif sh == sw and rounded:  # big_vision's resize_small: both sides rounded
+    elif sh == sw and p["resize_rounding"] == "round":  # big_vision's resize_small: both sides rounded
         short = xp.minimum(h, w)
         rh, rw = xp.round_div(sh * h, short), xp.round_div(sw * w, short)
     elif sh == sw:  # torchvision Resize(int): the shorter side, the other truncated
@@ -182,7 +180,7 @@ def plan(h, w, size, p, xp=_Int):
         rw = xp.maximum(sw, sw * w // short)
     else:  # timm ResizeKeepRatio: the tighter side fits, both rounded
         ratio = xp.ratio(h, sh, w, sw)
-        rh, rw = xp.round_ratio(h, ratio), xp.round_ratio(w, ratio)
+        rh, rw = xp.round_div(h, ratio), xp.round_div(w, ratio)
     top, left = _half(rh - th, p["crop_offset"]), _half(rw - tw, p["crop_offset"])
     return None, (rh, rw), (top, left, th, tw)
 
@@ -249,8 +247,7 @@ def tf_preprocess(images, size, p=None, normalize=True):
     Equal to the `keras.ops` path (tested)."""
     import tensorflow as tf
 
-    p = check_preprocessing(p) if p is None or "resize" not in p else p
-
+    p = check_preprocessing(p)
     x = tf.cast(images, tf.float32)
     shape = tf.shape(x)
     h, w = shape[-3], shape[-2]

@@ -19,6 +19,8 @@ from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.attention import check_rate
 from keras_reluvit.attention_kinds import deserialize_attention
 from keras_reluvit.attention_kinds import resolve_attention
+from keras_reluvit import export as kr_export
+from keras_reluvit.preprocessing import ImagePreprocessor
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.variants import VARIANTS  # noqa: F401 (public here too)
 from keras_reluvit.variants import canonical_variant  # noqa: F401
@@ -217,8 +219,6 @@ class ViT(keras.Model):
         (uint8 or 0-255 floats; one, a batch or a list) -> its inputs.
 
         Example: `model.predict(model.preprocessor(photos))`."""
-        from keras_reluvit.preprocessing import ImagePreprocessor
-
         return ImagePreprocessor(self.image_size, name=f"{self.name}_preprocessor",
                                  **self._config["preprocessing"])
 
@@ -338,8 +338,6 @@ class ViT(keras.Model):
         probs = reloaded.serve_bytes(image_bytes=jpegs)    # photographs in
         ```
         """
-        from keras_reluvit import export as kr_export
-
         if format not in ("tf_saved_model", "onnx"):
             return super().export(filepath, format=format, verbose=verbose,
                                   input_signature=input_signature, **kwargs)

@@ -39,6 +39,7 @@ from keras_reluvit.preprocessing import IMAGENET_STD
 from keras_reluvit.preprocessing import OPENAI_CLIP_MEAN
 from keras_reluvit.preprocessing import OPENAI_CLIP_STD
 from keras_reluvit.preprocessing import check_preprocessing
+from keras_reluvit.preprocessing import resized_side
 
 CONFIG = "config.json"
 
@@ -449,7 +450,7 @@ def processor_config(recipe, size):
     shorter side + crop."""
     if recipe["interpolation"] not in ("bilinear", "bicubic") or recipe["resize"] == "crop_resize":
         return None
-    resized = int(size / recipe["crop_pct"] + 1e-6)
+    resized = resized_side(size, recipe)
     out = dict(do_resize=True, resample={"bilinear": 2, "bicubic": 3}[recipe["interpolation"]],
                do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
                image_mean=list(recipe["mean"]), image_std=list(recipe["std"]))

@@ -74,13 +74,13 @@ def read(path, overrides):
     name = overrides.get("architecture")
     if name is not None:
         check_architecture(name, path)
-    arch, w = _timm(_read_timm_file(path), path, overrides, architecture=name)
-    ours = arch.pop("_written_by_us", False)
-    if name is None and arch["pre_norm"] and not ours:  # a CLIP-derived tower
+    written = _writer_kwargs(path)
+    arch, w = _timm(_read_timm_file(path), path, overrides, name, written)
+    if name is None and arch["pre_norm"] and written is None:  # a CLIP-derived tower
         name = "vit_clip_"
-        arch["layer_norm_epsilon"] = 1e-5
-    recorded = (_writer_kwargs(path) or {}).get("keras_reluvit_preprocessing")
-    arch["preprocessing"] = (check_preprocessing(recorded) if ours and recorded
+        arch.update(architecture_args(name))
+    recorded = (written or {}).get("keras_reluvit_preprocessing")
+    arch["preprocessing"] = (check_preprocessing(recorded) if recorded
                              else preprocessing_from_name(name))
     if arch.get("include_top") and arch["num_classes"] == 1000:
         arch["label_names"] = imagenet1k_labels()
@@ -215,8 +215,8 @@ def read_hub(path, overrides):
     name = check_architecture(config["architecture"], path)
     weights = next(os.path.join(path, w) for w in _HUB_WEIGHTS
                    if os.path.exists(os.path.join(path, w)))
-    arch, w = _timm(_read_timm_file(weights), weights, overrides, architecture=name)
-    arch.pop("_written_by_us", None)
+    arch, w = _timm(_read_timm_file(weights), weights, overrides, name,
+                    _writer_kwargs(weights))
     arch["preprocessing"] = preprocessing_from_cfg(config.get("pretrained_cfg", {}),
                                                    cfg_path)
     if arch.get("include_top"):
@@ -337,26 +337,23 @@ def _writer_kwargs(path):
     return kwargs if isinstance(kwargs, dict) else None
 
 
-def _timm_activation(path):
-    """timm state dicts do not store the MLP activation: exact GELU (timm's
-    default) unless our writer's `timm_kwargs` carry `act_layer` (e.g.
-    `"quick_gelu"`; pass `mlp_activation=` or `architecture=` for files
-    without it)."""
-    kwargs = _writer_kwargs(path) or {}
-    return {"quick_gelu": "quick_gelu", "gelu_tanh": "gelu_tanh"}.get(
-        kwargs.get("act_layer"), "gelu")
+def _written_args(written):
+    """What our writer's `timm_kwargs` (None: a file timm wrote) record that a
+    state dict does not: the MLP activation (`act_layer`; timm's default is
+    exact GELU, so pass `mlp_activation=` or `architecture=` for timm's
+    files) and the LayerNorm epsilon (`norm_layer`; 1e-6 when absent)."""
+    if written is None:
+        return {"mlp_activation": "gelu"}
+    m = re.fullmatch(r"LayerNorm\(eps=([0-9.eE+-]+)\)", str(written.get("norm_layer", "")))
+    return {"mlp_activation": {"quick_gelu": "quick_gelu", "gelu_tanh": "gelu_tanh"}.get(
+                written.get("act_layer"), "gelu"),
+            "layer_norm_epsilon": float(m.group(1)) if m else 1e-6}
 
 
-def _timm_norm(path):
-    """The LayerNorm epsilon our writer records (`norm_layer`), else nothing."""
-    kwargs = _writer_kwargs(path)
-    if kwargs is None:
-        return {}
-    m = re.fullmatch(r"LayerNorm\(eps=([0-9.eE+-]+)\)", str(kwargs.get("norm_layer", "")))
-    return {"layer_norm_epsilon": float(m.group(1)) if m else 1e-6, "_written_by_us": True}
-
-
-def _timm(sd, path, overrides, architecture=None):
+def _timm(sd, path, overrides, architecture=None, written=None):
+    """`(arch, weights)` of a timm state dict `sd` read from `path`;
+    `architecture`: its timm name where known, `written`: our writer's
+    `timm_kwargs` (see `_writer_kwargs`)."""
     _require(sd, "patch_embed.proj.weight", path, "timm VisionTransformer state dict")
     _refuse(path, [
         k for k in sd
@@ -418,7 +415,7 @@ def _timm(sd, path, overrides, architecture=None):
         width=width, depth=depth, num_heads=heads, patch_size=patch,
         mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0], pool=pool, posemb="learn",
         qk_norm=qk_norm, class_token=class_token, num_register_tokens=regs,
-        fc_norm=has_fc_norm, mlp_activation=_timm_activation(path),
+        fc_norm=has_fc_norm,
         pre_norm="norm_pre.weight" in sd,
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in sd else None,
         representation_size=(sd["pre_logits.fc.weight"].shape[0]
@@ -426,7 +423,7 @@ def _timm(sd, path, overrides, architecture=None):
         include_top="head.weight" in sd,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 1000,
     )
-    arch.update(_timm_norm(path), **architecture_args(architecture))
+    arch.update(_written_args(written), **architecture_args(architecture))
     if "pos_embed" not in sd:
         raise CheckpointError(f"{path}: no pos_embed (models without an absolute "
                               "position embedding are not supported).")
