@@ -8,17 +8,22 @@ GPU (or TPU), side by side in one run; prints a table and writes it to a file.
 Parts (each backend in its own process, so that JAX's and torch's allocators
 do not share the GPU):
 
-- attention: fwd and fwd+bwd, bf16 and fp32, L = 197, 785, 3137, 12545
-  (ViT-B/16 at 224 px; S/8 or B/16 at 448 px; S/8 at 448 px; B/16 at
-  1792 px), 12 heads of 64, batch x heads sized to ~50k tokens per call.
-  JAX: ours (Pallas, `pallas_attention.attention`) vs
-  `jax.nn.dot_product_attention(implementation="cudnn")` (bf16 on a GPU;
-  cuDNN has no fp32 flash attention, so fp32 -- and a TPU -- compare against
-  XLA's softmax) vs our
-  generic ReLU/L path (einsums). torch: ours (Triton) vs SDPA's flash kernel
-  (bf16; fp32 has no flash kernel: the memory-efficient one) vs generic.
-  Peak memory of each at the longest L (JAX: the compiled program's temp
-  bytes; torch: `max_memory_allocated` above the inputs).
+- attention: fwd and fwd+bwd (differentiating a loss whose value is
+  returned: every forward runs), bf16 at head dims 64 and 128 and L = 197,
+  785, 1024, 3137, 4096 (ViT-B/16 at 224 px; S/8 or B/16 at 448 px; ...),
+  768 channels (12 x 64 or 6 x 128 heads), batch sized to ~50k tokens per
+  call; fp32 at one shape. JAX: ours (Pallas) vs XLA's softmax and
+  `jax.nn.dot_product_attention(implementation="cudnn")` (bf16 on a GPU),
+  JAX's own Pallas softmax kernel (`pallas/ops/gpu/attention.py`) as a
+  same-engine control where its blocks divide L, and our generic ReLU/L
+  path. torch: ours (Triton) vs SDPA's cuDNN, FLASH and EFFICIENT backends,
+  each on its own (the table compares against the fastest per shape), and
+  our generic path. Times: torch with CUDA events (`triton.testing.do_bench`,
+  median), JAX as back-to-back calls with one sync (the device's time, no
+  per-call launch gap); wall clock with a sync per call beside both.
+  TFLOP/s with the backward counted as 2.5x the forward. Peak memory at the
+  longest L (JAX: the compiled program's temp bytes; torch:
+  `max_memory_allocated` above the inputs).
 - check (first, always): the fused kernel against our generic path on this
   device -- outputs and dQ, dK, dV (and a learned log-scale's gradient) for
   relu / gelu / relu2, no mask, a key-padding mask and a general mask, head
@@ -44,22 +49,39 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LENGTHS = (197, 785, 3137, 12545)
-TOKENS = 50_432  # 256 x 197: batch x L per call (x 12 heads)
-HEADS, HEAD_DIM = 12, 64
+LENGTHS = (197, 785, 1024, 3137, 4096)
+HEAD_DIMS = (64, 128)
+TOKENS = 50_432  # 256 x 197: batch x L per call
+MODEL_WIDTH = 768  # heads x head dim (ViT-B): 12 x 64 or 6 x 128
 VITS = (("B/16", 224, 128), ("S/8", 224, 64))
 
 
 def sizes(smoke):
     if smoke:
-        return dict(lengths=(20, 70), tokens=140, heads=2, head_dim=16,
-                    vits=(("Ti/16", 32, 4),), min_time=0.0, min_iters=1)
-    return dict(lengths=LENGTHS, tokens=TOKENS, heads=HEADS, head_dim=HEAD_DIM, vits=VITS,
-                min_time=0.25, min_iters=5)
+        return dict(lengths=(20, 64), head_dims=(16,), tokens=128, width=32,
+                    fp32=((20, 16),), vits=(("Ti/16", 32, 4),), min_time=0.0, min_iters=1)
+    return dict(lengths=LENGTHS, head_dims=HEAD_DIMS, tokens=TOKENS, width=MODEL_WIDTH,
+                fp32=((785, 64),), vits=VITS, min_time=0.25, min_iters=5)
+
+
+def cases(cfg):
+    """(dtype, head dim, L): bfloat16 at every head dim and L, float32
+    briefly (one shape: TF32 / IEEE matmuls are not where a GPU run lives)."""
+    out = [("bfloat16", d, n) for d in cfg["head_dims"] for n in cfg["lengths"]]
+    return out + [("float32", d, n) for n, d in cfg["fp32"]]
+
+
+def flops(batch, heads, length, head_dim, mode):
+    """Attention FLOPs: two L x L x d matmuls forward (2 flops per
+    multiply-add); the backward counted as 2.5x the forward, as the
+    FlashAttention papers and Triton's tutorial count (5 matmuls)."""
+    forward = 4.0 * batch * heads * length * length * head_dim
+    return forward * (1.0 if mode == "fwd" else 3.5)
 
 
 def timed(fn, sync, min_time, min_iters):
-    """Median milliseconds of `fn()` after two warm-up calls."""
+    """Median milliseconds of `fn()` (a sync per call: launch overhead
+    included) after two warm-up calls."""
     for _ in range(2):
         sync(fn())
     times = []
@@ -72,6 +94,30 @@ def timed(fn, sync, min_time, min_iters):
             break
     times.sort()
     return times[len(times) // 2]
+
+
+def pipelined(fn, sync, min_time, min_iters):
+    """Milliseconds per call of back-to-back calls with one sync at the end
+    (the device's time when launches are queued ahead: what CUDA events
+    measure), the median of 5 such runs after a warm-up."""
+    sync(fn())
+    n = max(min_iters, 1)
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(n):
+        out = fn()
+    sync(out)
+    once = max((time.perf_counter() - t0) / n, 1e-6)
+    n = max(n, min(1000, int(min_time / 5 / once)))  # ~min_time in all
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            out = fn()
+        sync(out)
+        runs.append((time.perf_counter() - t0) * 1e3 / n)
+    runs.sort()
+    return runs[2]
 
 
 _DEADLINE = [float("inf")]
@@ -190,44 +236,61 @@ def check_kernels(backend, smoke):
 def jax_attention(cfg, smoke):
     import jax
     import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import attention as pallas_softmax
 
     from keras_reluvit import kernels, pallas_attention
 
     sync = jax.block_until_ready
     gpu = jax.default_backend() == "gpu" and not smoke
-    # One (dtype, L) pair at a time: bf16 at every L first, then fp32.
-    for dtype, length in [(d, n) for d in ("bfloat16", "float32") for n in cfg["lengths"]]:
+    for dtype, d, length in cases(cfg):
+        heads = cfg["width"] // d
         b = max(1, cfg["tokens"] // length)
-        shape = (b, length, cfg["heads"], cfg["head_dim"])
+        shape = (b, length, heads, d)
         keys = jax.random.split(jax.random.PRNGKey(0), 4)
         q, k, v, cot = (jax.random.normal(kk, shape, dtype) for kk in keys)
-        # cuDNN's flash attention: GPUs, 16-bit only; elsewhere XLA's softmax.
-        softmax_impl = "cudnn" if dtype == "bfloat16" and gpu else "xla"
         impls = {
             "relu/L pallas": lambda a, b_, c: pallas_attention.attention(
                 a, b_, c, "relu", 1.0 / length),
             "relu/L generic": lambda a, b_, c: kernels.generic(
                 a, b_, c, jax.nn.relu, None, 1.0 / length)[0],
-            f"softmax {softmax_impl}": lambda a, b_, c: jax.nn.dot_product_attention(
-                a, b_, c, implementation=softmax_impl),
+            "softmax xla": lambda a, b_, c: jax.nn.dot_product_attention(
+                a, b_, c, implementation="xla"),
         }
+        if gpu and dtype == "bfloat16":  # cuDNN's flash attention: GPUs, 16-bit
+            impls["softmax cudnn"] = lambda a, b_, c: jax.nn.dot_product_attention(
+                a, b_, c, implementation="cudnn")
+        block = 16 if smoke else 128
+        if (gpu or smoke) and dtype == "bfloat16" and length % block == 0:
+            # The same-engine control: JAX's own Pallas softmax flash kernel
+            # (interpreted in the smoke run). It takes only token counts
+            # that its blocks divide (1024, 4096 here).
+            sizes_ = pallas_softmax.BlockSizes(*(block,) * 2, *(max(16, block // 4),) * 4)
+            impls["control pallas softmax"] = lambda a, b_, c: pallas_softmax.mha(
+                a, b_, c, None, sm_scale=1.0 / d ** 0.5, interpret=smoke,
+                block_sizes=sizes_)
         for mode in ("fwd", "fwd+bwd"):
             for impl, f in impls.items():
                 if mode == "fwd":
                     fn = jax.jit(f)
                 else:
+                    # The loss is returned: XLA cannot drop the forward
+                    # kernel as dead code (with `jax.grad` alone it would,
+                    # while cuDNN's backward needs its forward's statistics).
                     def loss(a, b_, c, f=f):
                         return jnp.sum(f(a, b_, c).astype(jnp.float32) * cot)
-                    fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-                row = dict(part="attention", backend="jax", impl=impl, dtype=dtype,
-                           L=length, batch=b, mode=mode)
+                    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+                row = dict(part="attention", backend="jax", impl=impl, dtype=dtype, d=d,
+                           heads=heads, L=length, batch=b, mode=mode)
                 if out_of_time(row):
                     emit(**row)
                     continue
                 try:
                     compiled = fn.lower(q, k, v).compile()
-                    row["ms"] = timed(lambda: compiled(q, k, v), sync, cfg["min_time"],
-                                      cfg["min_iters"])
+                    row["wall_ms"] = timed(lambda: compiled(q, k, v), sync, cfg["min_time"],
+                                           cfg["min_iters"])
+                    row["ms"] = pipelined(lambda: compiled(q, k, v), sync, cfg["min_time"],
+                                          cfg["min_iters"])
+                    row["tflops"] = flops(b, heads, length, d, mode) / (row["ms"] * 1e9)
                     if length == cfg["lengths"][-1]:
                         mem = compiled.memory_analysis()
                         row["temp_bytes"] = getattr(mem, "temp_size_in_bytes", None)
@@ -271,26 +334,31 @@ def torch_attention(cfg, smoke):
                 return F.scaled_dot_product_attention(*args).transpose(1, 2)
         return f
 
-    # One (dtype, L) pair at a time: bf16 at every L first, then fp32.
-    for dtype, length in [(d, n) for d in ("bfloat16", "float32") for n in cfg["lengths"]]:
+    # Each of SDPA's fused backends on its own; the table compares against
+    # the fastest of them per shape (a backend that refuses a shape or
+    # dtype -- FLASH and float32 -- is marked unsupported, not an error).
+    soft = ({"softmax sdpa": sdpa("MATH")} if device != "cuda" else
+            {f"softmax sdpa {name.split('_')[0].lower()}": sdpa(name)
+             for name in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")})
+    for dtype, d, length in cases(cfg):
+        heads = cfg["width"] // d
         b = max(1, cfg["tokens"] // length)
-        shape = (b, length, cfg["heads"], cfg["head_dim"])
+        shape = (b, length, heads, d)
         tdt = getattr(torch, dtype)
         gen = torch.Generator(device=device).manual_seed(0)
         q, k, v, cot = (torch.randn(shape, generator=gen, device=device, dtype=tdt)
                         for _ in range(4))
-        soft = "FLASH_ATTENTION" if dtype == "bfloat16" else "EFFICIENT_ATTENTION"
         impls = {
             "relu/L triton": lambda a, b_, c: triton_attention.attention(
                 a, b_, c, "relu", 1.0 / length),
             "relu/L generic": lambda a, b_, c: kernels.generic(
                 a, b_, c, torch.relu, None, 1.0 / length)[0],
-            f"softmax sdpa {soft.split('_')[0].lower()}": sdpa(soft),
+            **soft,
         }
         for mode in ("fwd", "fwd+bwd"):
             for impl, f in impls.items():
-                row = dict(part="attention", backend="torch", impl=impl, dtype=dtype,
-                           L=length, batch=b, mode=mode)
+                row = dict(part="attention", backend="torch", impl=impl, dtype=dtype, d=d,
+                           heads=heads, L=length, batch=b, mode=mode)
                 if out_of_time(row):
                     emit(**row)
                     continue
@@ -300,18 +368,29 @@ def torch_attention(cfg, smoke):
                     if mode == "fwd":
                         with torch.no_grad():
                             return f(*xs)
+                    # The loss is formed from every output: the forward runs.
                     out = f(*xs)
                     return torch.autograd.grad((out * cot).sum(), xs)
                 try:
                     if device == "cuda":
+                        import triton.testing
+
                         torch.cuda.empty_cache()
                         torch.cuda.reset_peak_memory_stats()
                         base = torch.cuda.memory_allocated()
-                    row["ms"] = timed(step, sync, cfg["min_time"], cfg["min_iters"])
+                        # CUDA events around each call (Triton's do_bench).
+                        row["ms"] = triton.testing.do_bench(step, warmup=25, rep=100,
+                                                            return_mode="median")
+                    row["wall_ms"] = timed(step, sync, cfg["min_time"], cfg["min_iters"])
+                    row.setdefault("ms", row["wall_ms"])  # a CPU (smoke): no events
+                    row["tflops"] = flops(b, heads, length, d, mode) / (row["ms"] * 1e9)
                     if device == "cuda" and length == cfg["lengths"][-1]:
                         row["temp_bytes"] = torch.cuda.max_memory_allocated() - base
                 except Exception as error:  # noqa: BLE001 -- reported in the table
-                    row["error"] = "OOM" if is_oom(error) else type(error).__name__
+                    unsupported = impl.startswith("softmax sdpa ") and (
+                        "No available kernel" in str(error) or "not supported" in str(error))
+                    row["error"] = ("unsupported" if unsupported else
+                                    "OOM" if is_oom(error) else type(error).__name__)
                     row["detail"] = str(error)[:300]
                 emit(**row)
                 del xs
@@ -396,12 +475,17 @@ def worker(backend, parts, smoke, budget=float("inf")):
 
 # --- the table ---------------------------------------------------------------------
 def baseline_of(row, rows):
-    """(softmax row, generic row) of the same backend / dtype / L / mode."""
+    """(the fastest production softmax row, the Pallas softmax control, our
+    generic row) of the same backend / dtype / head dim / L / mode."""
     same = [r for r in rows if r["part"] == row["part"] and r["backend"] == row["backend"]
-            and r["dtype"] == row["dtype"] and r["L"] == row["L"] and r["mode"] == row["mode"]]
+            and r["dtype"] == row["dtype"] and r.get("d") == row.get("d")
+            and r["L"] == row["L"] and r["mode"] == row["mode"]]
     soft = [r for r in same if r["impl"].startswith("softmax")]
-    generic = [r for r in same if r["impl"] == "relu/L generic"]
-    return (soft[0] if soft else None), (generic[0] if generic else None)
+    timed_soft = [r for r in soft if "ms" in r]
+    best = min(timed_soft, key=lambda r: r["ms"]) if timed_soft else (soft[0] if soft else None)
+    control = next((r for r in same if r["impl"].startswith("control")), None)
+    generic = next((r for r in same if r["impl"] == "relu/L generic"), None)
+    return best, control, generic
 
 
 def table(rows, infos, command, elapsed):
@@ -422,16 +506,19 @@ def table(rows, infos, command, elapsed):
             lines.append(f"| {r['backend']} | {r['impl']} | {r['dtype']} | L {r['L']}, "
                          f"{r['mode']} | " + " | ".join(cells)
                          + f" | {'yes' if r['ok'] else '**NO**'} |")
-    lines += ["", "## Attention (ms per call, median; ratio = baseline ms / ours ms, > 1: "
-              "ours faster)", "",
-              "| backend | dtype | mode | L | batch | ours ms | softmax ms (impl) | "
-              "vs softmax | generic ms | vs generic | peak temp MB ours / softmax / generic |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "## Attention (ms per call: torch CUDA events (do_bench), JAX back-to-back "
+              "calls with one sync; wall = a sync per call. Ratio = baseline ms / ours ms, "
+              "> 1: ours faster. TFLOP/s: backward counted as 2.5x the forward)", "",
+              "| backend | dtype | d | mode | L | batch | ours ms | TFLOP/s | "
+              "fastest softmax ms (impl) | vs softmax | control: pallas softmax ms | "
+              "vs control | generic ms | vs generic | wall ms ours / softmax | "
+              "peak temp MB ours / softmax / generic |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
-    def ms(r):
+    def ms(r, key="ms"):
         if r is None:
             return "-"
-        return r.get("error") or f"{r['ms']:.3f}"
+        return r.get("error") or f"{r[key]:.3f}"
 
     def ratio(base, ours):
         if base is None or "ms" not in base or "ms" not in ours:
@@ -444,13 +531,18 @@ def table(rows, infos, command, elapsed):
         return f"{r['temp_bytes'] / 2**20:.0f}"
 
     for r in rows:
-        if r["part"] != "attention" or r["impl"].split()[-1] not in ("pallas", "triton"):
+        if r["part"] != "attention" or r["impl"].split()[-1] not in ("pallas", "triton") \
+                or not r["impl"].startswith("relu"):
             continue
-        soft, gen = baseline_of(r, rows)
+        soft, control, gen = baseline_of(r, rows)
         mem = " / ".join(mb(x) for x in (r, soft, gen)) if r.get("temp_bytes") else "-"
-        lines.append(f"| {r['backend']} | {r['dtype']} | {r['mode']} | {r['L']} | {r['batch']} | "
-                     f"{ms(r)} | {ms(soft)} ({soft['impl'] if soft else '-'}) | "
-                     f"{ratio(soft, r)} | {ms(gen)} | {ratio(gen, r)} | {mem} |")
+        flop = f"{r['tflops']:.1f}" if "tflops" in r else "-"
+        wall = f"{ms(r, 'wall_ms')} / {ms(soft, 'wall_ms')}" if "wall_ms" in r else "-"
+        lines.append(f"| {r['backend']} | {r['dtype']} | {r.get('d', '-')} | {r['mode']} | "
+                     f"{r['L']} | {r['batch']} | {ms(r)} | {flop} | "
+                     f"{ms(soft)} ({soft['impl'] if soft else '-'}) | {ratio(soft, r)} | "
+                     f"{ms(control)} | {ratio(control, r)} | {ms(gen)} | {ratio(gen, r)} | "
+                     f"{wall} | {mem} |")
     vit = [r for r in rows if r["part"] == "vit"]
     if vit:
         lines += ["", "## Training steps (images/s)", "",
@@ -467,7 +559,8 @@ def table(rows, infos, command, elapsed):
                    if soft and "images_per_s" in r and "images_per_s" in soft else "-")
             lines.append(f"| {r['backend']} | {r['impl'][:-5]} | {r['L']} | {r['batch']} | "
                          f"{ips} vs {sips} | {rat} |")
-    errors = [r for r in rows if r.get("error") and "budget" not in r["error"]]
+    errors = [r for r in rows if r.get("error") and "budget" not in r["error"]
+              and r["error"] != "unsupported"]
     skipped = [r for r in rows if "budget" in (r.get("error") or "")]
     if skipped:
         lines += ["", f"{len(skipped)} measurements skipped at the time budget (--budget)."]

@@ -439,6 +439,65 @@ if BACKEND == "torch":
         pointwise_attention(q, k, v)
         assert calls == [1]
 
+    @pytest.mark.parametrize("masked", [None, "key", "general"])
+    def test_triton_deterministic_backward_equals_the_fused_one_and_repeats_bitwise(masked):
+        """`torch.use_deterministic_algorithms(True)` takes the two-kernel
+        backward (no atomics): it equals the generic path as the fused
+        (atomic dQ) backward does, and two runs give bitwise equal
+        gradients. Query blocks forced to 16: several blocks add into each
+        dQ row, a last partial block on both axes."""
+        import torch
+
+        from keras_reluvit import triton_attention
+
+        q, k, v = (torch.tensor(x, requires_grad=True) for x in inputs(2, 37, 45, 2, 24, seed=3))
+        log_scale = torch.tensor([0.3, -0.2], requires_grad=True)
+        rng = np.random.default_rng(4)
+        mask = None if masked is None else torch.tensor(
+            rng.uniform(size=(2, 1 if masked == "key" else 37, 45)) > 0.3)
+
+        def run(impl, deterministic):
+            factor = torch.exp(log_scale).reshape(1, 1, 2, 1) / 45.0
+            if impl == "generic":
+                out = keras.ops.convert_to_tensor(pointwise_attention(
+                    q, k, v, mask=None if mask is None else mask.expand(2, 37, 45),
+                    seq_len_exponent=0.0, implementation="generic")) * factor
+            else:
+                out = triton_attention.attention(q, k, v, "relu", factor, mask, block_q=16,
+                                                 block_k=16, deterministic=deterministic)
+            cot = torch.tensor(np.random.default_rng(5).normal(size=tuple(out.shape)),
+                               dtype=torch.float32)
+            return [out] + list(torch.autograd.grad((out * cot).sum(), [q, k, v, log_scale]))
+
+        ref = run("generic", None)
+        for deterministic in (False, True):
+            for a, b in zip(run("triton", deterministic), ref):
+                np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=2e-5,
+                                           atol=2e-5 * max(1.0, float(b.abs().max())))
+        first, second = run("triton", True), run("triton", True)
+        assert all(torch.equal(a, b) for a, b in zip(first, second))
+        torch.use_deterministic_algorithms(True)
+        try:
+            calls = []
+            original = triton_attention.backward
+            triton_attention.backward = lambda *a, **kw: calls.append(kw["deterministic"]) or \
+                original(*a, **kw)
+            triton_attention.attention(q, k, v, "relu", 0.5, mask).sum().backward()
+        finally:
+            triton_attention.backward = original
+            torch.use_deterministic_algorithms(False)
+        assert calls == [True]
+
+    def test_triton_float32_kernels_compile_for_sm90a_as_launched_without_spills():
+        """The float32 (TF32) part of the table of tests/once/
+        test_accelerator_build.py (the 16-bit part runs there): compiled for
+        sm_90a in a child process, as launched, no register spills, 64-bit
+        offsets, the dots per tile. Here, in the PyTorch lane, so that CI's
+        two lanes share the compile time."""
+        from helpers.triton_table import check
+
+        check("fp32")
+
     def test_conftest_runs_triton_interpreted():
         assert os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -11,22 +11,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("triton")
+from helpers.triton_table import check
 
-COMPILE = r"""
-import json, os
-from keras_reluvit import triton_attention as ta
-assert not ta.interpreting()
-out = {}
-for dtype, mask, act, d in (("bf16", False, "relu", 64), ("fp32", True, "gelu", 128),
-                            ("fp16", False, "sigmoid", 32)):
-    kernels = ta.compile_for(("cuda", 90, 32), activation=act, dtype=dtype, mask=mask, head_dim=d)
-    out[f"{dtype}/{mask}/{act}/{d}"] = {
-        name: dict(cubin=len(k.asm["cubin"]), ptx_target=".target sm_90" in k.asm["ptx"],
-                   shared=k.metadata.shared, warps=k.metadata.num_warps)
-        for name, k in kernels.items()}
-print(json.dumps(out))
-"""
+pytest.importorskip("triton")
 
 
 def env(**extra):
@@ -36,17 +23,11 @@ def env(**extra):
     return e
 
 
-def test_triton_kernels_compile_for_sm90_without_a_gpu():
-    proc = subprocess.run([sys.executable, "-c", COMPILE], env=env(), capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(result) == 3
-    for variant, kernels in result.items():
-        assert sorted(kernels) == ["dkdv_kernel", "dq_kernel", "forward_kernel"], variant
-        for name, k in kernels.items():
-            assert k["cubin"] > 10_000 and k["ptx_target"], (variant, name, k)
-            assert 0 < k["shared"] <= 227 * 1024, (variant, name, k)  # fits an H100's SMEM
+def test_triton_kernels_compile_for_sm90a_as_launched_without_spills():
+    """The 16-bit half of the table (bfloat16 and float16); float32 runs in
+    the PyTorch lane (tests/test_accelerator_kernels.py), to share the
+    compile time between CI's two lanes."""
+    check("bf16", "fp16")
 
 
 # The Pallas kernel on CUDA: Pallas hands XLA a Triton IR module per kernel;
@@ -186,7 +167,11 @@ def test_accelerator_benchmark_runs_end_to_end_in_smoke_mode(tmp_path):
     rows = [line for line in timed.splitlines() if line.startswith(("| jax |", "| torch |"))]
     # The check: 3 cases x 2 dtypes per backend, each within tolerance.
     assert len(check) == 12 and all(line.endswith("| yes |") for line in check), check
-    # 2 lengths x 2 dtypes x 2 modes per backend, plus one ViT row each.
-    assert sum(r.startswith("| jax |") for r in rows) == 9
-    assert sum(r.startswith("| torch |") for r in rows) == 9
-    assert "softmax sdpa flash" in text and "softmax xla" in text
+    # bf16 at 2 lengths and fp32 at one, x 2 modes per backend, plus one ViT row each.
+    assert sum(r.startswith("| jax |") for r in rows) == 7
+    assert sum(r.startswith("| torch |") for r in rows) == 7
+    assert "(softmax sdpa)" in text and "(softmax xla)" in text
+    # JAX's Pallas softmax control, where its blocks divide L (64 here): a time.
+    control = [r.split("|")[11].strip() for r in rows
+               if r.startswith("| jax | bfloat16 | 16 |") and "| 64 |" in r]
+    assert len(control) == 2 and all(c.replace(".", "").isdigit() for c in control), control
