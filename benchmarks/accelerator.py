@@ -238,7 +238,8 @@ def jax_attention(cfg, smoke):
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.gpu import attention as pallas_softmax
 
-    from keras_reluvit import kernels, pallas_attention
+    from keras_reluvit import kernels
+    from keras_reluvit.kernels import pallas
 
     sync = jax.block_until_ready
     gpu = jax.default_backend() == "gpu" and not smoke
@@ -249,7 +250,7 @@ def jax_attention(cfg, smoke):
         keys = jax.random.split(jax.random.PRNGKey(0), 4)
         q, k, v, cot = (jax.random.normal(kk, shape, dtype) for kk in keys)
         impls = {
-            "relu/L pallas": lambda a, b_, c: pallas_attention.attention(
+            "relu/L pallas": lambda a, b_, c: pallas.attention(
                 a, b_, c, "relu", 1.0 / length),
             "relu/L generic": lambda a, b_, c: kernels.generic(
                 a, b_, c, jax.nn.relu, None, 1.0 / length)[0],
@@ -312,7 +313,8 @@ def torch_attention(cfg, smoke):
     import torch
     import torch.nn.functional as F
 
-    from keras_reluvit import kernels, triton_attention
+    from keras_reluvit import kernels
+    from keras_reluvit.kernels import triton as triton_kernel
 
     device = "cpu" if smoke else "cuda"
 
@@ -349,7 +351,7 @@ def torch_attention(cfg, smoke):
         q, k, v, cot = (torch.randn(shape, generator=gen, device=device, dtype=tdt)
                         for _ in range(4))
         impls = {
-            "relu/L triton": lambda a, b_, c: triton_attention.attention(
+            "relu/L triton": lambda a, b_, c: triton_kernel.attention(
                 a, b_, c, "relu", 1.0 / length),
             "relu/L generic": lambda a, b_, c: kernels.generic(
                 a, b_, c, torch.relu, None, 1.0 / length)[0],

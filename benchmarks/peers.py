@@ -25,7 +25,7 @@ Training (`--mode train --impls timm,torch`): one forward + backward of the
 cross-entropy against fixed labels per pass (gradients dropped before each;
 no optimizer step, the same for both), both models in training mode
 (dropout 0): timm's SDPA backward against ours (relu: the C++ kernels of
-`keras_reluvit.torch_fused`, softmax: SDPA).
+`keras_reluvit.kernels.torch_cpu`, softmax: SDPA).
 
     python -m benchmarks.peers --mode train --impls timm,torch --sizes 224 --out benchmarks/results/train
 

@@ -25,6 +25,10 @@ import math
 import keras
 from keras import ops
 
+from keras_reluvit import kernels
+from keras_reluvit import torch_fast
+from keras_reluvit.kernels import torch_cpu
+
 
 def _relu2(x):
     return ops.square(ops.relu(x))
@@ -199,10 +203,6 @@ def pointwise_attention(
     Returns:
         `(B, T, H, Dv)` outputs, and the weights if `return_weights`.
     """
-    from keras_reluvit import kernels
-    from keras_reluvit import torch_fast
-    from keras_reluvit import torch_fused
-
     name, h = get_activation(activation)
     if h is None:
         raise ValueError(
@@ -246,10 +246,10 @@ def pointwise_attention(
         backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
         recording=recording, sequence_parallel=sp is not None,
         fused=backend == "torch" and mask is None and switch != "generic"
-        and torch_fused.eligible(query, name),
+        and torch_cpu.eligible(query, name),
         kernel=kernel, cpu_kernels=switch != "generic",
     )
-    if path == "torch_fused" and implementation is None and torch_fused.load() is None:
+    if path == "torch_fused" and implementation is None and torch_cpu.load() is None:
         path = "torch_tiled"  # chosen, but not buildable here: the tiled path
     if path == "generic":
         out, weights = kernels.generic(query, key, value, h, mask, factor, dropout_fn)
@@ -271,15 +271,15 @@ def pointwise_attention(
             raise ValueError("implementation='torch_tiled' takes no mask.")
         return kernels.torch_tiled(query, key, value, name, h, factor)
     if path == "torch_fused":
-        if mask is not None or not torch_fused.usable(query, name):
+        if mask is not None or not torch_cpu.usable(query, name):
             raise ValueError(
                 "implementation='torch_fused' needs PyTorch on CPU, float32, no mask, "
-                f"an activation of {sorted(torch_fused.ACTIVATIONS)} and the kernel "
-                "built (see keras_reluvit.torch_fused).")
-        fn = torch_fused.trainable_attention if recording else torch_fused.attention
+                f"an activation of {sorted(torch_cpu.ACTIVATIONS)} and the kernel "
+                "built (see keras_reluvit.kernels.torch_cpu).")
+        fn = torch_cpu.trainable_attention if recording else torch_cpu.attention
         if isinstance(factor, float) or factor is None:
             return fn(query, key, value, name, 1.0 if factor is None else factor)
-        return kernels._apply(fn(query, key, value, name), factor)
+        return kernels.apply_factor(fn(query, key, value, name), factor)
     if path == "sequence_parallel":
         if sp is None or mask is not None:
             raise ValueError(
@@ -290,11 +290,11 @@ def pointwise_attention(
         return kernels.sequence_parallel(query, key, value, h, factor, *sp,
                                          kernel_activation=name if kernel == "pallas" else None)
     if path == "pallas":
-        from keras_reluvit import pallas_attention
+        from keras_reluvit.kernels import pallas  # imports jax: only on this path
 
-        if backend != "jax" or name not in pallas_attention.ACTIVATIONS:
+        if backend != "jax" or name not in pallas.ACTIVATIONS:
             raise ValueError("implementation='pallas' needs the JAX backend and an activation "
-                             f"of {sorted(pallas_attention.ACTIVATIONS)}.")
+                             f"of {sorted(pallas.ACTIVATIONS)}.")
         return kernels.pallas_sharded(query, key, value, name, factor, kernel_mask)
     if path == "triton":
         module = kernels.triton_module() if backend == "torch" else None
@@ -485,8 +485,6 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
     def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
              attention_mask=None, return_attention_scores=False, training=None,
              use_causal_mask=False):
-        from keras_reluvit import torch_fast
-
         if torch_fast.attention_eligible(
                 self, query, value, key, (query_mask, value_mask, key_mask, attention_mask),
                 return_attention_scores, training, use_causal_mask):

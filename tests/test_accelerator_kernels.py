@@ -168,7 +168,7 @@ def test_switch_dispatches_the_kernel_in_a_vit(monkeypatch):
     """`set_kernel` / `use_kernel` route every block of a ViT through the
     kernel, with the generic path's logits and weight gradients; "auto" on
     a CPU and "generic" do not use it."""
-    module = __import__(f"keras_reluvit.{KERNEL}_attention", fromlist=["attention"])
+    module = __import__(f"keras_reluvit.kernels.{KERNEL}", fromlist=["attention"])
     calls = []
     original = module.attention
 
@@ -267,7 +267,7 @@ if BACKEND == "jax":
         with NaN, so a read past an array would show); here the TPU one
         ((B, H, T, D) padded to the blocks, plain loads), as Mosaic runs it:
         grid cases, and a general mask with a value dim of its own."""
-        from keras_reluvit import pallas_attention as pa
+        from keras_reluvit.kernels import pallas as pa
 
         padded = []
         pad = pa._padded_inputs
@@ -326,7 +326,7 @@ if BACKEND == "jax":
         counts padded for the traced 128-blocks: run here, interpreted, with
         the CUDA choice forced, the outputs and gradients equal the generic
         path's."""
-        from keras_reluvit import pallas_attention as pa
+        from keras_reluvit.kernels import pallas as pa
 
         chosen = {}
         blocks = pa._blocks
@@ -346,7 +346,7 @@ if BACKEND == "jax":
         assert chosen == caps and chosen["fwd"] != (128, 128), chosen
 
     def test_block_caps_apply_only_on_cuda_and_to_default_blocks():
-        from keras_reluvit import pallas_attention as pa
+        from keras_reluvit.kernels import pallas as pa
 
         cfg = ("relu", 197, 128, 128, 0.125, False)
         assert pa._blocks(cfg, "triton", "fwd", 512) == (64, 32)
@@ -364,10 +364,10 @@ if BACKEND == "jax":
         on this CPU."""
         import jax
 
-        from keras_reluvit import pallas_attention
+        from keras_reluvit.kernels import pallas
 
         q, k, v = inputs(1, 20, 20, 2, 16)
-        traced = jax.jit(lambda a, b, c: pallas_attention.attention(a, b, c, "relu", 0.05)
+        traced = jax.jit(lambda a, b, c: pallas.attention(a, b, c, "relu", 0.05)
                          ).trace(q, k, v)
         assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
         assert "__gpu$xla.gpu.triton" in traced.lower(lowering_platforms=("cuda",)).as_text()
@@ -384,7 +384,7 @@ if BACKEND == "torch":
         and transposed (B, H, T, D) storage: no copies needed, same result."""
         import torch
 
-        from keras_reluvit import triton_attention
+        from keras_reluvit.kernels import triton as triton_kernel
 
         b, t, h, d = 2, 21, 2, 16
         qkv = torch.randn(b, t, 3, h, d)
@@ -392,7 +392,7 @@ if BACKEND == "torch":
         assert q.stride(1) == 3 * h * d
         kt = torch.randn(b, h, t, d).transpose(1, 2)
         for key in (k, kt):
-            got = triton_attention.attention(q, key, v, "relu", 1.0 / t)
+            got = triton_kernel.attention(q, key, v, "relu", 1.0 / t)
             ref = keras.ops.convert_to_numpy(pointwise_attention(
                 q, key, v, implementation="generic"))
             np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-6)
@@ -400,9 +400,9 @@ if BACKEND == "torch":
     def test_triton_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
         import torch
 
-        from keras_reluvit import triton_attention
+        from keras_reluvit.kernels import triton as triton_kernel
 
-        monkeypatch.setattr(triton_attention, "interpreting", lambda: False)
+        monkeypatch.setattr(triton_kernel, "interpreting", lambda: False)
         q = torch.zeros(1, 4, 1, 16)
         with kr.use_kernel("triton"):
             with pytest.raises(ValueError, match="runs on CUDA tensors; these are on 'cpu'.*"
@@ -414,9 +414,9 @@ if BACKEND == "torch":
     def test_triton_refuses_head_dims_over_its_limit_for_query_or_value():
         import torch
 
-        from keras_reluvit import triton_attention
+        from keras_reluvit.kernels import triton as triton_kernel
 
-        limit = triton_attention.MAX_HEAD_DIM
+        limit = triton_kernel.MAX_HEAD_DIM
         small, big = torch.zeros(1, 4, 1, 16), torch.zeros(1, 4, 1, limit + 8)
         for q, v, what in ((big, small, "query/key"), (small, big, "value")):
             with kr.use_kernel("triton"):
@@ -427,10 +427,10 @@ if BACKEND == "torch":
 
     def test_environment_switch_is_read_per_call(monkeypatch):
         calls = []
-        from keras_reluvit import triton_attention
+        from keras_reluvit.kernels import triton as triton_kernel
 
-        original = triton_attention.attention
-        monkeypatch.setattr(triton_attention, "attention",
+        original = triton_kernel.attention
+        monkeypatch.setattr(triton_kernel, "attention",
                             lambda *a, **k: calls.append(1) or original(*a, **k))
         q, k, v = inputs(1, 6, 6, 1, 16)
         monkeypatch.setenv("KERAS_RELUVIT_KERNEL", "triton")
@@ -448,7 +448,7 @@ if BACKEND == "torch":
         dQ row, a last partial block on both axes."""
         import torch
 
-        from keras_reluvit import triton_attention
+        from keras_reluvit.kernels import triton as triton_kernel
 
         q, k, v = (torch.tensor(x, requires_grad=True) for x in inputs(2, 37, 45, 2, 24, seed=3))
         log_scale = torch.tensor([0.3, -0.2], requires_grad=True)
@@ -463,7 +463,7 @@ if BACKEND == "torch":
                     q, k, v, mask=None if mask is None else mask.expand(2, 37, 45),
                     seq_len_exponent=0.0, implementation="generic")) * factor
             else:
-                out = triton_attention.attention(q, k, v, "relu", factor, mask, block_q=16,
+                out = triton_kernel.attention(q, k, v, "relu", factor, mask, block_q=16,
                                                  block_k=16, deterministic=deterministic)
             cot = torch.tensor(np.random.default_rng(5).normal(size=tuple(out.shape)),
                                dtype=torch.float32)
@@ -479,12 +479,12 @@ if BACKEND == "torch":
         torch.use_deterministic_algorithms(True)
         try:
             calls = []
-            original = triton_attention.backward
-            triton_attention.backward = lambda *a, **kw: calls.append(kw["deterministic"]) or \
+            original = triton_kernel.backward
+            triton_kernel.backward = lambda *a, **kw: calls.append(kw["deterministic"]) or \
                 original(*a, **kw)
-            triton_attention.attention(q, k, v, "relu", 0.5, mask).sum().backward()
+            triton_kernel.attention(q, k, v, "relu", 0.5, mask).sum().backward()
         finally:
-            triton_attention.backward = original
+            triton_kernel.backward = original
             torch.use_deterministic_algorithms(False)
         assert calls == [True]
 

@@ -71,20 +71,20 @@ def _torch_fused_kernel_equals_generic_forward():
     T not a multiple of the tile), and non-contiguous inputs."""
     import torch
 
-    from keras_reluvit import torch_fused
+    from keras_reluvit.kernels import torch_cpu
 
     rng = np.random.default_rng(3)
     log_scale = torch.tensor([0.3, -0.7, 0.1])
     for b, t, s, h, d in ((2, 7, 8, 3, 4), (1, 100, 333, 3, 16), (2, 70, 50, 3, 8)):
         q, k, v = (torch.tensor(rng.normal(size=(b, n, h, d)).astype("float32"))
                    for n in (t, s, s))
-        for act in sorted(torch_fused.ACTIVATIONS):
+        for act in sorted(torch_cpu.ACTIVATIONS):
             for alpha, scale in ((0.0, None), (1.0, None), (1.0, log_scale), (0.5, None)):
                 kw = dict(activation=act, seq_len_exponent=alpha, log_scale=scale)
                 ref = pointwise_attention(q, k, v, implementation="generic", **kw)
                 with torch.no_grad():
                     got = pointwise_attention(q, k, v, implementation="torch_fused", **kw)
-                    tiny = torch_fused.attention(q, k, v, act, 1.0, tile_q=16, tile_k=24)
+                    tiny = torch_cpu.attention(q, k, v, act, 1.0, tile_q=16, tile_k=24)
                 np.testing.assert_allclose(got.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
                 if alpha == 0.0:  # out_scale 1: the small tiles give the same sums
                     np.testing.assert_allclose(tiny.numpy(), ref.detach().numpy(), rtol=1e-4,
@@ -108,7 +108,7 @@ def _torch_fused_kernel_equals_generic_forward():
     # the kernel's SIMD activations keep NaN scores.
     q, k, v = (torch.tensor(rng.normal(size=(1, 9, 2, 4)).astype("float32")) for _ in range(3))
     q[0, 4, 1, 2] = float("nan")
-    for act in sorted(torch_fused.ACTIVATIONS):
+    for act in sorted(torch_cpu.ACTIVATIONS):
         with torch.no_grad():
             got = pointwise_attention(q, k, v, activation=act, implementation="torch_fused")
         ref = pointwise_attention(q, k, v, activation=act, implementation="generic")
@@ -125,15 +125,15 @@ def _torch_fused_backward_equals_generic_gradient(monkeypatch):
     and key loops run many times (partial last tiles included)."""
     import torch
 
-    from keras_reluvit import torch_fused
+    from keras_reluvit.kernels import torch_cpu
 
     rng = np.random.default_rng(5)
     for b, t, s, h, d, tiles in ((2, 7, 8, 3, 4, (128, 512)), (1, 100, 333, 3, 16, (16, 24)),
                                  (2, 70, 50, 3, 8, (1, 7)), (1, 9, 600, 3, 8, (128, 512))):
-        monkeypatch.setattr(torch_fused, "BACKWARD_TILES", tiles)
+        monkeypatch.setattr(torch_cpu, "BACKWARD_TILES", tiles)
         x = [rng.normal(size=(b, n, h, d)).astype("float32") for n in (t, s, s)]
         cot = torch.tensor(rng.normal(size=(b, t, h, d)).astype("float32"))
-        for act in sorted(torch_fused.ACTIVATIONS):
+        for act in sorted(torch_cpu.ACTIVATIONS):
             for alpha, learned in ((0.0, False), (1.0, True), (0.5, False)):
                 results = []
                 for impl in ("generic", "torch_fused"):
@@ -170,11 +170,11 @@ def _torch_fused_backward_equals_generic_gradient(monkeypatch):
 def _torch_dispatch_uses_the_fused_kernel_without_a_mask():
     import torch
 
-    from keras_reluvit import torch_fused
+    from keras_reluvit.kernels import torch_cpu
 
     calls = []
-    original = torch_fused.attention
-    torch_fused.attention = lambda *a, **k: calls.append(1) or original(*a, **k)
+    original = torch_cpu.attention
+    torch_cpu.attention = lambda *a, **k: calls.append(1) or original(*a, **k)
     try:
         q, k, v, mask = inputs(4)
         q, k, v = (torch.tensor(x) for x in (q, k, v))
@@ -187,21 +187,21 @@ def _torch_dispatch_uses_the_fused_kernel_without_a_mask():
         pointwise_attention(qg, k, v).sum().backward()             # training: fused too
         assert len(calls) == 2 and qg.grad is not None
     finally:
-        torch_fused.attention = original
+        torch_cpu.attention = original
     with pytest.raises(ValueError, match="torch_fused"):
         pointwise_attention(q, k, v, activation="sigmoid", implementation="torch_fused")
     # Where the kernel cannot be built, inference falls back to the tiled path.
-    saved = dict(torch_fused._state)
-    torch_fused._state["module"] = None
+    saved = dict(torch_cpu._state)
+    torch_cpu._state["module"] = None
     try:
-        assert not torch_fused.usable(q, "relu")
+        assert not torch_cpu.usable(q, "relu")
         with torch.no_grad():
             np.testing.assert_allclose(pointwise_attention(q, k, v).numpy(),
                                        pointwise_attention(q, k, v, implementation="generic").numpy(),
                                        rtol=1e-5, atol=1e-6)
     finally:
-        torch_fused._state.clear()
-        torch_fused._state.update(saved)
+        torch_cpu._state.clear()
+        torch_cpu._state.update(saved)
 
 
 def _fused_probe(tmp_path, code, extensions_dir=None, timeout=300):
@@ -223,7 +223,7 @@ def _fused_probe(tmp_path, code, extensions_dir=None, timeout=300):
 def _torch_fused_builds_only_when_chosen_and_only_for_cpu_tensors(tmp_path):
     import torch
 
-    from keras_reluvit import torch_fused
+    from keras_reluvit.kernels import torch_cpu
 
     code = (
         "import numpy as np, torch\n"
@@ -240,8 +240,8 @@ def _torch_fused_builds_only_when_chosen_and_only_for_cpu_tensors(tmp_path):
     assert "ok" in out and "building" not in err
     assert not list((tmp_path / "ext").rglob("*.so"))  # nothing was compiled
     meta = torch.empty(1, 4, 2, 8, device="meta")
-    assert not torch_fused.eligible(meta, "relu")
-    assert torch_fused.eligible(torch.empty(1, 4, 2, 8), "relu")
+    assert not torch_cpu.eligible(meta, "relu")
+    assert torch_cpu.eligible(torch.empty(1, 4, 2, 8), "relu")
 
 
 def _torch_fused_recovers_a_stale_build_lock_and_never_waits(tmp_path):
@@ -249,16 +249,16 @@ def _torch_fused_recovers_a_stale_build_lock_and_never_waits(tmp_path):
     import subprocess
     import sys
 
-    from keras_reluvit import torch_fused
+    from keras_reluvit.kernels import torch_cpu
 
-    directory = torch_fused.build_directory()  # the real cache (built by the tests above)
+    directory = torch_cpu.build_directory()  # the real cache (built by the tests above)
     lock = os.path.join(directory, "lock")
     owner = os.path.join(directory, "keras_reluvit.owner")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
     code = ("import warnings; warnings.simplefilter('always')\n"
-            "from keras_reluvit import torch_fused\n"
-            "print('built' if torch_fused.load() is not None else 'none')\n")
+            "from keras_reluvit.kernels import torch_cpu\n"
+            "print('built' if torch_cpu.load() is not None else 'none')\n")
     try:
         # A build killed half-way: torch's lock file and a dead owner.
         open(lock, "w").close()
@@ -352,3 +352,18 @@ def test_layer_passes_the_activation_name_to_the_dispatch_rule(monkeypatch):
     for act in ("relu", "relu2", "sigmoid"):
         PointwiseAttention(num_heads=2, key_dim=4, activation=act)(x, x)
     assert seen[-3:] == ["relu", "relu2", "sigmoid"]
+
+
+def test_the_0_1_module_name_of_the_cpu_kernel_still_works_and_warns():
+    """`keras_reluvit.torch_fused` (0.1.0) is now `kernels.torch_cpu`: one
+    release of a deprecated alias, the same module object."""
+    import importlib
+    import sys
+
+    from keras_reluvit.kernels import torch_cpu
+
+    sys.modules.pop("keras_reluvit.torch_fused", None)
+    with pytest.warns(DeprecationWarning, match="keras_reluvit.kernels.torch_cpu"):
+        old = importlib.import_module("keras_reluvit.torch_fused")
+    assert old is torch_cpu
+

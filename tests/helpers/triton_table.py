@@ -3,7 +3,7 @@ Triton kernel variant that launches -- per dtype given on the command line
 (fp32: with TF32 allowed),
 head dims 64 / 80 / 128, no / key / general mask, fused and deterministic
 backward, every autotuning config -- for sm_90a *as launched*
-(`triton_attention.compile_for`), and prints one JSON list of rows: ptxas'
+(`triton_kernel.compile_for`), and prints one JSON list of rows: ptxas'
 registers and spill bytes, shared memory, dots per loop iteration, and
 whether every batch / head offset is 64-bit.
 
@@ -36,14 +36,14 @@ def offsets_64bit(ttir):
 
 
 def rows(dtypes):
-    from keras_reluvit import triton_attention as ta
+    from keras_reluvit.kernels import triton as ta
 
     out = []
     import torch
 
     for dtype in dtypes:
         # float32 as it launches with TF32 allowed; IEEE float32 is the
-        # listed exception (triton_attention.CONFIGS)
+        # listed exception (triton_kernel.CONFIGS)
         torch.backends.cuda.matmul.allow_tf32 = dtype == "fp32"
         for d in (64, 80, 128):
             for mask in ta.MASKS:
@@ -88,14 +88,14 @@ COLUMNS = ("dtype", "head_dim", "mask", "kernel", "tile", "warps", "stages", "pr
 
 def exception(row):
     """The one kind of variant allowed to spill: float32 (TF32) backward
-    kernels at head dims above 64 (triton_attention.CONFIGS says why)."""
+    kernels at head dims above 64 (triton_kernel.CONFIGS says why)."""
     return (row["dtype"] == "fp32" and row["head_dim"] > 64
             and row["kernel"].startswith(("backward", "dq_kernel")))
 
 
 def check(*dtypes):
     """Every kernel variant a launch can take, compiled for sm_90a as
-    launched (`triton_attention.compile_for`: the launch's specialisation,
+    launched (`triton_kernel.compile_for`: the launch's specialisation,
     precision and every autotuning config), read from ptxas' own report:
     no register spills anywhere (but the one listed exception: `exception`),
     shared memory within an H100/H200's
@@ -115,7 +115,7 @@ def check(*dtypes):
         kernels = {r["kernel"] for r in rows if (r["dtype"], r["head_dim"], r["mask"]) == variant}
         assert kernels == set(DOTS), (variant, kernels)
     for r in rows:
-        if exception(r):  # listed, with its bound, in triton_attention.CONFIGS
+        if exception(r):  # listed, with its bound, in triton_kernel.CONFIGS
             assert r["spill_stores"] <= 512 and r["registers"] <= 255, (r, table)
         else:
             assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (r, table)

@@ -23,10 +23,10 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 import keras_reluvit as kr  # noqa: E402
-from keras_reluvit import pallas_attention  # noqa: E402
+from keras_reluvit.kernels import pallas  # noqa: E402
 
 seen = []
-_attention = pallas_attention.attention
+_attention = pallas.attention
 
 
 def recording(query, key, value, *args, **kwargs):
@@ -35,7 +35,7 @@ def recording(query, key, value, *args, **kwargs):
     return _attention(query, key, value, *args, **kwargs)
 
 
-pallas_attention.attention = recording
+pallas.attention = recording
 devices = keras.distribution.list_devices()
 
 

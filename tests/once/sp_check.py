@@ -100,16 +100,16 @@ def kernel_errors():
         )
     # Each shard's partial sums through the Pallas kernel (interpreted on
     # this CPU): the 60-key padded case, on a (2, 4) mesh.
-    from keras_reluvit import pallas_attention
+    from keras_reluvit.kernels import pallas
 
     pallas_calls = []
-    original = pallas_attention.attention
+    original = pallas.attention
 
     def counting_pallas(*a, **kw):
         pallas_calls.append(1)
         return original(*a, **kw)
 
-    pallas_attention.attention = counting_pallas
+    pallas.attention = counting_pallas
     mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "seq"], devices)
     dist = kr.distribution.model_parallel(mesh, "data", sequence_axis="seq")
     args = (q[:, :60], k[:, :60], v[:, :60])
@@ -119,7 +119,7 @@ def kernel_errors():
     with dist.scope(), kr.use_kernel("pallas"):
         f, g = attention_fn("relu", 1.0, log_scale)
         out, grad = f(*args), g(*args, w[:, :60])
-    pallas_attention.attention = original
+    pallas.attention = original
     errors["2x4/pallas/relu/uneven_60"] = dict(
         used=calls["sequence_parallel"] > before and len(pallas_calls) > 0,
         forward=rel(out, ref_out),

@@ -39,7 +39,7 @@ import jax, jax.numpy as jnp
 from jax._src.pallas.triton import pallas_call_registration as registration
 import triton
 from triton.backends.compiler import GPUTarget
-from keras_reluvit import pallas_attention as pa
+from keras_reluvit.kernels import pallas as pa
 
 modules = []
 lower = registration.lowering.lower_jaxpr_to_triton_module

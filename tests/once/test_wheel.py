@@ -65,10 +65,11 @@ def test_sdist_and_wheel_hold_the_package_data(installed):
 
     assert os.path.basename(installed["wheel"]).startswith(f"keras_reluvit-{__version__}-")
     names = zipfile.ZipFile(installed["wheel"]).namelist()
-    assert "keras_reluvit/csrc/pointwise_attention.cpp" in names
-    assert "keras_reluvit/pallas_attention.py" in names
+    assert "keras_reluvit/kernels/csrc/pointwise_attention.cpp" in names
+    assert {"keras_reluvit/kernels/pallas.py", "keras_reluvit/kernels/triton.py"} <= set(names)
     with tarfile.open(installed["sdist"]) as t:
-        assert any(n.endswith("keras_reluvit/csrc/pointwise_attention.cpp") for n in t.getnames())
+        assert any(n.endswith("keras_reluvit/kernels/csrc/pointwise_attention.cpp")
+                   for n in t.getnames())
 
 
 def test_installed_package_runs_outside_the_source_tree(installed):
@@ -91,7 +92,7 @@ def test_installed_package_runs_outside_the_source_tree(installed):
                     for line in proc.stderr.splitlines() if line.startswith("import time:")}
         assert "argparse" in imported and not imported & {"keras", "tensorflow", "jax", "torch"}, (
             args, sorted(imported & {"keras", "tensorflow", "jax", "torch"}))
-    where = run([str(bin_ / "python"), "-c", "import keras_reluvit, keras_reluvit.torch_fused as "
+    where = run([str(bin_ / "python"), "-c", "import keras_reluvit, keras_reluvit.kernels.torch_cpu as "
                  "f; print(keras_reluvit.__file__); print(f.SOURCE)"], cwd=work,
                 env=dict(env, KERAS_BACKEND="jax"))
     module, source = where.split()
@@ -102,8 +103,8 @@ def test_installed_package_runs_outside_the_source_tree(installed):
     assert (work / "run" / "metrics.json").exists()
     code = (
         "import numpy as np, keras, keras_reluvit as kr\n"
-        "from keras_reluvit import torch_fused\n"
-        "assert torch_fused.load() is not None, 'the C++ kernel did not build'\n"
+        "from keras_reluvit.kernels import torch_cpu\n"
+        "assert torch_cpu.load() is not None, 'the C++ kernel did not build'\n"
         "x = np.random.default_rng(0).normal(size=(1, 20, 2, 8)).astype('float32')\n"
         "a = kr.pointwise_attention(x, x, x, implementation='torch_fused')\n"
         "b = kr.pointwise_attention(x, x, x, implementation='generic')\n"

@@ -1,4 +1,4 @@
-// The fused CPU kernel of pointwise attention for PyTorch (keras_reluvit/torch_fused.py
+// The fused CPU kernel of pointwise attention for PyTorch (keras_reluvit/kernels/torch_cpu.py
 // explains it); compiled by torch.utils.cpp_extension.load_inline on first use.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>

@@ -1,6 +1,6 @@
 """Fused pointwise attention for PyTorch on CUDA: Triton kernels.
 
-The same algorithm as `keras_reluvit.pallas_attention` (read its docstring):
+The same algorithm as `keras_reluvit.kernels.pallas` (read its docstring):
 one program per (query block, batch x head) loops over key blocks, computes
 the score tile, `h`, the mask and `w v` on chip and sums the blocks' partial
 outputs in float32 (no running max, no rescaling); the row factor
