@@ -27,7 +27,6 @@ from keras import ops
 
 from keras_reluvit import kernels
 from keras_reluvit import torch_fast
-from keras_reluvit.kernels import torch_cpu
 
 
 def _relu2(x):
@@ -195,10 +194,9 @@ def pointwise_attention(
         chunk_size: None (dense), an int (blocks of keys and queries of that
             size, summed: O(T * chunk) memory, rematerialised for training) or
             `"auto"` (chunk above 4096 x 4096 scores per head).
-        implementation: force a path (`"generic"`, `"chunked"`,
-            `"torch_tiled"`, `"torch_fused"`, `"sequence_parallel"`,
-            `"pallas"`, `"triton"`); default: the dispatch rule under the
-            kernel switch (`kernels.set_kernel` / `KERAS_RELUVIT_KERNEL`).
+        implementation: force a path, a name of `kernels.PATHS`; default:
+            the dispatch rule under the kernel switch (`kernels.set_kernel` /
+            `KERAS_RELUVIT_KERNEL`).
 
     Returns:
         `(B, T, H, Dv)` outputs, and the weights if `return_weights`.
@@ -231,79 +229,12 @@ def pointwise_attention(
         else:
             kernel_mask = mask
             mask = ops.broadcast_to(mask, (b, t_, ops.shape(key)[1]))
-    t, s = ops.shape(query)[1], ops.shape(key)[1]
-    factor = kernels.row_factor(mask, s, alpha, log_scale, query.dtype)
-    backend = keras.backend.backend()
-    sp = kernels.sequence_parallel_context()
-    recording = backend == "torch" and kernels.torch_recording(query, key, value)
-    # Keras' symbolic pass (building a functional model) runs torch ops on
-    # "meta" tensors: one generic einsum gives the shapes; the tile loops
-    # would cost minutes for a large model for nothing.
-    symbolic = backend == "torch" and torch_fast.symbolic(query)
-    switch = kernels.get_kernel()
-    kernel = None if symbolic else kernels.fused_kernel(switch, backend, query, name, value)
-    path = "generic" if (symbolic or per_head) and implementation is None else implementation or kernels.choose(
-        backend, name, mask, return_weights, dropout_fn is not None, t, s, chunk_size,
-        recording=recording, sequence_parallel=sp is not None,
-        fused=backend == "torch" and mask is None and switch != "generic"
-        and torch_cpu.eligible(query, name),
-        kernel=kernel, cpu_kernels=switch != "generic",
-    )
-    if path == "torch_fused" and implementation is None and torch_cpu.load() is None:
-        path = "torch_tiled"  # chosen, but not buildable here: the tiled path
-    if path == "generic":
-        out, weights = kernels.generic(query, key, value, h, mask, factor, dropout_fn)
-        if not return_weights:
-            return out
-        if factor is not None:
-            if isinstance(factor, float):
-                weights = ops.multiply(weights, ops.cast(factor, weights.dtype))
-            else:
-                weights = ops.multiply(weights, ops.transpose(factor, (0, 2, 1, 3)))
-        return out, weights
-    if return_weights or dropout_fn is not None:
-        raise ValueError(f"implementation={path!r} returns no weights and has no dropout.")
-    if path == "chunked":
-        return kernels.chunked(query, key, value, h, mask, factor,
-                               chunk_size if isinstance(chunk_size, int) else kernels.AUTO_CHUNK_SIZE)
-    if path == "torch_tiled":
-        if mask is not None:
-            raise ValueError("implementation='torch_tiled' takes no mask.")
-        return kernels.torch_tiled(query, key, value, name, h, factor)
-    if path == "torch_fused":
-        if mask is not None or not torch_cpu.usable(query, name):
-            raise ValueError(
-                "implementation='torch_fused' needs PyTorch on CPU, float32, no mask, "
-                f"an activation of {sorted(torch_cpu.ACTIVATIONS)} and the kernel "
-                "built (see keras_reluvit.kernels.torch_cpu).")
-        fn = torch_cpu.trainable_attention if recording else torch_cpu.attention
-        if isinstance(factor, float) or factor is None:
-            return fn(query, key, value, name, 1.0 if factor is None else factor)
-        return kernels.apply_factor(fn(query, key, value, name), factor)
-    if path == "sequence_parallel":
-        if sp is None or mask is not None:
-            raise ValueError(
-                "implementation='sequence_parallel' needs the JAX backend, a "
-                "kr.distribution.model_parallel(..., sequence_axis=...) distribution "
-                "and no mask."
-            )
-        return kernels.sequence_parallel(query, key, value, h, factor, *sp,
-                                         kernel_activation=name if kernel == "pallas" else None)
-    if path == "pallas":
-        from keras_reluvit.kernels import pallas  # imports jax: only on this path
-
-        if backend != "jax" or name not in pallas.ACTIVATIONS:
-            raise ValueError("implementation='pallas' needs the JAX backend and an activation "
-                             f"of {sorted(pallas.ACTIVATIONS)}.")
-        return kernels.pallas_sharded(query, key, value, name, factor, kernel_mask)
-    if path == "triton":
-        module = kernels.triton_module() if backend == "torch" else None
-        if module is None or name not in module.ACTIVATIONS:
-            raise ValueError("implementation='triton' needs the PyTorch backend and an "
-                             "activation of the Triton kernel.")
-        return module.attention(query, key, value, name, factor, kernel_mask)
-    raise ValueError(f"Unknown implementation {path!r}; valid: generic, chunked, torch_tiled, "
-                     "torch_fused, sequence_parallel, pallas, triton.")
+    factor = kernels.row_factor(mask, ops.shape(key)[1], alpha, log_scale, query.dtype)
+    out, weights = kernels.attend(query, key, value, name, h, mask, kernel_mask, factor,
+                                  dropout_fn=dropout_fn, want_weights=return_weights,
+                                  chunk_size=chunk_size, implementation=implementation,
+                                  per_head=per_head)
+    return (out, weights) if return_weights else out
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
@@ -488,7 +419,16 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         if torch_fast.attention_eligible(
                 self, query, value, key, (query_mask, value_mask, key_mask, attention_mask),
                 return_attention_scores, training, use_causal_mask):
-            return torch_fast.self_attention(self, query, pointwise_attention, training=training)
+            q, k, v = torch_fast.project_qkv(self, query)
+            if self.is_softmax:
+                out = torch_fast.softmax_attention(q, k, v)
+            else:
+                out = pointwise_attention(
+                    q, k, v, activation=self._activation_name or self._activation_fn,
+                    seq_len_exponent=self._seq_len_exponent,
+                    log_scale=self.log_scale if self._learned_scale else None,
+                    chunk_size=self._chunk_size)
+            return torch_fast.project_output(self, out)
         return super().call(query, value, key=key, query_mask=query_mask,
                             value_mask=value_mask, key_mask=key_mask,
                             attention_mask=attention_mask,

@@ -8,16 +8,17 @@ three bias adds. On PyTorch our layers instead call
 - `linear(dense, x)` for the MLP's `Dense` layers: one
   `torch.nn.functional.linear` (an addmm, the bias fused; the `(in, out)`
   Keras kernel passed transposed, no copy);
-- `self_attention(layer, x, attend, training)` for `PointwiseAttention` used as
-  self-attention: q, k and v from *one* GEMM against the three kernels
+- `project_qkv(layer, x)` and `project_output(layer, out)` for
+  `PointwiseAttention` used as self-attention: q, k and v from *one* GEMM
+  against the three kernels
   concatenated at call time (the weights keep MultiHeadAttention's
   `(D, H, Dh)` layout, so checkpoints, sharding rules and the other backends
   see nothing; the concatenation copies 3 D^2 floats per call), heads as
-  views, qk-layernorm as in the layer, softmax through
-  `F.scaled_dot_product_attention` (what `MultiHeadAttention` computes:
-  scale `1/sqrt(Dh)`), a pointwise activation through `pointwise_attention`
-  (the same dispatch, `torch_fused` where eligible), and the output
-  projection as one GEMM.
+  views, qk-layernorm as in the layer; between them the layer calls
+  `softmax_attention` (`F.scaled_dot_product_attention`: what
+  `MultiHeadAttention` computes, scale `1/sqrt(Dh)`) or, for a pointwise
+  activation, `pointwise_attention` (the one dispatch, `torch_fused` where
+  eligible); the output projection is one GEMM.
 
 `PointwiseAttention.call` and `MLPBlock.call` take these paths when
 `enabled()` and the call is a plain one (self-attention, no mask of any kind,
@@ -31,16 +32,14 @@ import os
 
 import keras
 
+from keras_reluvit.kernels import is_symbolic
+
 
 def enabled():
     return keras.backend.backend() == "torch" and os.environ.get(
         "KERAS_RELUVIT_TORCH_FAST", "1") != "0"
 
 
-def symbolic(x):
-    """True in Keras' symbolic pass (building a functional model runs torch
-    ops on "meta" tensors)."""
-    return getattr(getattr(x, "device", None), "type", None) == "meta"
 
 
 def _weight(variable, dtype):
@@ -49,7 +48,7 @@ def _weight(variable, dtype):
 
 
 def dense_eligible(dense, x):
-    return (enabled() and not symbolic(x) and dense.activation in (None, keras.activations.linear)
+    return (enabled() and not is_symbolic(x) and dense.activation in (None, keras.activations.linear)
             and not getattr(dense, "lora_enabled", False)
             and getattr(dense, "quantization_mode", None) is None)
 
@@ -63,7 +62,7 @@ def linear(dense, x):
 
 def attention_eligible(layer, query, value, key, masks, return_scores, training,
                        use_causal_mask):
-    return (enabled() and not symbolic(query) and value is query and key in (None, query)
+    return (enabled() and not is_symbolic(query) and value is query and key in (None, query)
             and len(query.shape) == 3 and tuple(layer._attention_axes or (1,)) == (1,)
             and not any(m is not None for m in masks) and not use_causal_mask
             and getattr(query, "_keras_mask", None) is None
@@ -74,10 +73,9 @@ def attention_eligible(layer, query, value, key, masks, return_scores, training,
             and not (training and layer._dropout > 0.0))
 
 
-def self_attention(layer, x, attend, training=None):
-    """What `layer(x, x)` computes, with fused projections (see the module).
-    `attend` is the attention dispatch point (`pointwise_attention`, passed
-    in by the layer so that this module needs nothing that needs it back)."""
+def project_qkv(layer, x):
+    """`layer`'s queries, keys and values of `x` (self-attention) from one
+    GEMM, as `(B, T, H, Dh)` views, qk-layernorm applied (see the module)."""
     import torch
     import torch.nn.functional as F
 
@@ -92,16 +90,25 @@ def self_attention(layer, x, attend, training=None):
     q, k, v = qkv.unbind(2)  # (B, T, H, Dh) views
     if layer._qk_norm:
         q, k = layer._query_norm(q), layer._key_norm(k)
-    if layer.is_softmax:
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2)).transpose(1, 2)
-    else:
-        out = attend(
-            q, k, v, activation=layer._activation_name or layer._activation_fn,
-            seq_len_exponent=layer._seq_len_exponent,
-            log_scale=layer.log_scale if layer._learned_scale else None,
-            chunk_size=layer._chunk_size)
+    return q, k, v
+
+
+def softmax_attention(q, k, v):
+    """What `MultiHeadAttention` computes (scale `1/sqrt(Dh)`), through
+    `F.scaled_dot_product_attention`; `(B, T, H, Dh)` in and out."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                          v.transpose(1, 2)).transpose(1, 2)
+
+
+def project_output(layer, out):
+    """`layer`'s output projection of the `(B, T, H, Dh)` attention output,
+    one GEMM."""
+    import torch.nn.functional as F
+
+    b, t, h, dh = out.shape
     proj = layer._output_dense
-    bias = _weight(proj.bias, x.dtype) if layer._use_bias else None
-    return F.linear(out.reshape(b, t, h * dh), _weight(proj.kernel, x.dtype).reshape(h * dh, d).t(),
-                    bias)
+    bias = _weight(proj.bias, out.dtype) if layer._use_bias else None
+    kernel = _weight(proj.kernel, out.dtype).reshape(h * dh, -1)
+    return F.linear(out.reshape(b, t, h * dh), kernel.t(), bias)

@@ -301,9 +301,11 @@ if BACKEND == "jax":
         x = jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32)
         call = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}[platform]
         other = {"tpu": "__gpu$xla.gpu.triton", "cuda": "tpu_custom_call"}[platform]
+        # CUDA's backward is one kernel (dQ added atomically); TPU's two.
+        backward = {"tpu": {"dkdv": 12, "dq": 12}, "cuda": {"bwd": 12}}[platform]
         with kr.use_kernel("pallas"):
             for fn, expected in ((forward, {"fwd": 12}),
-                                 (jax.value_and_grad(loss), {"fwd": 12, "dkdv": 12, "dq": 12})):
+                                 (jax.value_and_grad(loss), {"fwd": 12, **backward})):
                 text = jax.jit(fn).trace(tv, x).lower(lowering_platforms=(platform,)).as_text()
                 calls = [line for line in text.splitlines()
                          if re.search(rf"custom_call @{re.escape(call)}\b|"
@@ -343,7 +345,8 @@ if BACKEND == "jax":
             mask = np.random.default_rng(9).random((1, t, s)) < 0.7
         compare(q, k, v, dtype=dtype, activation="relu", seq_len_exponent=1.0, mask=mask)
         caps = pa.GPU_BLOCKS[row_bytes]
-        assert chosen == caps and chosen["fwd"] != (128, 128), chosen
+        assert chosen == {"fwd": caps["fwd"], "bwd": caps["bwd"]}, chosen
+        assert chosen["fwd"] != (128, 128), chosen
 
     def test_block_caps_apply_only_on_cuda_and_to_default_blocks():
         from keras_reluvit.kernels import pallas as pa
@@ -351,12 +354,68 @@ if BACKEND == "jax":
         cfg = ("relu", 197, 128, 128, 0.125, False)
         assert pa._blocks(cfg, "triton", "fwd", 512) == (64, 32)
         assert pa._blocks(cfg, "triton", "dq", 128) == (128, 128)
-        assert pa._blocks(cfg, "triton", "dkdv", 2048) == (16, 16)  # wider: the last row
+        assert pa._blocks(cfg, "triton", "bwd", 2048) == (16, 16)  # wider: the last row
         assert pa._blocks(cfg, "tpu", "fwd", 512) == (128, 128)
         assert pa._blocks(cfg, "interpret", "fwd", 512) == (128, 128)
         assert pa._blocks(("relu", 20, 32, 16, 0.125, False), "triton", "fwd", 512) == (32, 16)
         forced = ("relu", 197, 128, 128, 0.125, True)  # the caller's blocks are kept
         assert pa._blocks(forced, "triton", "fwd", 512) == (128, 128)
+
+    @pytest.mark.parametrize("masked", [None, "key", "general"])
+    def test_pallas_deterministic_backward_equals_the_fused_one_and_repeats_bitwise(
+            monkeypatch, masked):
+        """On CUDA the backward is one kernel that adds dQ atomically
+        (5 dots per tile); `deterministic=True` (or XLA's
+        `--xla_gpu_deterministic_ops=true`) takes a dK/dV and a dQ kernel,
+        no atomics. Both (run here in the CUDA layout, interpreted) equal
+        the generic path, each repeats bitwise, and the flag picks the
+        kernels. Blocks forced to 16: several query blocks add into each dQ
+        row, a last partial block on both axes, odd head and value dims."""
+        import jax
+        import jax.numpy as jnp
+
+        from keras_reluvit.kernels import pallas as pa
+
+        q, k, v = (jnp.asarray(x) for x in inputs(2, 37, 45, 2, 24, dv=20, seed=3))
+        log_scale = jnp.asarray([0.3, -0.2])
+        rng = np.random.default_rng(4)
+        mask = None if masked is None else jnp.asarray(
+            rng.uniform(size=(2, 1 if masked == "key" else 37, 45)) > 0.3)
+        cot = jnp.asarray(np.random.default_rng(5).normal(size=(2, 37, 2, 20)), jnp.float32)
+
+        def run(impl, deterministic=None):
+            def loss(q, k, v, log_scale):
+                factor = jnp.exp(log_scale).reshape(1, 1, 2, 1) / 45.0
+                if impl == "generic":
+                    out = pointwise_attention(
+                        q, k, v, "gelu", seq_len_exponent=0.0, implementation="generic",
+                        mask=None if mask is None else jnp.broadcast_to(mask, (2, 37, 45))
+                    ) * factor
+                else:
+                    out = pa.attention(q, k, v, "gelu", factor, mask, block_q=16, block_k=16,
+                                       deterministic=deterministic)
+                return jnp.sum(out * cot)
+
+            return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, log_scale)
+
+        ref = run("generic")
+        names = []
+        call = pa._pallas
+        monkeypatch.setattr(pa, "_pallas", lambda *a, **kw: names.append(a[7]) or call(*a, **kw))
+        for deterministic in (False, True):
+            del names[:]
+            first, second = run("pallas", deterministic), run("pallas", deterministic)
+            assert all(np.array_equal(a, b) for a, b in zip(first, second))
+            backward = [n for n in names if not n.endswith("_fwd")]
+            assert set(backward) == ({"pointwise_attention_dkdv", "pointwise_attention_dq"}
+                                     if deterministic else {"pointwise_attention_bwd"}), names
+            for a, b in zip(first, ref):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5,
+                                           atol=2e-5 * max(1.0, float(np.abs(b).max())))
+        monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
+        del names[:]
+        run("pallas")
+        assert "pointwise_attention_dq" in names, names
 
     def test_one_trace_lowers_per_platform():
         """The platform is chosen at lowering: one traced function gives the

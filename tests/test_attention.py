@@ -400,8 +400,8 @@ def test_self_attention_fast_path_matches_numpy_and_keras_own_path(act, alpha, q
     randomize(layer, rng)
     x = rng.normal(size=(B, S, D)).astype("float32")
     taken = []
-    original = torch_fast.self_attention
-    monkeypatch.setattr(torch_fast, "self_attention",
+    original = torch_fast.project_qkv
+    monkeypatch.setattr(torch_fast, "project_qkv",
                         lambda *a, **k: taken.append(1) or original(*a, **k))
     p64 = {k: np.asarray(keras.ops.convert_to_numpy(v), "float64")
            for k, v in layer_params(layer).items()}

@@ -367,3 +367,36 @@ def test_the_0_1_module_name_of_the_cpu_kernel_still_works_and_warns():
         old = importlib.import_module("keras_reluvit.torch_fused")
     assert old is torch_cpu
 
+
+
+def test_dispatch_names_each_path_once_and_refuses_what_a_path_cannot_do():
+    """`kernels.PATHS` is the one table of paths: an unknown name lists it;
+    a path asked for weights or dropout, or one this backend lacks, says so.
+    Every path of the table that this backend runs gives the generic
+    output."""
+    from keras_reluvit import kernels as K
+
+    q, k, v = (np.random.default_rng(i).normal(size=(1, 9, 2, 16)).astype("float32")
+               for i in range(3))
+    with pytest.raises(ValueError, match="Unknown implementation 'flash'; valid: "
+                       + ", ".join(K.PATHS)):
+        pointwise_attention(q, k, v, implementation="flash")
+    with pytest.raises(ValueError, match="implementation='chunked' returns no weights"):
+        pointwise_attention(q, k, v, implementation="chunked", return_weights=True)
+    backend = keras.backend.backend()
+    if backend != "jax":
+        with pytest.raises(ValueError, match="implementation='pallas' needs the JAX backend"):
+            pointwise_attention(q, k, v, implementation="pallas")
+    if backend != "torch":
+        with pytest.raises(ValueError, match="implementation='triton' needs the PyTorch"):
+            pointwise_attention(q, k, v, implementation="triton")
+        with pytest.raises(ValueError, match="implementation='torch_tiled' needs PyTorch"):
+            pointwise_attention(q, k, v, implementation="torch_tiled")
+    with pytest.raises(ValueError, match="implementation='sequence_parallel' needs"):
+        pointwise_attention(q, k, v, implementation="sequence_parallel")
+    ref = keras.ops.convert_to_numpy(pointwise_attention(q, k, v, implementation="generic"))
+    runs = {"jax": ["chunked", "pallas"], "tensorflow": ["chunked"],
+            "torch": ["chunked", "torch_tiled"]}[backend]
+    for path in runs:
+        got = keras.ops.convert_to_numpy(pointwise_attention(q, k, v, implementation=path))
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, err_msg=path)

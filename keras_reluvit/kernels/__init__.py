@@ -14,8 +14,10 @@ matmul, the activation (and mask) and the value matmul.
 | `sequence_parallel`, `pallas_sharded` | `kernels.sharded` | JAX under a multi-device `keras.distribution` |
 
 This module holds the kernel switch (`set_kernel`, `use_kernel`,
-`KERAS_RELUVIT_KERNEL`) and the dispatch rule (`fused_kernel`, `choose`);
-each path's own module says how it works. Dependencies run one way: the
+`KERAS_RELUVIT_KERNEL`), the dispatch rule (`fused_kernel`, `choose`) and
+the table of paths (`PATHS`: each path's name, once, and what runs it);
+`attend` is the one dispatch point, called by `attention.pointwise_attention`.
+Each path's own module says how it works. Dependencies run one way: the
 attention layer (`keras_reluvit.attention`) calls in here, nothing here
 imports the layer.
 """
@@ -24,7 +26,12 @@ import contextlib
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 
+import keras
+from keras import ops
+
+from keras_reluvit.kernels import torch_cpu
 from keras_reluvit.kernels.keras_ops import apply_factor  # noqa: F401 -- the paths, by name
 from keras_reluvit.kernels.keras_ops import chunked  # noqa: F401
 from keras_reluvit.kernels.keras_ops import generic  # noqa: F401
@@ -218,3 +225,136 @@ def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_si
         if not recording:
             return "torch_tiled"
     return "generic"
+
+
+# --- the paths: one table, each name once ------------------------------------------
+def is_symbolic(x):
+    """True in Keras' symbolic pass on torch (building a functional model
+    runs torch ops on "meta" tensors)."""
+    return getattr(getattr(x, "device", None), "type", None) == "meta"
+
+
+@dataclass
+class Call:
+    """One pointwise-attention call as the paths receive it: `(B, T, H, D)`
+    tensors, the activation's name (None for a callable) and function `h`,
+    the broadcast `(B, T, S)` mask and the kernels' `kernel_mask` (a key
+    mask stays `(B, 1, S)`), the row factor, and what the dispatch found."""
+    query: object
+    key: object
+    value: object
+    name: object
+    h: object
+    mask: object
+    kernel_mask: object
+    factor: object
+    dropout_fn: object
+    want_weights: bool
+    chunk_size: object
+    recording: bool
+    sp: object
+    kernel: object
+    backend: str
+
+
+def _generic(c):
+    out, weights = generic(c.query, c.key, c.value, c.h, c.mask, c.factor, c.dropout_fn)
+    if not c.want_weights:
+        return out, None
+    if isinstance(c.factor, float):
+        weights = ops.multiply(weights, ops.cast(c.factor, weights.dtype))
+    elif c.factor is not None:
+        weights = ops.multiply(weights, ops.transpose(c.factor, (0, 2, 1, 3)))
+    return out, weights
+
+
+def _chunked(c):
+    size = c.chunk_size if isinstance(c.chunk_size, int) else AUTO_CHUNK_SIZE
+    return chunked(c.query, c.key, c.value, c.h, c.mask, c.factor, size), None
+
+
+def _torch_tiled(c):
+    if c.mask is not None or c.backend != "torch":
+        raise ValueError("implementation='torch_tiled' needs PyTorch and takes no mask.")
+    return torch_tiled(c.query, c.key, c.value, c.name, c.h, c.factor), None
+
+
+def _torch_fused(c):
+    if c.mask is not None or not torch_cpu.usable(c.query, c.name):
+        raise ValueError(
+            "implementation='torch_fused' needs PyTorch on CPU, float32, no mask, "
+            f"an activation of {sorted(torch_cpu.ACTIVATIONS)} and the kernel "
+            "built (see keras_reluvit.kernels.torch_cpu).")
+    fn = torch_cpu.trainable_attention if c.recording else torch_cpu.attention
+    if isinstance(c.factor, float) or c.factor is None:
+        return fn(c.query, c.key, c.value, c.name, 1.0 if c.factor is None else c.factor), None
+    return apply_factor(fn(c.query, c.key, c.value, c.name), c.factor), None
+
+
+def _sequence_parallel(c):
+    if c.sp is None or c.mask is not None:
+        raise ValueError(
+            "implementation='sequence_parallel' needs the JAX backend, a "
+            "kr.distribution.model_parallel(..., sequence_axis=...) distribution "
+            "and no mask.")
+    return sequence_parallel(c.query, c.key, c.value, c.h, c.factor, *c.sp,
+                             kernel_activation=c.name if c.kernel == "pallas" else None), None
+
+
+def _pallas(c):
+    if c.backend != "jax":
+        raise ValueError("implementation='pallas' needs the JAX backend.")
+    from keras_reluvit.kernels import pallas  # imports jax: only on this path
+
+    if c.name not in pallas.ACTIVATIONS:
+        raise ValueError(f"implementation='pallas' computes {sorted(pallas.ACTIVATIONS)}, "
+                         f"not {c.name or 'a callable'!r}.")
+    return pallas_sharded(c.query, c.key, c.value, c.name, c.factor, c.kernel_mask), None
+
+
+def _triton(c):
+    module = triton_module() if c.backend == "torch" else None
+    if module is None or c.name not in module.ACTIVATIONS:
+        raise ValueError("implementation='triton' needs the PyTorch backend and an "
+                         "activation of the Triton kernel.")
+    return module.attention(c.query, c.key, c.value, c.name, c.factor, c.kernel_mask), None
+
+
+# name -> what computes it: the only place the names are written.
+PATHS = {"generic": _generic, "chunked": _chunked, "torch_tiled": _torch_tiled,
+         "torch_fused": _torch_fused, "sequence_parallel": _sequence_parallel,
+         "pallas": _pallas, "triton": _triton}
+
+
+def attend(query, key, value, activation_name, h, mask, kernel_mask, factor, dropout_fn=None,
+           want_weights=False, chunk_size=None, implementation=None, per_head=False):
+    """The dispatch point: picks a path of `PATHS` (`choose` under the kernel
+    switch, or `implementation`) and runs it. Returns `(out, weights)`;
+    weights only from the generic path when `want_weights`."""
+    backend = keras.backend.backend()
+    sp = sequence_parallel_context()
+    recording = backend == "torch" and torch_recording(query, key, value)
+    # Keras' symbolic pass: one generic einsum gives the shapes; the tile
+    # loops would cost minutes for a large model for nothing.
+    symbolic = backend == "torch" and is_symbolic(query)
+    switch = get_kernel()
+    kernel = None if symbolic else fused_kernel(switch, backend, query, activation_name, value)
+    path = implementation
+    if path is None and (symbolic or per_head):
+        path = "generic"
+    elif path is None:
+        t, s = ops.shape(query)[1], ops.shape(key)[1]
+        path = choose(backend, activation_name, mask, want_weights, dropout_fn is not None, t, s,
+                      chunk_size, recording=recording, sequence_parallel=sp is not None,
+                      fused=backend == "torch" and mask is None and switch != "generic"
+                      and torch_cpu.eligible(query, activation_name),
+                      kernel=kernel, cpu_kernels=switch != "generic")
+        if path == "torch_fused" and torch_cpu.load() is None:
+            path = "torch_tiled"  # chosen, but not buildable here: the tiled path
+    if path not in PATHS:
+        raise ValueError(f"Unknown implementation {path!r}; valid: {', '.join(PATHS)}.")
+    if path != "generic" and (want_weights or dropout_fn is not None):
+        raise ValueError(f"implementation={path!r} returns no weights and has no dropout.")
+    call = Call(query, key, value, activation_name, h, mask, kernel_mask, factor, dropout_fn,
+                want_weights, chunk_size, recording, sp, kernel, backend)
+    return PATHS[path](call)

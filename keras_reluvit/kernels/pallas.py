@@ -9,13 +9,17 @@ and no normaliser to carry and rescale: the key blocks' partial outputs are
 simply summed, and the row factor `r_i = exp(s_h) * L_i^-alpha` multiplies
 the accumulator once at the end.
 
-The backward pass (a `jax.custom_vjp`) recomputes the scores tile by tile in
-two kernels, as FlashAttention-2 does: one over key blocks (dK, dV: a loop
-over query blocks) and one over query blocks (dQ: a loop over key blocks).
+The backward pass (a `jax.custom_vjp`) recomputes the scores tile by tile.
 With `P = h(S)`: `dV = P^T (r dO)`, `dP = (r dO) V^T`, `dS = dP * h'(S)`,
 `dQ = dS K / sqrt(d)`, `dK = dS^T Q / sqrt(d)`; the row factor's gradient
 (for `relu_learned`'s log-scale and nothing else) is `sum_d dO * O / r`.
-No softmax statistic is needed, so nothing but the inputs is kept.
+No softmax statistic is needed, so nothing but the inputs is kept. On CUDA
+it is one kernel, as FlashAttention-2's: a program per key block loops over
+the query blocks, keeps dK and dV on chip and adds each query block's dQ
+share atomically into a zeroed float32 buffer -- 5 dots per tile.
+`deterministic=True` (or XLA's `--xla_gpu_deterministic_ops=true`) and TPU
+(Mosaic has no atomics) take two kernels instead: dK/dV over key blocks,
+then dQ over query blocks (4 + 3 dots, bitwise reproducible).
 
 **One source, three lowerings.** The kernel bodies use only ref slicing
 (or, on CUDA, Pallas' masked loads and stores), `lax.dot_general`,
@@ -62,6 +66,7 @@ binary, nor XLA's own Triton, which need the device.
 
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +112,7 @@ HEAD_DIMS = "any (padded to a power of two >= 16)"
 MAX_BLOCK = 128
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
+_TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 
 def _dot(a, b, dims):
@@ -132,12 +138,17 @@ def _block(n):
 # the kernels' Triton IR for sm_90 with Triton's own compiler
 # (tests/once/test_accelerator_build.py): 128 x 128 blocks need 80-128 KB at
 # 128-byte rows (bfloat16, d = 64) but 320-384 KB at 512-byte rows (float32,
-# d = 128). TPU blocks stay 128 x 128 (VMEM is MiBs).
+# d = 128). The backward's caps ("bwd": the 5-dot kernel, and the dK/dV
+# kernel of the deterministic path) are smaller still, chosen so that ptxas
+# spills no registers at 8 warps (its report, same test): the kernel holds
+# K, V, dK and dV tiles for its whole loop; at bfloat16, d = 64, (64, 128)
+# spilled 36 bytes, (64, 64) 8, (32, 64) none. TPU blocks stay 128 x 128
+# (VMEM is MiBs).
 GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
-    128: {"fwd": (128, 128), "dkdv": (128, 128), "dq": (128, 128)},
-    256: {"fwd": (128, 64), "dkdv": (64, 64), "dq": (64, 64)},
-    512: {"fwd": (64, 32), "dkdv": (32, 64), "dq": (32, 32)},
-    1024: {"fwd": (32, 16), "dkdv": (16, 16), "dq": (16, 16)},
+    128: {"fwd": (128, 128), "bwd": (32, 64), "dq": (128, 128)},
+    256: {"fwd": (128, 64), "bwd": (64, 32), "dq": (64, 64)},
+    512: {"fwd": (64, 32), "bwd": (16, 32), "dq": (32, 32)},
+    1024: {"fwd": (32, 16), "bwd": (16, 16), "dq": (16, 16)},
 }
 
 
@@ -213,13 +224,19 @@ def _dims(lim):
     return (None,) * 4 if lim is None else lim
 
 
+def _block_id(lim):
+    """This program's token block: the grid's first axis in place (CUDA),
+    its last padded (TPU); see `_Layout`."""
+    return pl.program_id(2 if lim is None else 0)
+
+
 # --- kernels -----------------------------------------------------------------
 def _forward_kernel(q_ref, k_ref, v_ref, r_ref, *refs, act, scale, block_k, num_keys,
                     has_mask, lim):
     mask_ref, o_ref = refs if has_mask else (None, refs[0])
     t, s_, d, dv = _dims(lim)
     h = ACTIVATIONS[act][0]
-    row0 = pl.program_id(2) * q_ref.shape[0]
+    row0 = _block_id(lim) * q_ref.shape[0]
     q = _ld(q_ref, lim, row0=row0, n_rows=t, n_cols=d)
     padded_keys = k_ref.shape[0]
 
@@ -242,13 +259,43 @@ def _forward_kernel(q_ref, k_ref, v_ref, r_ref, *refs, act, scale, block_k, num_
     _st(o_ref, acc * r, lim, row0=row0, n_rows=t, n_cols=dv)
 
 
+def _key_block_valid(valid, mask_ref, lim, rows, start, t, start_k, s_, keys_first):
+    """A key block's backward tile: `valid` (its real keys) and the user's
+    mask for the query rows `rows` -- a `(T, bk)` block, or `(1, bk)` for a
+    key mask -- as a `(queries, keys)` tile, or `(keys, queries)` when
+    `keys_first`."""
+    if mask_ref is None:
+        return valid
+    if mask_ref.shape[0] == 1:
+        m = _ld(mask_ref, lim, col0=start_k, n_cols=s_)
+    else:
+        m = _ld(mask_ref, lim, rows, row0=start, n_rows=t, col0=start_k, n_cols=s_)
+    m = (m.T if keys_first else m) != 0
+    return m if valid is None else jnp.logical_and(valid, m)
+
+
+def _weights_and_grads(s, valid, act):
+    """`h(s)` and `h'(s)`, zero where not `valid`."""
+    h, dh = ACTIVATIONS[act]
+    w, g = h(s), dh(s)
+    if valid is not None:
+        w, g = jnp.where(valid, w, 0.0), jnp.where(valid, g, 0.0)
+    return w, g
+
+
+def _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, dtype):
+    """`r dO` for the query rows `rows`, in the inputs' dtype (a dot operand)."""
+    do = _ld(do_ref, lim, rows, row0=start, n_rows=t, n_cols=dv_dim)
+    r = _ld(r_ref, lim, rows, row0=start, n_rows=t)
+    return (do.astype(jnp.float32) * r).astype(dtype)
+
+
 def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, num_keys,
                  padded_keys, has_mask, lim):
     mask_ref, dk_ref, dv_ref = refs if has_mask else (None,) + refs
     t, s_, d, dv_dim = _dims(lim)
-    h, dh = ACTIVATIONS[act]
     block_k = k_ref.shape[0]
-    start_k = pl.program_id(2) * block_k
+    start_k = _block_id(lim) * block_k
     k = _ld(k_ref, lim, row0=start_k, n_rows=s_, n_cols=d)
     v = _ld(v_ref, lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
     # Which of this block's keys are real; the same for every query block.
@@ -260,23 +307,56 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q,
         rows = pl.ds(start, block_q)
         q = _ld(q_ref, lim, rows, row0=start, n_rows=t, n_cols=d)
         s = _dot(q, k, _NT) * scale
-        valid = key_valid
-        if mask_ref is not None:  # a (T, bk) block, or (1, bk) for a key mask
-            if mask_ref.shape[0] == 1:
-                m = _ld(mask_ref, lim, col0=start_k, n_cols=s_)
-            else:
-                m = _ld(mask_ref, lim, rows, row0=start, n_rows=t, col0=start_k, n_cols=s_)
-            m = m != 0
-            valid = m if valid is None else jnp.logical_and(valid, m)
-        w, g = h(s), dh(s)
-        if valid is not None:
-            w, g = jnp.where(valid, w, 0.0), jnp.where(valid, g, 0.0)
-        do = _ld(do_ref, lim, rows, row0=start, n_rows=t, n_cols=dv_dim)
-        r = _ld(r_ref, lim, rows, row0=start, n_rows=t)
-        dor = (do.astype(jnp.float32) * r).astype(q.dtype)
+        valid = _key_block_valid(key_valid, mask_ref, lim, rows, start, t, start_k, s_, False)
+        w, g = _weights_and_grads(s, valid, act)
+        dor = _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, q.dtype)
         dv = dv + _dot(w.astype(q.dtype).T, dor, _NN)
         ds = _dot(dor, v, _NT) * g * scale
         dk = dk + _dot(ds.astype(q.dtype).T, q, _NN)
+        return dk, dv
+
+    zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, q_ref.shape[0] // block_q, body, zeros)
+    _st(dk_ref, dk, lim, row0=start_k, n_rows=s_, n_cols=d)
+    _st(dv_ref, dv, lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
+
+
+def _bwd_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, num_keys,
+                padded_keys, has_mask, lim, fuse_dq):
+    """CUDA's backward: dK and dV of one key block over every query block
+    and (`fuse_dq`) each query block's share of dQ, added atomically
+    (relaxed) into a zeroed float32 (D, T) buffer per head padded to the
+    blocks: 5 dots per tile, as FlashAttention-2. Without `fuse_dq` (the
+    deterministic path) `_dq_kernel` follows. Keys first: `s^T = k q^T` and
+    `dP^T = v (r dO)^T` come out of the dots, and `dQ^T = k^T dS^T` needs no
+    transposed register tile. (TPU keeps `_dkdv_kernel`: Mosaic has no
+    atomics.)"""
+    mask_ref, refs = (refs[0], refs[1:]) if has_mask else (None, refs)
+    dk_ref, dv_ref, dqt_ref = refs[-3:] if fuse_dq else refs + (None,)
+    t, s_, d, dv_dim = _dims(lim)
+    block_k = k_ref.shape[0]
+    start_k = _block_id(lim) * block_k
+    k = _ld(k_ref, lim, row0=start_k, n_rows=s_, n_cols=d)
+    v = _ld(v_ref, lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
+    key_valid = None  # this block's real keys, as a column of the (keys, queries) tile
+    if num_keys < padded_keys:
+        key_valid = (start_k + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)) < num_keys
+
+    def body(i, carry):
+        dk, dv = carry
+        start = pl.multiple_of(i * block_q, block_q)
+        rows = pl.ds(start, block_q)
+        q = _ld(q_ref, lim, rows, row0=start, n_rows=t, n_cols=d)
+        s = _dot(k, q, _NT) * scale                                    # 1: (keys, queries)
+        valid = _key_block_valid(key_valid, mask_ref, lim, rows, start, t, start_k, s_, True)
+        w, g = _weights_and_grads(s, valid, act)
+        dor = _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, q.dtype)
+        dv = dv + _dot(w.astype(q.dtype), dor, _NN)                    # 2
+        ds = (_dot(v, dor, _NT) * g * scale).astype(q.dtype)           # 3
+        dk = dk + _dot(ds, q, _NN)                                     # 4
+        if fuse_dq:  # the buffer is padded to the blocks: no bounds, no mask
+            dqt = _dot(k, ds, _TN)                                     # 5: (D, queries)
+            plgpu.atomic_add(dqt_ref, (slice(None), pl.ds(start, block_q)), dqt)
         return dk, dv
 
     zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
@@ -290,7 +370,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_k, n
     mask_ref, dq_ref = refs if has_mask else (None, refs[0])
     t, s_, d, dv = _dims(lim)
     dh = ACTIVATIONS[act][1]
-    row0 = pl.program_id(2) * q_ref.shape[0]
+    row0 = _block_id(lim) * q_ref.shape[0]
     q = _ld(q_ref, lim, row0=row0, n_rows=t, n_cols=d)
     do = _ld(do_ref, lim, row0=row0, n_rows=t, n_cols=dv)
     r = _ld(r_ref, lim, row0=row0, n_rows=t)
@@ -355,7 +435,7 @@ _PADDED = ("tpu", "interpret_padded")
 INTERPRET_MODE = "interpret"
 
 
-def _pallas(kernel, grid, in_specs, out_specs, out_shape, mode, head_dim, name):
+def _pallas(kernel, grid, in_specs, out_specs, out_shape, mode, head_dim, name, aliases=None):
     outs = out_shape if isinstance(out_shape, list) else [out_shape]
     out_list = out_specs if isinstance(out_specs, list) else [out_specs]
 
@@ -363,7 +443,8 @@ def _pallas(kernel, grid, in_specs, out_specs, out_shape, mode, head_dim, name):
         params = _compiler_params(mode, head_dim, _vmem_bytes(in_specs, out_list, args, outs))
         return pl.pallas_call(
             kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-            compiler_params=params, interpret=mode.startswith("interpret"), name=name)(*args)
+            compiler_params=params, interpret=mode.startswith("interpret"), name=name,
+            input_output_aliases=aliases or {})(*args)
 
     return call
 
@@ -371,7 +452,14 @@ def _pallas(kernel, grid, in_specs, out_specs, out_shape, mode, head_dim, name):
 class _Layout:
     """Block specs of one layout: "padded" (B, H, T, D) arrays padded to the
     blocks (TPU), or "in place" (B, T, H, D) arrays as the layer gives them,
-    read with masked loads (CUDA). Grids are (batch, head, token block)."""
+    read with masked loads (CUDA).
+
+    Grids: token block first in place, `(block, batch, head)`, as JAX's own
+    GPU attention and FlashAttention-2: programs launched together share one
+    head's keys and values in L2. Padded (TPU) `(batch, head, block)`:
+    Mosaic runs a core's programs in order and fetches a block only when
+    its index changes, so one head's resident keys and values are fetched
+    once for all its token blocks."""
 
     def __init__(self, mode, q, k, v, bq, bk):  # q, k, v: the layer's (B, T, H, D)
         self.padded = mode in _PADDED
@@ -381,21 +469,28 @@ class _Layout:
         self.dp, self.dvp = _pow2(self.d), _pow2(self.dv)
         self.lim = None if self.padded else (self.t, self.s, self.d, self.dv)
 
-    def grid(self, tokens, block):
+    def grid(self, b, nh, tokens, block):
         """Programs over a token axis: its padded length's blocks (padded),
         or the blocks that hold a real token (in place)."""
         n = {"t": (self.t, self.tp), "s": (self.s, self.sp)}[tokens]
-        return (n[1] if self.padded else n[0] + block - 1) // block
+        blocks = (n[1] if self.padded else n[0] + block - 1) // block
+        return (b, nh, blocks) if self.padded else (blocks, b, nh)
+
+    def spec(self, shape, index):
+        """A BlockSpec whose index map takes (b, h, i) in either grid order."""
+        if self.padded:
+            return pl.BlockSpec(shape, index)
+        return pl.BlockSpec(shape, lambda i, b, h: index(b, h, i))
 
     def block(self, n, dim):  # block i of the token axis of head (b, h)
         if self.padded:
-            return pl.BlockSpec((None, None, n, dim), lambda b, h, i: (b, h, i, 0))
-        return pl.BlockSpec((None, n, None, dim), lambda b, h, i: (b, i, h, 0))
+            return self.spec((None, None, n, dim), lambda b, h, i: (b, h, i, 0))
+        return self.spec((None, n, None, dim), lambda b, h, i: (b, i, h, 0))
 
     def whole(self, n, dim):  # every token of head (b, h)
         if self.padded:
-            return pl.BlockSpec((None, None, n, dim), lambda b, h, i: (b, h, 0, 0))
-        return pl.BlockSpec((None, n, None, dim), lambda b, h, i: (b, 0, h, 0))
+            return self.spec((None, None, n, dim), lambda b, h, i: (b, h, 0, 0))
+        return self.spec((None, n, None, dim), lambda b, h, i: (b, 0, h, 0))
 
     def query_block_inputs(self, bq, q, k, v, r, mask, do=None):
         """`(in_specs, args)` of a program that owns one query block and
@@ -403,16 +498,16 @@ class _Layout:
         dO): q, k, v, r[, do][, mask]."""
         in_specs = [self.block(bq, self.dp), self.whole(self.sp, self.dp),
                     self.whole(self.sp, self.dvp),
-                    pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))]
+                    self.spec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))]
         args = [q, k, v, r]
         if do is not None:
             in_specs.append(self.block(bq, self.dvp))
             args.append(do)
         if mask is not None:  # (bq, S) rows of a (B, T, S) mask, or a key mask's one row
             if mask.shape[1] == 1:
-                in_specs.append(pl.BlockSpec((None, 1, self.sp), lambda b, h, i: (b, 0, 0)))
+                in_specs.append(self.spec((None, 1, self.sp), lambda b, h, i: (b, 0, 0)))
             else:
-                in_specs.append(pl.BlockSpec((None, bq, self.sp), lambda b, h, i: (b, i, 0)))
+                in_specs.append(self.spec((None, bq, self.sp), lambda b, h, i: (b, i, 0)))
             args.append(mask)
         return in_specs, args
 
@@ -438,7 +533,7 @@ def _padded_inputs(lay, q, k, v, r, mask, do=None):
 
 
 def _forward(cfg, mode, q, k, v, r, mask):
-    act, num_keys, _, _, scale, _ = cfg
+    act, num_keys, _, _, scale, _, _ = cfg
     bq, bk = _blocks(cfg, mode, "fwd", _row_bytes(q, v, mask))
     lay = _Layout(mode, q, k, v, bq, bk)
     b, nh = q.shape[0], q.shape[2]
@@ -450,17 +545,21 @@ def _forward(cfg, mode, q, k, v, r, mask):
     in_specs, args = lay.query_block_inputs(bq, q, k, v, r, mask)
     kernel = functools.partial(_forward_kernel, act=act, scale=scale, block_k=bk,
                                num_keys=num_keys, has_mask=mask is not None, lim=lay.lim)
-    out = _pallas(kernel, (b, nh, lay.grid("t", bq)), in_specs, lay.block(bq, lay.dvp),
+    out = _pallas(kernel, lay.grid(b, nh, "t", bq), in_specs, lay.block(bq, lay.dvp),
                   jax.ShapeDtypeStruct(out_shape, q.dtype), mode, lay.dp,
                   "pointwise_attention_fwd")(*args)
     return _from_padded(out, lay.t, lay.dv) if lay.padded else out
 
 
 def _backward(cfg, mode, q, k, v, r, mask, do):
-    act, num_keys, _, _, scale, _ = cfg
+    act, num_keys, _, _, scale, _, deterministic = cfg
     row_bytes = _row_bytes(q, v, mask)
-    bq, bk = _blocks(cfg, mode, "dkdv", row_bytes)
-    bq_dq, bk_dq = _blocks(cfg, mode, "dq", row_bytes)
+    # CUDA (and its interpreted layout): keys first, dQ added atomically in
+    # the same pass unless `deterministic`; TPU: `_dkdv_kernel` (no atomics).
+    cuda = mode in ("triton", "interpret")
+    fused = cuda and not deterministic
+    bq, bk = _blocks(cfg, mode, "bwd" if cuda else "dkdv", row_bytes)
+    bq_dq, bk_dq = (bq, bk) if fused else _blocks(cfg, mode, "dq", row_bytes)
     # One padding for both kernels: to the larger blocks (all powers of two).
     lay = _Layout(mode, q, k, v, max(bq, bq_dq), max(bk, bk_dq))
     b, nh = q.shape[0], q.shape[2]
@@ -469,26 +568,38 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
     has_mask = mask is not None
     # dK, dV: one program per key block, looping over query blocks.
     in_specs = [lay.whole(lay.tp, lay.dp), lay.block(bk, lay.dp), lay.block(bk, lay.dvp),
-                pl.BlockSpec((None, None, lay.tp, 1), lambda b_, h_, j: (b_, h_, 0, 0)),
+                lay.spec((None, None, lay.tp, 1), lambda b_, h_, j: (b_, h_, 0, 0)),
                 lay.whole(lay.tp, lay.dvp)]
     args = [q, k, v, r, do]
     if has_mask:
         rows = mask.shape[1] if mask.shape[1] == 1 else lay.tp
-        in_specs.append(pl.BlockSpec((None, rows, bk), lambda b_, h_, j: (b_, 0, j)))
+        in_specs.append(lay.spec((None, rows, bk), lambda b_, h_, j: (b_, 0, j)))
         args.append(mask)
-    kernel = functools.partial(_dkdv_kernel, act=act, scale=scale, block_q=bq,
-                               num_keys=num_keys, padded_keys=lay.sp, has_mask=has_mask,
-                               lim=lay.lim)
-    dk, dv = _pallas(kernel, (b, nh, lay.grid("s", bk)), in_specs,
-                     [lay.block(bk, lay.dp), lay.block(bk, lay.dvp)],
-                     [jax.ShapeDtypeStruct(k.shape, k.dtype),
-                      jax.ShapeDtypeStruct(v.shape, v.dtype)],
-                     mode, lay.dp, "pointwise_attention_dkdv")(*args)
+    out_specs = [lay.block(bk, lay.dp), lay.block(bk, lay.dvp)]
+    out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    options = dict(act=act, scale=scale, block_q=bq, num_keys=num_keys, padded_keys=lay.sp,
+                   has_mask=has_mask, lim=lay.lim)
+    if fused:  # dQ^T: float32 (B, H, D, T), zeroed, padded to the blocks
+        dqt = lay.spec((None, None, lay.dp, lay.tp), lambda b_, h_, j: (b_, h_, 0, 0))
+        in_specs.append(dqt)
+        out_specs.append(dqt)
+        args.append(jnp.zeros((b, nh, lay.dp, lay.tp), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, nh, lay.dp, lay.tp), jnp.float32))
+        dk, dv, dqt = _pallas(functools.partial(_bwd_kernel, fuse_dq=True, **options),
+                              lay.grid(b, nh, "s", bk), in_specs, out_specs, out_shape, mode,
+                              lay.dp, "pointwise_attention_bwd",
+                              aliases={len(args) - 1: 2})(*args)
+        dq = jnp.transpose(dqt[:, :, :lay.d, :lay.t], (0, 3, 1, 2)).astype(q.dtype)
+        return dq, dk, dv
+    kernel = (functools.partial(_bwd_kernel, fuse_dq=False, **options) if cuda
+              else functools.partial(_dkdv_kernel, **options))
+    dk, dv = _pallas(kernel, lay.grid(b, nh, "s", bk), in_specs, out_specs, out_shape, mode,
+                     lay.dp, "pointwise_attention_dkdv")(*args)
     # dQ: one program per query block, looping over key blocks.
     in_specs, args = lay.query_block_inputs(bq_dq, q, k, v, r, mask, do)
     kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk_dq,
                                num_keys=num_keys, has_mask=has_mask, lim=lay.lim)
-    dq = _pallas(kernel, (b, nh, lay.grid("t", bq_dq)), in_specs, lay.block(bq_dq, lay.dp),
+    dq = _pallas(kernel, lay.grid(b, nh, "t", bq_dq), in_specs, lay.block(bq_dq, lay.dp),
                  jax.ShapeDtypeStruct(q.shape, q.dtype), mode, lay.dp,
                  "pointwise_attention_dq")(*args)
     if lay.padded:
@@ -551,7 +662,7 @@ def row_factor_array(factor, b, t, nh):
 
 
 def attention(query, key, value, activation="relu", factor=None, mask=None,
-              interpret=None, block_q=None, block_k=None):
+              interpret=None, block_q=None, block_k=None, deterministic=None):
     """Fused pointwise attention, `(B, T, H, D)` in and out.
 
     Args:
@@ -569,6 +680,10 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
         block_q, block_k: tile sizes (powers of two), on every platform;
             default `min(128, next power of two of the token count)` (>= 16),
             capped on CUDA GPUs so shared memory fits (`GPU_BLOCKS`).
+        deterministic: on CUDA, the backward without atomics (a dK/dV and a
+            dQ kernel: bitwise reproducible gradients, two more dots per
+            tile). None follows XLA's `--xla_gpu_deterministic_ops=true`
+            (in `XLA_FLAGS`). TPU always takes that path (no atomics).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"The Pallas kernel computes {sorted(ACTIVATIONS)}, not {activation!r}.")
@@ -582,5 +697,7 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
         rows = 1 if mask.shape[1] == 1 else t  # a key mask stays one row
         mask = jnp.broadcast_to(mask, (b, rows, s)).astype(jnp.int32)
     forced = block_q is not None or block_k is not None
-    cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d), forced)
+    if deterministic is None:
+        deterministic = "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "")
+    cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d), forced, bool(deterministic))
     return _fused(cfg, bool(interpret), query, key, value, r, mask)

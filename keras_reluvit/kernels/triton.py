@@ -607,9 +607,6 @@ def forward(q, k, v, r, mask, activation, block_q=None, block_k=None):
     return out
 
 
-_forward_launch = forward  # for `compile_for`, whose `forward` argument shadows it
-
-
 def backward(q, k, v, r, mask, out, do, activation, block_q=None, block_k=None,
              deterministic=False, row_gradient=True):
     """`(dq, dk, dv, dr)`; dr (the row factors' gradient) only for a factor
@@ -771,7 +768,7 @@ _COMPILES = []
 
 
 def compile_for(target=("cuda", 90, 32), activation="relu", dtype="bf16", mask=None,
-                head_dim=64, tokens=197, heads=6, batch=2, deterministic=False, forward=True):
+                head_dim=64, tokens=197, heads=6, batch=2, deterministic=False, with_forward=True):
     """Compiles ahead of time, for a GPU target (no GPU needed; not under
     TRITON_INTERPRET), every kernel that one training step of attention
     launches -- the forward and the backward of `attention` on the q, k, v
@@ -782,7 +779,7 @@ def compile_for(target=("cuda", 90, 32), activation="relu", dtype="bf16", mask=N
     (row factors per row, from the mask's counts). Returns
     `[(kernel name, compiled kernel, ptxas' report)]`; the report is what
     Triton's own ptxas invocation printed (`Used N registers`, spill
-    bytes). `forward=False` leaves the forward kernel out.
+    bytes). `with_forward=False` leaves the forward kernel out.
     """
     import contextlib
     import io
@@ -810,8 +807,8 @@ def compile_for(target=("cuda", 90, 32), activation="relu", dtype="bf16", mask=N
         with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
             knobs.nvidia.dump_ptxas_log = True
             knobs.compilation.always_compile = True  # no on-disk cache hits: ptxas reports each
-            if forward:
-                _forward_launch(q, k, v, r, m, activation)
+            if with_forward:
+                forward(q, k, v, r, m, activation)
             backward(q, k, v, r, m, out, out, activation, deterministic=deterministic)
     finally:
         compiled = _CAPTURED.pop()

@@ -50,7 +50,7 @@ def rows(dtypes):
                 for deterministic in (False, True):
                     compiled = ta.compile_for(("cuda", 90, 32), dtype=dtype, head_dim=d, mask=mask,
                                               deterministic=deterministic,
-                                              forward=not deterministic)
+                                              with_forward=not deterministic)
                     for name, kernel, report in compiled:
                         consts = kernel.src.constants
                         names = kernel.src.fn.arg_names

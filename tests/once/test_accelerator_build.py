@@ -52,9 +52,11 @@ def capture(*args, **kwargs):
 
 registration.lowering.lower_jaxpr_to_triton_module = capture
 out = {}
-for dtype, d, mask, t in (("bfloat16", 64, None, 197), ("bfloat16", 128, "key", 785),
-                          ("float32", 64, "full", 100), ("float32", 128, "key", 785),
-                          ("float32", 256, None, 197), ("bfloat16", 80, None, 257)):
+VARIANTS = [("bfloat16", 64, None, 197, False), ("bfloat16", 128, "key", 785, False),
+            ("float32", 64, "full", 100, False), ("float32", 128, "key", 785, False),
+            ("float32", 256, None, 197, False), ("bfloat16", 80, None, 257, False),
+            ("bfloat16", 64, "key", 785, True), ("float32", 128, "full", 197, True)]
+for dtype, d, mask, t, deterministic in VARIANTS:
     del modules[:]
     q = jax.ShapeDtypeStruct((2, t, 2, d), jnp.dtype(dtype))
     r = jax.ShapeDtypeStruct((2, t, 2, 1), jnp.float32)
@@ -62,7 +64,8 @@ for dtype, d, mask, t in (("bfloat16", 64, None, 197), ("bfloat16", 128, "key", 
          "full": (jax.ShapeDtypeStruct((2, t, t), jnp.bool_),)}[mask]
 
     def loss(q, k, v, r, *m):
-        y = pa.attention(q, k, v, "gelu", r, mask=m[0] if m else None)
+        y = pa.attention(q, k, v, "gelu", r, mask=m[0] if m else None,
+                         deterministic=deterministic)
         return y.astype(jnp.float32).sum()
 
     jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).trace(q, q, q, r, *m).lower(
@@ -86,7 +89,8 @@ for dtype, d, mask, t in (("bfloat16", 64, None, 197), ("bfloat16", 128, "key", 
         ops = [line.split(" : ")[0] for line in text.splitlines()
                if "tt.load " in line or "tt.store " in line]
         unmasked = [o for o in ops if o.count(",") < (2 if "tt.store" in o else 1)]
-        out[f"{dtype}/{d}/{mask}/{name}"] = dict(
+        out[f"{dtype}/{d}/{mask}/{name}"] = dict(dots=text.count("tt.dot "),
+            atomics=text.count("tt.atomic_rmw"),
             cubin=len(k.asm["cubin"]), ptx_target=".target sm_90" in k.asm["ptx"],
             shared=k.metadata.shared, memory_ops=len(ops), unmasked=len(unmasked),
             warps=params.num_warps, spill_stores=spills[0] if spills else None)
@@ -111,24 +115,25 @@ def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(result) == 18, sorted(result)  # 6 variants x (fwd, dkdv, dq)
-    print("\n".join(f"{v}: {k['warps']} warps, {k['spill_stores']} bytes spilled"
-                    for v, k in result.items()))
+    # 6 variants x (fwd, bwd) + 2 deterministic ones x (fwd, dkdv, dq)
+    assert len(result) == 18, sorted(result)
+    print("\n".join(f"{v}: {k['dots']} dots, {k['warps']} warps, {k['spill_stores']} bytes "
+                    f"spilled, {k['shared']} B shared" for v, k in result.items()))
     for variant, k in result.items():
         assert k["cubin"] > 10_000 and k["ptx_target"], (variant, k)
         assert 0 < k["shared"] <= 164 * 1024, (variant, k)
         assert k["memory_ops"] >= 4 and k["unmasked"] == 0, (variant, k)
-        # ptxas' report: the forward and dQ kernels do not spill (with 8
-        # warps; 4 spilled 68 / 920 bytes at bf16, d = 64). The dK/dV
-        # kernel still does at 16-bit and at float32 d = 128 (356-792 bytes;
-        # 3172 with 4 warps at bf16, d = 64): its tiles hold K, V, dK and dV
-        # for the whole loop -- the next step is the 5-dot kernel / smaller
-        # dK/dV caps (issue 30).
-        assert k["spill_stores"] is not None, (variant, k)
-        if variant.endswith("pointwise_attention_dkdv"):
-            assert k["spill_stores"] <= 1024, (variant, k)
-        else:
-            assert k["spill_stores"] == 0, (variant, k)
+        # ptxas' report: no kernel spills (8 warps and the backward's caps,
+        # `GPU_BLOCKS`; with 4 warps and 128 x 128 tiles the old dK/dV
+        # kernel spilled 3172 bytes at bf16, d = 64).
+        assert k["spill_stores"] == 0, (variant, k)
+        # Dots per tile: the forward 2; the backward 5 in one pass, dQ
+        # added atomically (FlashAttention-2); deterministic 4 + 3, no atomics.
+        kind = variant.rsplit("_", 1)[1]
+        assert k["dots"] == {"fwd": 2, "bwd": 5, "dkdv": 4, "dq": 3}[kind], (variant, k)
+        assert (k["atomics"] > 0) == (kind == "bwd"), (variant, k)
+    deterministic = [v for v in result if v.endswith(("_dkdv", "_dq"))]
+    assert len(deterministic) == 4, deterministic
 
 
 GUARD = r"""
