@@ -108,7 +108,22 @@ ACTIVATIONS = {
     "gelu": (_gelu, _gelu_grad),
     "softplus": (_softplus, _sigmoid),
 }
+# Positively homogeneous activations, h(c s) = c^p h(s) (c > 0): the score
+# scale leaves the tile and multiplies the results once (outputs, dQ, dK,
+# dV all by c^p); the others take one multiply per score.
+HOMOGENEOUS = {"relu": 1, "identity": 1, "relu2": 2}
 HEAD_DIMS = "any (padded to a power of two >= 16)"
+
+
+def _scales(act, scale):
+    """(per score, per result) factors: (1, scale^p) for a homogeneous
+    activation, else (scale, 1)."""
+    power = HOMOGENEOUS.get(act)
+    return (1.0, scale ** power) if power else (scale, 1.0)
+
+
+def _times(x, c):
+    return x if c == 1.0 else x * c
 MAX_BLOCK = 128
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
@@ -235,6 +250,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, r_ref, *refs, act, scale, block_k, num_
                     has_mask, lim):
     mask_ref, o_ref = refs if has_mask else (None, refs[0])
     t, s_, d, dv = _dims(lim)
+    pre, post = _scales(act, scale)
     h = ACTIVATIONS[act][0]
     row0 = _block_id(lim) * q_ref.shape[0]
     q = _ld(q_ref, lim, row0=row0, n_rows=t, n_cols=d)
@@ -243,7 +259,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, r_ref, *refs, act, scale, block_k, num_
     def body(j, acc):
         start = pl.multiple_of(j * block_k, block_k)
         keys = pl.ds(start, block_k)
-        s = _dot(q, _ld(k_ref, lim, keys, row0=start, n_rows=s_, n_cols=d), _NT) * scale
+        s = _times(_dot(q, _ld(k_ref, lim, keys, row0=start, n_rows=s_, n_cols=d), _NT), pre)
         w = h(s)
         m = None if mask_ref is None else _ld(mask_ref, lim, cols=keys, row0=row0, n_rows=(
             t if mask_ref.shape[0] > 1 else None), col0=start, n_cols=s_)
@@ -256,7 +272,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, r_ref, *refs, act, scale, block_k, num_
     acc = jnp.zeros((q.shape[0], v_ref.shape[-1]), jnp.float32)
     acc = lax.fori_loop(0, padded_keys // block_k, body, acc)
     r = _ld(r_ref, lim, row0=row0, n_rows=t)
-    _st(o_ref, acc * r, lim, row0=row0, n_rows=t, n_cols=dv)
+    _st(o_ref, acc * _times(r, post), lim, row0=row0, n_rows=t, n_cols=dv)
 
 
 def _key_block_valid(valid, mask_ref, lim, rows, start, t, start_k, s_, keys_first):
@@ -294,6 +310,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q,
                  padded_keys, has_mask, lim):
     mask_ref, dk_ref, dv_ref = refs if has_mask else (None,) + refs
     t, s_, d, dv_dim = _dims(lim)
+    pre, post = _scales(act, scale)
     block_k = k_ref.shape[0]
     start_k = _block_id(lim) * block_k
     k = _ld(k_ref, lim, row0=start_k, n_rows=s_, n_cols=d)
@@ -306,19 +323,19 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q,
         start = pl.multiple_of(i * block_q, block_q)
         rows = pl.ds(start, block_q)
         q = _ld(q_ref, lim, rows, row0=start, n_rows=t, n_cols=d)
-        s = _dot(q, k, _NT) * scale
+        s = _times(_dot(q, k, _NT), pre)
         valid = _key_block_valid(key_valid, mask_ref, lim, rows, start, t, start_k, s_, False)
         w, g = _weights_and_grads(s, valid, act)
         dor = _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, q.dtype)
         dv = dv + _dot(w.astype(q.dtype).T, dor, _NN)
-        ds = _dot(dor, v, _NT) * g * scale
+        ds = _times(_dot(dor, v, _NT) * g, pre)
         dk = dk + _dot(ds.astype(q.dtype).T, q, _NN)
         return dk, dv
 
     zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, q_ref.shape[0] // block_q, body, zeros)
-    _st(dk_ref, dk, lim, row0=start_k, n_rows=s_, n_cols=d)
-    _st(dv_ref, dv, lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
+    _st(dk_ref, _times(dk, post), lim, row0=start_k, n_rows=s_, n_cols=d)
+    _st(dv_ref, _times(dv, post), lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
 
 
 def _bwd_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, num_keys,
@@ -334,6 +351,7 @@ def _bwd_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, 
     mask_ref, refs = (refs[0], refs[1:]) if has_mask else (None, refs)
     dk_ref, dv_ref, dqt_ref = refs[-3:] if fuse_dq else refs + (None,)
     t, s_, d, dv_dim = _dims(lim)
+    pre, post = _scales(act, scale)
     block_k = k_ref.shape[0]
     start_k = _block_id(lim) * block_k
     k = _ld(k_ref, lim, row0=start_k, n_rows=s_, n_cols=d)
@@ -347,12 +365,12 @@ def _bwd_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, 
         start = pl.multiple_of(i * block_q, block_q)
         rows = pl.ds(start, block_q)
         q = _ld(q_ref, lim, rows, row0=start, n_rows=t, n_cols=d)
-        s = _dot(k, q, _NT) * scale                                    # 1: (keys, queries)
+        s = _times(_dot(k, q, _NT), pre)                               # 1: (keys, queries)
         valid = _key_block_valid(key_valid, mask_ref, lim, rows, start, t, start_k, s_, True)
         w, g = _weights_and_grads(s, valid, act)
         dor = _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, q.dtype)
         dv = dv + _dot(w.astype(q.dtype), dor, _NN)                    # 2
-        ds = (_dot(v, dor, _NT) * g * scale).astype(q.dtype)           # 3
+        ds = _times(_dot(v, dor, _NT) * g, pre).astype(q.dtype)        # 3
         dk = dk + _dot(ds, q, _NN)                                     # 4
         if fuse_dq:  # the buffer is padded to the blocks: no bounds, no mask
             dqt = _dot(k, ds, _TN)                                     # 5: (D, queries)
@@ -361,14 +379,15 @@ def _bwd_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, 
 
     zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, q_ref.shape[0] // block_q, body, zeros)
-    _st(dk_ref, dk, lim, row0=start_k, n_rows=s_, n_cols=d)
-    _st(dv_ref, dv, lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
+    _st(dk_ref, _times(dk, post), lim, row0=start_k, n_rows=s_, n_cols=d)
+    _st(dv_ref, _times(dv, post), lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_k, num_keys,
                has_mask, lim):
     mask_ref, dq_ref = refs if has_mask else (None, refs[0])
     t, s_, d, dv = _dims(lim)
+    pre, post = _scales(act, scale)
     dh = ACTIVATIONS[act][1]
     row0 = _block_id(lim) * q_ref.shape[0]
     q = _ld(q_ref, lim, row0=row0, n_rows=t, n_cols=d)
@@ -381,7 +400,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_k, n
         start = pl.multiple_of(j * block_k, block_k)
         keys = pl.ds(start, block_k)
         k = _ld(k_ref, lim, keys, row0=start, n_rows=s_, n_cols=d)
-        s = _dot(q, k, _NT) * scale
+        s = _times(_dot(q, k, _NT), pre)
         g = dh(s)
         m = None if mask_ref is None else _ld(mask_ref, lim, cols=keys, row0=row0, n_rows=(
             t if mask_ref.shape[0] > 1 else None), col0=start, n_cols=s_)
@@ -389,11 +408,11 @@ def _dq_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_k, n
         if valid is not None:
             g = jnp.where(valid, g, 0.0)
         v = _ld(v_ref, lim, keys, row0=start, n_rows=s_, n_cols=dv)
-        ds = _dot(dor, v, _NT) * g * scale
+        ds = _times(_dot(dor, v, _NT) * g, pre)
         return dq + _dot(ds.astype(k.dtype), k, _NN)
 
     dq = lax.fori_loop(0, padded_keys // block_k, body, jnp.zeros(q.shape, jnp.float32))
-    _st(dq_ref, dq, lim, row0=row0, n_rows=t, n_cols=d)
+    _st(dq_ref, _times(dq, post), lim, row0=row0, n_rows=t, n_cols=d)
 
 
 # --- pallas_call per platform --------------------------------------------------
@@ -589,7 +608,8 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
                               lay.grid(b, nh, "s", bk), in_specs, out_specs, out_shape, mode,
                               lay.dp, "pointwise_attention_bwd",
                               aliases={len(args) - 1: 2})(*args)
-        dq = jnp.transpose(dqt[:, :, :lay.d, :lay.t], (0, 3, 1, 2)).astype(q.dtype)
+        dq = _times(jnp.transpose(dqt[:, :, :lay.d, :lay.t], (0, 3, 1, 2)),
+                    _scales(act, scale)[1]).astype(q.dtype)
         return dq, dk, dv
     kernel = (functools.partial(_bwd_kernel, fuse_dq=False, **options) if cuda
               else functools.partial(_dkdv_kernel, **options))
