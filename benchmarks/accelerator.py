@@ -324,7 +324,8 @@ def torch_attention(cfg, smoke):
         return x
 
     def sdpa(backend_name):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention import SDPBackend
+        from torch.nn.attention import sdpa_kernel
 
         backend = getattr(SDPBackend, backend_name)
 

@@ -17,7 +17,8 @@ the cases. JAX and TF functions are compiled
 
 `--long` adds batch-1 long sequences (L = 4096, 16384): dense vs chunked
 time and peak memory (the resident set sampled every 0.5 ms during the
-call, minus the resident set before it, in a fresh process per case). Dense runs only where its L x L scores fit `--dense-max`.
+call, minus the resident set before it, in a fresh process per case). Dense runs only
+where its L x L scores fit `--dense-max`.
 """
 
 import argparse

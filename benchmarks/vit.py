@@ -48,7 +48,7 @@ def keras_hub_rows(variants, batch, reps):
     x = np.random.default_rng(0).uniform(-1, 1, (batch, 224, 224, 3)).astype("float32")
     rows = []
     for variant in variants:
-        dims = kr.vit.parse_variant(variant)
+        dims = kr.variants.parse_variant(variant)
         ours = kr.ViT(variant, attention="softmax", pool="tok", qk_norm=False,
                       mlp_activation="gelu", include_top=False)
         hub = keras_hub.models.ViTBackbone(
@@ -57,8 +57,8 @@ def keras_hub_rows(variants, batch, reps):
         if ours.count_params() != hub.count_params():
             raise RuntimeError(f"{variant}: {ours.count_params()} vs keras-hub "
                                f"{hub.count_params()} parameters: not the same model")
-        t_ours = median_time(lambda: ours.predict_on_batch(x), reps)
-        t_hub = median_time(lambda: hub.predict_on_batch(x), reps)
+        t_ours = median_time(lambda m=ours: m.predict_on_batch(x), reps)
+        t_hub = median_time(lambda m=hub: m.predict_on_batch(x), reps)
         rows.append(dict(backend=keras.backend.backend(), variant=variant, mode="infer",
                          batch=batch, ours_s=round(t_ours, 3), keras_hub_s=round(t_hub, 3),
                          speedup=round(t_hub / t_ours, 3), params=ours.count_params()))
@@ -80,11 +80,12 @@ def run(variants, batch, reps, train):
         times = {}
         for attention in ("relu", "softmax"):
             model = kr.ViT(variant, attention=attention, num_classes=1000)
-            times[("infer", attention)] = median_time(lambda: model.predict_on_batch(x), reps)
+            times[("infer", attention)] = median_time(lambda m=model: m.predict_on_batch(x), reps)
             if train:
                 model.compile(optimizer=keras.optimizers.AdamW(1e-4),
                               loss=keras.losses.CategoricalCrossentropy(from_logits=True))
-                times[("train", attention)] = median_time(lambda: model.train_on_batch(x, y), reps)
+                times[("train", attention)] = median_time(lambda m=model: m.train_on_batch(x, y),
+                                                          reps)
             del model
         for mode in ("infer", "train") if train else ("infer",):
             r, s = times[(mode, "relu")], times[(mode, "softmax")]

@@ -208,9 +208,9 @@ def plot(rows, path):
                 by_l = {}
                 for r in group:
                     by_l.setdefault(int(r["tokens"]), []).append(r)
-                merged = [dict(tokens=l, **{k: float(np.exp(np.mean(np.log(np.abs(
+                merged = [dict(tokens=n, **{k: float(np.exp(np.mean(np.log(np.abs(
                     [float(x[k]) for x in rs]) + 1e-30)))) for k in keys})
-                    for l, rs in sorted(by_l.items())]
+                    for n, rs in sorted(by_l.items())]
                 curves.append((f"{name} ({len(blocks)} blocks)", {}, merged))
             label = "trained (length_study models, geometric mean over blocks)"
         for ax, k in zip(row_axes, keys):

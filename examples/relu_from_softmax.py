@@ -106,7 +106,8 @@ def run_seed(seed, args, data, done, write):
 
 
 def main(argv=None):
-    from alpha_sweep import load_arrays, read_rows
+    from alpha_sweep import load_arrays
+    from alpha_sweep import read_rows
 
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

@@ -6,6 +6,20 @@ import sys as _sys
 
 from keras_reluvit._version import __version__
 
+# The public face: every name a user imports from the package; each lives in
+# one module (its home) and is imported here, nowhere else.
+__all__ = [
+    "__version__", "ACTIVATION_NAMES", "BUILDERS", "ClassToken", "EncoderBlock",
+    "ImagePreprocessor", "MAPHead", "MLPBlock", "PointwiseAttention", "PositionEmbedding",
+    "VARIANTS", "ViT", "ViT_B8", "ViT_B16", "ViT_B32", "ViT_H14", "ViT_L8", "ViT_L16",
+    "ViT_L32", "ViT_S8", "ViT_S16", "ViT_S32", "ViT_Ti8", "ViT_Ti16", "ViT_Ti32",
+    "attention_kinds", "attention_presets", "callbacks", "data", "decode_predictions",
+    "distribution", "export", "get_kernel", "imagenet1k_labels", "load_checkpoint",
+    "load_image", "load_model", "load_weights", "pointwise_attention", "preprocess",
+    "preprocessing", "recipes", "resample_posemb", "resize_model", "set_kernel",
+    "transfer_weights", "use_kernel",
+]
+
 
 def _command_line_help_only():
     """`keras-reluvit --help` / `--version` / `<command> --help`: argparse
@@ -20,9 +34,17 @@ def _command_line_help_only():
 
 
 if not _command_line_help_only():
+    from keras_reluvit import callbacks
+    from keras_reluvit import data
+    from keras_reluvit import distribution
+    from keras_reluvit import export
+    from keras_reluvit import preprocessing
+    from keras_reluvit import recipes
     from keras_reluvit.attention import ACTIVATION_NAMES
     from keras_reluvit.attention import PointwiseAttention
     from keras_reluvit.attention import pointwise_attention
+    from keras_reluvit.attention_kinds import attention_kinds
+    from keras_reluvit.attention_kinds import attention_presets  # deprecated alias
     from keras_reluvit.checkpoints import load_checkpoint
     from keras_reluvit.checkpoints import load_model
     from keras_reluvit.kernels import get_kernel
@@ -32,15 +54,14 @@ if not _command_line_help_only():
     from keras_reluvit.layers import EncoderBlock
     from keras_reluvit.layers import MAPHead
     from keras_reluvit.layers import MLPBlock
-    from keras_reluvit.layers import PositionEmbedding
+    from keras_reluvit.posemb import PositionEmbedding
+    from keras_reluvit.posemb import resample_posemb
     from keras_reluvit.preprocessing import ImagePreprocessor
     from keras_reluvit.preprocessing import decode_predictions
     from keras_reluvit.preprocessing import imagenet1k_labels
     from keras_reluvit.preprocessing import load_image
     from keras_reluvit.preprocessing import preprocess
-    from keras_reluvit.attention_kinds import attention_kinds
-    from keras_reluvit.attention_kinds import attention_presets  # deprecated alias
-    from keras_reluvit.vit import VARIANTS
+    from keras_reluvit.variants import VARIANTS
     from keras_reluvit.vit import ViT
     from keras_reluvit.zoo import BUILDERS
     from keras_reluvit.zoo import ViT_B8
@@ -57,13 +78,5 @@ if not _command_line_help_only():
     from keras_reluvit.zoo import ViT_Ti16
     from keras_reluvit.zoo import ViT_Ti32
     from keras_reluvit.zoo import load_weights
-    from keras_reluvit.zoo import resample_posemb
     from keras_reluvit.zoo import resize_model
     from keras_reluvit.zoo import transfer_weights
-
-    from keras_reluvit import callbacks
-    from keras_reluvit import data
-    from keras_reluvit import distribution
-    from keras_reluvit import export
-    from keras_reluvit import preprocessing
-    from keras_reluvit import recipes

@@ -184,9 +184,9 @@ def _bench(args):
     print(f"train pipeline ({args.dataset}, {args.image_size}px, randaug(2,10) + mixup): "
           f"{ips:,.0f} images/s")
     if args.model:
-        from keras_reluvit.train import _variant_from_name
+        from keras_reluvit.variants import variant_with_patch
 
-        res = bench.model_throughput(_variant_from_name(args.model), image_size=args.image_size)
+        res = bench.model_throughput(variant_with_patch(args.model), image_size=args.image_size)
         print(f"{args.model} inference on {keras.backend.backend()}: relu {res['relu']:.1f} "
               f"images/s, softmax {res['softmax']:.1f} images/s "
               f"({res['relu'] / res['softmax']:.2f}x)")

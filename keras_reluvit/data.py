@@ -28,8 +28,6 @@ clipped to factor 1.0 (Keras caps the strength of each op at its maximum).
 import dataclasses
 import os
 
-import numpy as np
-
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.preprocessing import normalise
 from keras_reluvit.preprocessing import tf_preprocess
@@ -271,7 +269,9 @@ def mixup(images, labels, p, seed):
     g2 = tf.random.stateless_gamma([], s2, alpha=p)
     a = g1 / (g1 + g2)
     a = tf.maximum(a, 1.0 - a)
-    mix = lambda x: a * x + (1.0 - a) * tf.roll(x, shift=1, axis=0)
+    def mix(x):
+        return a * x + (1.0 - a) * tf.roll(x, shift=1, axis=0)
+
     return mix(images), mix(labels)
 
 

@@ -25,6 +25,7 @@ from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
 from keras_reluvit import recipes
 from keras_reluvit.preprocessing import check_preprocessing
+from keras_reluvit.variants import variant_with_patch
 from keras_reluvit.vit import ViT
 
 
@@ -42,7 +43,7 @@ def build_config(recipe="digits", dataset=None, model=None, attention="relu", ep
                          "(keras-reluvit train --init CHECKPOINT).")
     variant = None
     if model:
-        variant = _variant_from_name(model)
+        variant = variant_with_patch(model)
     r = recipes.get(recipe, variant)
     model_cfg = {} if init else dict(r["model"])
     if variant and not init:
@@ -67,16 +68,6 @@ def build_config(recipe="digits", dataset=None, model=None, attention="relu", ep
         data_shards=data_shards,
         model=model_cfg,
     )
-
-
-def _variant_from_name(name):
-    """"vit_s16" / "ViT_S16" / "S/16" -> "S/16" (`vit.canonical_variant`)."""
-    from keras_reluvit.vit import canonical_variant
-
-    variant = canonical_variant(name)
-    if "/" not in variant:
-        raise ValueError(f"{name!r} names no patch size; use e.g. vit_s16 or S/16.")
-    return variant
 
 
 def train(config, output, export=True, verbose=2, extra_callbacks=()):

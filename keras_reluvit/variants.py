@@ -41,3 +41,12 @@ def parse_variant(variant):
     if patch:
         out["patch_size"] = int(patch)
     return out
+
+
+def variant_with_patch(name):
+    """`canonical_variant`, refusing a name without a patch size (`"S"`):
+    what a command that builds a model needs (`"vit_s16"` -> `"S/16"`)."""
+    variant = canonical_variant(name)
+    if "/" not in variant:
+        raise ValueError(f"{name!r} names no patch size; use e.g. vit_s16 or S/16.")
+    return variant

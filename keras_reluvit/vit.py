@@ -12,18 +12,17 @@ import re
 import keras
 import numpy as np
 
-from keras_reluvit import layers as L
+from keras_reluvit import export as kr_export
+from keras_reluvit import layers
 from keras_reluvit.attention import check_attention_args
 from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.attention import check_rate
 from keras_reluvit.attention_kinds import deserialize_attention
 from keras_reluvit.attention_kinds import resolve_attention
-from keras_reluvit import export as kr_export
+from keras_reluvit.posemb import PositionEmbedding
 from keras_reluvit.preprocessing import ImagePreprocessor
 from keras_reluvit.preprocessing import check_preprocessing
-from keras_reluvit.variants import VARIANTS  # noqa: F401 (public here too)
-from keras_reluvit.variants import canonical_variant  # noqa: F401
 from keras_reluvit.variants import parse_variant
 
 POOLS = ("gap", "tok", "map", "tok_gap")
@@ -155,7 +154,7 @@ class ViT(keras.Model):
         fc_norm=False,
         layer_scale=None,
         pre_norm=False,
-        layer_norm_epsilon=L.LN_EPS,
+        layer_norm_epsilon=layers.LN_EPS,
         preprocessing=None,
         label_names=None,
         dtype=None,
@@ -367,9 +366,6 @@ class ViT(keras.Model):
         return cls(**config)
 
 
-from keras_reluvit.layers import ClassToken  # noqa: E402
-
-
 def _checked_config(variant, attention, num_classes, image_size, pool, posemb, qk_norm,
                     representation_size, dropout, include_top, mlp_activation,
                     head_bias_init, width, depth, mlp_dim, num_heads, patch_size,
@@ -403,7 +399,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
         raise ValueError(f"Unknown pool {pool!r}; valid: {POOLS}.")
     if posemb not in POSEMBS:
         raise ValueError(f"Unknown posemb {posemb!r}; valid: {POSEMBS}.")
-    L.check_mlp_activation(mlp_activation)
+    layers.check_mlp_activation(mlp_activation)
     dropout = check_rate(dropout, "dropout")
     if include_top:
         num_classes = _positive_int(num_classes, "num_classes")
@@ -462,10 +458,10 @@ def _build_parts(c, attention_args):
                                  kernel_initializer="lecun_normal", name="embedding",
                                  dtype=policy),
         to_tokens=keras.layers.Reshape((grid[0] * grid[1], width)),
-        cls=ClassToken(name="cls", dtype=policy) if c["class_token"] else None,
-        reg=(ClassToken(c["num_register_tokens"], name="reg", dtype=policy)
+        cls=layers.ClassToken(name="cls", dtype=policy) if c["class_token"] else None,
+        reg=(layers.ClassToken(c["num_register_tokens"], name="reg", dtype=policy)
              if c["num_register_tokens"] else None),
-        pos=L.PositionEmbedding(grid, c["posemb"], prefix if c["posemb_prefix"] else 0,
+        pos=PositionEmbedding(grid, c["posemb"], prefix if c["posemb_prefix"] else 0,
                                 name="pos_embedding", dtype=policy),
         posemb_prefix=c["posemb_prefix"],
         num_prefix_tokens=prefix,
@@ -473,11 +469,11 @@ def _build_parts(c, attention_args):
         drop=keras.layers.Dropout(c["dropout"], dtype=policy),
         pre_norm=(keras.layers.LayerNormalization(name="pre_norm", epsilon=eps, dtype=policy)
                   if c["pre_norm"] else None),
-        blocks=[L.EncoderBlock(*block_args, c["dropout"], layer_scale=c["layer_scale"],
+        blocks=[layers.EncoderBlock(*block_args, c["dropout"], layer_scale=c["layer_scale"],
                                layer_norm_epsilon=eps, name=f"block_{i:02d}", dtype=policy)
                 for i in range(c["depth"])],
         norm=keras.layers.LayerNormalization(name="encoder_norm", epsilon=eps, dtype=policy),
-        map_head=(L.MAPHead(*block_args, layer_norm_epsilon=eps, name="map_head",
+        map_head=(layers.MAPHead(*block_args, layer_norm_epsilon=eps, name="map_head",
                             dtype=policy) if c["pool"] == "map" else None),
         pre_logits=(keras.layers.Dense(c["representation_size"], activation="tanh",
                                        name="pre_logits", dtype=policy)

@@ -4,9 +4,8 @@ import math
 import os
 
 import keras
-import numpy as np
 
-from keras_reluvit.layers import resample_posemb  # noqa: F401 (public here too)
+from keras_reluvit.posemb import resample_posemb
 from keras_reluvit.vit import ViT
 
 
@@ -185,6 +184,8 @@ def _builder(variant):
 
     >>> import keras_reluvit
     >>> model = keras_reluvit.{build.__name__}(attention="relu", num_classes=10)
+    >>> model.output_shape
+    (None, 10)
     """
     return build
 
@@ -200,7 +201,7 @@ def _foreign(path):
 
 def _from_checkpoint(variant, path, kwargs):
     from keras_reluvit import checkpoints
-    from keras_reluvit.vit import parse_variant
+    from keras_reluvit.variants import parse_variant
 
     want = parse_variant(variant)
     kwargs = dict(kwargs)

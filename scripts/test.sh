@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: backend-independent tests once, then the
 # per-backend suite under JAX, TensorFlow and PyTorch. Fails if any fails.
-# Extra arguments go to every pytest call (e.g. -x, -k attention).
+# Extra arguments go to every pytest call (e.g. -x, -k attention). `ruff check`
+# runs first.
 #
 # Two lanes run side by side (one per core): `tests/once` (under torch) and
 # the three per-backend suites one after the other. Each lane's output is
 # printed when it ends; KRV_SERIAL=1 runs everything in one lane instead.
 source "$(dirname "$0")/env.sh"
+# The linter first ([tool.ruff] in pyproject.toml): pyflakes, pycodestyle,
+# import order. A finding fails the run before any test starts.
+echo "=== ruff check ==="
+ruff check .
 LOGS="$(mktemp -d)"
 suite() {  # label, then the command
   local label="$1"; shift

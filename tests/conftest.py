@@ -64,8 +64,9 @@ def grads(fn, variables, inputs):
         gv = [v.value.grad for v in variables]
     else:  # pragma: no cover
         raise RuntimeError(b)
-    to_np = lambda t: np.zeros(()) if t is None else np.asarray(
-        keras.ops.convert_to_numpy(t), dtype="float64")
+    def to_np(t):
+        return np.zeros(()) if t is None else np.asarray(keras.ops.convert_to_numpy(t), "float64")
+
     return [to_np(t) for t in gx], [to_np(t) for t in gv]
 
 
@@ -147,7 +148,7 @@ def imagenet_dir(tmp_path_factory, imagenet_manual):
 
 
 def run_hf_reference(*args):
-    """`tests/hf_reference.py ARGS` in a child process: transformers (and the
+    """`tests/helpers/hf_reference.py ARGS` in a child process: transformers (and the
     torch it imports) stays out of the test process; no Triton interpreter,
     no GPU, transformers' own logging quiet."""
     import subprocess
@@ -155,7 +156,7 @@ def run_hf_reference(*args):
 
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="")
     env.pop("TRITON_INTERPRET", None)
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_reference.py")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "hf_reference.py")
     proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

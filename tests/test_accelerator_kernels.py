@@ -12,10 +12,11 @@ import re
 import keras
 import numpy as np
 import pytest
-
 from conftest import grads
+
 import keras_reluvit as kr
-from keras_reluvit import kernels, pointwise_attention
+from keras_reluvit import kernels
+from keras_reluvit import pointwise_attention
 
 BACKEND = keras.backend.backend()
 KERNEL = {"jax": "pallas", "torch": "triton"}.get(BACKEND)

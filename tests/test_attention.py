@@ -8,8 +8,8 @@ import zlib
 import keras
 import numpy as np
 import pytest
-
 from conftest import grads
+
 from keras_reluvit import PointwiseAttention
 
 B, T, S, D, H, DH = 2, 5, 6, 8, 2, 3
@@ -299,7 +299,8 @@ def test_config_round_trip_and_serialization(tmp_path):
     loaded = keras.saving.load_model(tmp_path / "m.keras")
     np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
     cfg = loaded.layers[-1].get_config()
-    assert (cfg["activation"], cfg["seq_len_exponent"], cfg["gated"], cfg["learned_scale"]) == ("relu2", 0.5, True, True)
+    assert (cfg["activation"], cfg["seq_len_exponent"], cfg["gated"],
+            cfg["learned_scale"]) == ("relu2", 0.5, True, True)
 
 
 @keras.saving.register_keras_serializable(package="tests")

@@ -12,10 +12,10 @@ import zlib
 import keras
 import numpy as np
 import pytest
-
 from conftest import grads
-from keras_reluvit import PointwiseAttention
 from test_attention import np_act
+
+from keras_reluvit import PointwiseAttention
 
 B, X, Y, D, H, DH = 2, 3, 4, 8, 2, 3
 ACTS = ["relu", "relu2", "gelu", "softplus", "identity", "relu6", "sigmoid"]

@@ -10,15 +10,14 @@ and `ViTImageClassifier` compute the logits.
 
 import json
 import math
-import os
 
 import keras
 import numpy as np
 import pytest
+from test_vit import np_sincos2d
 
 import keras_reluvit as kr
 from keras_reluvit import checkpoints as C
-from test_vit import np_sincos2d
 
 RNG = np.random.default_rng
 

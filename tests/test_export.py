@@ -10,9 +10,9 @@ import textwrap
 import keras
 import numpy as np
 import pytest
+from conftest import subprocess_env
 
 import keras_reluvit as kr
-from conftest import subprocess_env
 
 LABELS = ["cat", "dog", "eel", "fox", "gnu", "hen", "owl"]
 
@@ -154,7 +154,6 @@ def test_export_of_a_model_with_a_custom_activation(tmp_path):
     """The TensorFlow child (from JAX / PyTorch) imports the module that
     registered the activation; one defined in __main__ gets a clear error."""
     import tensorflow as tf
-
     from custom_activation import squareplus
 
     model = kr.ViT("Ti/16", attention={"activation": squareplus}, image_size=32, depth=1,

@@ -16,9 +16,9 @@ import os
 import keras
 import numpy as np
 import pytest
+from conftest import run_hf_reference
 
 import keras_reluvit as kr
-from conftest import run_hf_reference
 from keras_reluvit import checkpoints as C
 
 
@@ -180,7 +180,8 @@ def test_bad_transformers_directories_name_the_problem(hf, tmp_path):
     with pytest.raises(C.CheckpointError, match="hidden_act 'swish' is not supported"):
         kr.load_checkpoint(d)
     # a weight outside the layout: named, nothing loaded
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
 
     sd = load_file(str(out / "vit" / "model.safetensors"))
     sd["vit.encoder.layer.0.attention.attention.relative_position_bias"] = np.zeros(3, "float32")
@@ -195,7 +196,7 @@ def test_every_family_name_map_is_symmetric(hf):
     DINOv2-with-registers map folds the class position row into the class
     token on the way in and writes it back as a zero row)."""
     from keras_reluvit.checkpoints import hf as H
-    from keras_reluvit.checkpoints.common import _model_weights
+    from keras_reluvit.checkpoints.common import model_weights
     from keras_reluvit.checkpoints.common import read_links
     from keras_reluvit.checkpoints.common import write_links
 
@@ -205,7 +206,7 @@ def test_every_family_name_map_is_symmetric(hf):
             ("dinov2_registers", "dinov2_with_registers", "dinov2_with_registers.", "classifier"),
             ("clip", "clip", "vision_model.", "visual_projection")]:
         model = kr.load_checkpoint(out / case)
-        ours = _model_weights(model)
+        ours = model_weights(model)
         links = H.name_map(model.get_config(), family, base, head)
         theirs = write_links(ours, links)
         back = read_links(theirs, links, case, "the round trip")

@@ -6,9 +6,11 @@ import itertools
 import keras
 import numpy as np
 import pytest
-
 from conftest import grads
-from keras_reluvit import PointwiseAttention, kernels, pointwise_attention
+
+from keras_reluvit import PointwiseAttention
+from keras_reluvit import kernels
+from keras_reluvit import pointwise_attention
 
 B, T, S, H, D = 2, 7, 8, 2, 4
 PATHS = ["chunked"] + (["torch_tiled"] if keras.backend.backend() == "torch" else [])

@@ -15,15 +15,14 @@ import math
 import keras
 import numpy as np
 import pytest
+from conftest import run_hf_reference
 from PIL import Image
+from test_checkpoints import save_safetensors
+from test_checkpoints import timm_state_dict
 
 import keras_reluvit as kr
 from keras_reluvit import preprocessing as P
 from keras_reluvit.checkpoints import CheckpointError
-
-from conftest import run_hf_reference
-from test_checkpoints import save_safetensors
-from test_checkpoints import timm_state_dict
 
 
 def photographs():

@@ -2,7 +2,6 @@
 archives, the input pipeline, recipes, weight decay, resume, the CLI."""
 
 import json
-import os
 
 import keras
 import numpy as np
@@ -12,6 +11,7 @@ import keras_reluvit as kr
 from keras_reluvit import data as D
 from keras_reluvit import recipes
 from keras_reluvit import train as T
+
 
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory):

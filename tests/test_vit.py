@@ -7,9 +7,9 @@ import math
 import keras
 import numpy as np
 import pytest
+from test_attention import np_attention
 
 import keras_reluvit as kr
-from test_attention import np_attention, np_layernorm
 
 TINY = dict(variant="Ti/8", width=32, depth=2, num_heads=2, mlp_dim=64,
             image_size=32, num_classes=5)
@@ -388,17 +388,18 @@ def test_custom_registered_activation_in_a_vit_round_trips(tmp_path):
 
 
 def test_one_variant_parser_and_one_probability_choice():
-    from keras_reluvit import recipes, train
-    from keras_reluvit.vit import canonical_variant
+    from keras_reluvit import recipes
+    from keras_reluvit.variants import canonical_variant
+    from keras_reluvit.variants import variant_with_patch
 
     for name in ("S/16", "vit_s16", "ViT_S16", "s16"):
         assert canonical_variant(name) == "S/16"
     assert canonical_variant("so400m/14") == "So400m/14" and canonical_variant("B") == "B"
-    assert train._variant_from_name("ViT_L32") == "L/32"
+    assert variant_with_patch("ViT_L32") == "L/32"
     with pytest.raises(ValueError, match="Unknown ViT variant"):
         canonical_variant("Q/16")
     with pytest.raises(ValueError, match="no patch size"):
-        train._variant_from_name("vit_s")
+        variant_with_patch("vit_s")
     assert recipes.probability("augreg_i1k") == "sigmoid"
     assert recipes.probability("s16_i1k_90ep") == recipes.probability({"loss": "softmax_xent"})
     with pytest.raises(ValueError, match="Unknown loss"):

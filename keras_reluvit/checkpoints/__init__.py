@@ -39,12 +39,12 @@ and builds the model; a new format is a module and a line in `FORMATS`.
 
 import os
 import re
-import zipfile
 
 import keras
 import numpy as np
 
 from keras_reluvit import variants
+from keras_reluvit.attention_kinds import deserialize_attention
 from keras_reluvit.checkpoints import big_vision
 from keras_reluvit.checkpoints import hf
 from keras_reluvit.checkpoints import keras_hub
@@ -52,16 +52,15 @@ from keras_reluvit.checkpoints import preset
 from keras_reluvit.checkpoints import timm
 from keras_reluvit.checkpoints.big_vision import big_vision_npz  # noqa: F401
 from keras_reluvit.checkpoints.common import CheckpointError
-from keras_reluvit.checkpoints.common import model_class
-from keras_reluvit.checkpoints.common import _square_grid
 from keras_reluvit.checkpoints.common import assign
+from keras_reluvit.checkpoints.common import model_class
+from keras_reluvit.checkpoints.common import square_grid
 from keras_reluvit.checkpoints.hf import hf_state_dict  # noqa: F401
 from keras_reluvit.checkpoints.preset import PRESET_CONFIG
 from keras_reluvit.checkpoints.preset import PRESET_METADATA  # noqa: F401
 from keras_reluvit.checkpoints.preset import PRESET_WEIGHTS
 from keras_reluvit.checkpoints.preset import save_to_preset  # noqa: F401
 from keras_reluvit.checkpoints.timm import timm_state_dict  # noqa: F401
-from keras_reluvit.attention_kinds import deserialize_attention
 
 
 def _variant_name(width, patch):
@@ -248,7 +247,7 @@ def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrid
     native = arch.pop("_native_grid", None)
     patch = arch["patch_size"]
     if native is None and grid_n is not None:
-        side = _square_grid(grid_n, "the position embedding", path)
+        side = square_grid(grid_n, "the position embedding", path)
         native = (side, side)
     if native is None:  # sincos2d posemb: the checkpoint has no resolution
         native = (224 // patch, 224 // patch)

@@ -10,13 +10,12 @@ import re
 import numpy as np
 
 from keras_reluvit.checkpoints.common import CheckpointError
-from keras_reluvit.checkpoints.common import _model_weights
-from keras_reluvit.checkpoints.common import _posemb_layout
-from keras_reluvit.checkpoints.common import _refuse
-from keras_reluvit.checkpoints.common import _require
-from keras_reluvit.checkpoints.common import _Weights
+from keras_reluvit.checkpoints.common import WeightReader
+from keras_reluvit.checkpoints.common import model_weights
+from keras_reluvit.checkpoints.common import posemb_layout
+from keras_reluvit.checkpoints.common import refuse
+from keras_reluvit.checkpoints.common import require
 from keras_reluvit.preprocessing import imagenet1k_labels
-
 
 _NPZ_PREFIXES = ("opt/target/", "params/img/", "params/")
 
@@ -109,7 +108,7 @@ def name_map(arch, augreg=False):
 
 
 def _big_vision(p, path, overrides):
-    _require(p, "embedding/kernel", path, "big_vision / ViT .npz")
+    require(p, "embedding/kernel", path, "big_vision / ViT .npz")
     used = set()
 
     def get(key, default=None):
@@ -163,12 +162,12 @@ def _big_vision(p, path, overrides):
         include_top="head/kernel" in p,
         num_classes=p["head/kernel"].shape[-1] if "head/kernel" in p else 1000,
     )
-    w = _Weights()
+    w = WeightReader()
     for key in ("pos_embedding", "Transformer/posembed_input/pos_embedding",
                 "Transformer/pos_embedding"):
         if key in p:
             pe = get(key)
-            covers, n = _posemb_layout(pe.shape[1], int(class_token), path, key)
+            covers, n = posemb_layout(pe.shape[1], int(class_token), path, key)
             arch.update(posemb="learn", posemb_prefix=overrides.get("posemb_prefix", covers),
                         _grid=n)
             w.put("pos_embedding/embedding", pe, key)
@@ -181,7 +180,7 @@ def _big_vision(p, path, overrides):
     for i in range(depth):
         for key, ours in per_block:
             w.put(f"block_{i:02d}/{ours}", block(i, key), bkey(i, key))
-    _refuse(path, set(p) - used)
+    refuse(path, set(p) - used)
     # big_vision's evaluation: resize_small(256) | central_crop(224) (area),
     # value_range(-1, 1): our default recipe.
     arch["preprocessing"] = None
@@ -211,7 +210,7 @@ def big_vision_npz(model, path=None):
         unsupported.append("class_token with pool!='tok'")
     if unsupported:
         raise ValueError(f"big_vision's ViT has no {', '.join(unsupported)}.")
-    w = _model_weights(model)
+    w = model_weights(model)
     out = {}
     if cfg["posemb"] == "learn":
         key = ("Transformer/posembed_input/pos_embedding" if model.posemb_prefix_tokens

@@ -10,7 +10,7 @@ import re
 import keras
 import numpy as np
 
-from keras_reluvit.layers import resample_posemb
+from keras_reluvit.posemb import resample_posemb
 
 
 def model_class():
@@ -29,14 +29,14 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read into a ViT (names file and key)."""
 
 
-class _Weights(dict):
+class WeightReader(dict):
     """`{our variable path: (array, source key)}` built by a reader."""
 
     def put(self, path, value, key):
         self[path] = (np.asarray(value, dtype="float32"), key)
 
 
-def _square_grid(n, what, path):
+def square_grid(n, what, path):
     side = int(round(math.sqrt(n)))
     if side * side != n:
         raise CheckpointError(
@@ -46,7 +46,7 @@ def _square_grid(n, what, path):
     return side
 
 
-def _posemb_layout(num_positions, num_prefix, path, key):
+def posemb_layout(num_positions, num_prefix, path, key):
     """Whether the position embedding has rows for the prefix tokens:
     `(covers_prefix, num_patches)`."""
     def square(n):
@@ -66,14 +66,14 @@ def _posemb_layout(num_positions, num_prefix, path, key):
     )
 
 
-def _require(keys, key, path, what):
+def require(keys, key, path, what):
     """The format's tell-tale key, or an error saying the file is not one."""
     if key not in keys:
         raise CheckpointError(f"{path}: not a {what} (no {key!r}); its keys start "
                               f"{sorted(keys)[:6]}.")
 
 
-def _refuse(path, keys, hint=""):
+def refuse(path, keys, hint=""):
     """Checkpoint keys the ViT cannot express: an error, never a partial load."""
     if keys:
         raise CheckpointError(
@@ -108,7 +108,7 @@ def assign(model, weights, path, fresh_head=False, posemb_resampling="bilinear")
         if p == "pos_embedding/embedding" and value.shape != tuple(var.shape):
             prefix = model.posemb_prefix_tokens
             n = value.shape[1] - prefix
-            side = _square_grid(n, key, path)
+            side = square_grid(n, key, path)
             if value.shape[-1] == var.shape[-1]:
                 value = resample_posemb(value, model.grid_size, (side, side), prefix,
                                         method=posemb_resampling)
@@ -137,14 +137,14 @@ def _np(v):
     return np.asarray(keras.ops.convert_to_numpy(v), dtype="float32")
 
 
-def _model_weights(model):
+def model_weights(model):
     return {v.path: _np(v) for v in model.weights}
 
 
-def _export_weights(model):
-    """`_model_weights`, with a fixed (sincos2d) position embedding as the
+def export_weights(model):
+    """`model_weights`, with a fixed (sincos2d) position embedding as the
     array the learned-posemb layouts (timm, transformers) store."""
-    w = _model_weights(model)
+    w = model_weights(model)
     if model.get_config()["posemb"] != "learn":
         w["pos_embedding/embedding"] = model.get_layer("pos_embedding")._fixed.astype("float32")
     return w
@@ -204,10 +204,10 @@ def patch_links(key, width, ours="embedding"):
 
 
 def read_links(sd, links, path, context):
-    """Reads a checkpoint `{key: array}` through a name map into `_Weights`;
+    """Reads a checkpoint `{key: array}` through a name map into `WeightReader`;
     a required key the file lacks raises, naming it and `context` (what the
     architecture read from the file needs it for)."""
-    w = _Weights()
+    w = WeightReader()
     for link in links:
         missing = [k for k in link.keys if k not in sd]
         if missing and link.optional:

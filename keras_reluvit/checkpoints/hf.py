@@ -2,13 +2,18 @@
 writes (`config.json` + `model.safetensors`, or shards listed in
 `model.safetensors.index.json`, or `pytorch_model.bin`), in; plain ViTs out.
 
-| `model_type` | architectures | loaded as |
-|---|---|---|
-| `vit` | `ViTModel`, `ViTForImageClassification` | class token, `pool="tok"`; `ViTModel`'s pooler (Dense + tanh) as `representation_size` |
-| `deit` | `DeiTModel`, `DeiTForImageClassification` | the distillation token as a second prefix token (its own position row) |
-| `dinov2` | `Dinov2Model`, `Dinov2ForImageClassification` | LayerScale; the classifier's `pool="tok_gap"` (class token + patch mean) |
-| `dinov2_with_registers` | `Dinov2WithRegisters{Model,ForImageClassification}` | registers without a position row (the class row folded into the class token) |
-| `clip_vision_model`, `clip` | `CLIPVisionModel`, `CLIPVisionModelWithProjection`, `CLIPModel` (its vision tower) | `pre_norm`, quick GELU, the projection as a bias-free head |
+`model_type` (architectures): loaded as
+- `vit` (`ViTModel`, `ViTForImageClassification`): class token, `pool="tok"`;
+  `ViTModel`'s pooler (Dense + tanh) as `representation_size`.
+- `deit` (`DeiTModel`, `DeiTForImageClassification`): the distillation token
+  as a second prefix token (its own position row).
+- `dinov2` (`Dinov2Model`, `Dinov2ForImageClassification`): LayerScale; the
+  classifier's `pool="tok_gap"` (class token + patch mean).
+- `dinov2_with_registers` (`Dinov2WithRegisters{Model,ForImageClassification}`):
+  registers without a position row (the class row folded into the class token).
+- `clip_vision_model`, `clip` (`CLIPVisionModel`, `CLIPVisionModelWithProjection`,
+  `CLIPModel`'s vision tower): `pre_norm`, quick GELU, the projection as a
+  bias-free head.
 
 `DeiTForImageClassificationWithTeacher` averages a class-token head and a
 distillation-token head, which one `ViT` head cannot hold: it is refused
@@ -24,8 +29,7 @@ import numpy as np
 
 from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import Link
-from keras_reluvit.checkpoints.common import _export_weights
-from keras_reluvit.checkpoints.common import _refuse
+from keras_reluvit.checkpoints.common import export_weights
 from keras_reluvit.checkpoints.common import head_links
 from keras_reluvit.checkpoints.common import linear_links
 from keras_reluvit.checkpoints.common import norm_links
@@ -33,6 +37,7 @@ from keras_reluvit.checkpoints.common import out_proj_links
 from keras_reluvit.checkpoints.common import patch_links
 from keras_reluvit.checkpoints.common import read_json
 from keras_reluvit.checkpoints.common import read_links
+from keras_reluvit.checkpoints.common import refuse
 from keras_reluvit.checkpoints.common import write_links
 from keras_reluvit.preprocessing import IMAGENET_MEAN
 from keras_reluvit.preprocessing import IMAGENET_STD
@@ -362,7 +367,7 @@ def read(directory, overrides):
         arch["label_names"] = _labels(config, arch["num_classes"], cfg_path)
     links = name_map(arch, family, base, head)
     known = {k for link in links for k in link.keys} | ignored
-    _refuse(directory, [k for k in sd if k not in known])
+    refuse(directory, [k for k in sd if k not in known])
     return arch, read_links(sd, links, directory,
                             f"this {model_type} ViT ({arch['depth']} blocks)")
 
@@ -407,7 +412,7 @@ def hf_state_dict(model, directory=None, strict=True):
     if problems:
         raise ValueError(f"{model.name} cannot be written as a transformers ViT: "
                          + "; ".join(problems) + ".")
-    w = _export_weights(model)
+    w = export_weights(model)
     top = cfg["include_top"]
     sd = write_links(w, name_map(cfg, "vit", "vit." if top else ""))
     act = {v: k for k, v in _ACTIVATIONS.items() if k != "gelu_new"}[cfg["mlp_activation"]]

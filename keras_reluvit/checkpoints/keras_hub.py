@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from keras_reluvit.checkpoints.common import CheckpointError
-from keras_reluvit.checkpoints.common import _Weights
+from keras_reluvit.checkpoints.common import WeightReader
 from keras_reluvit.checkpoints.common import read_json
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.preprocessing import imagenet1k_labels
@@ -119,7 +119,7 @@ def _keras_hub(directory, config, path):
     )
     weights_file = os.path.join(directory, "model.weights.h5")
     raw = _read_h5_vars(weights_file)
-    w = _Weights()
+    w = WeightReader()
 
     def take(ours, key, shape=None, optional=False):
         if key not in raw:

@@ -10,9 +10,9 @@ import keras
 
 from keras_reluvit._version import __version__
 from keras_reluvit.checkpoints.common import CheckpointError
+from keras_reluvit.checkpoints.common import WeightReader
 from keras_reluvit.checkpoints.common import model_class
-from keras_reluvit.checkpoints.common import _model_weights
-from keras_reluvit.checkpoints.common import _Weights
+from keras_reluvit.checkpoints.common import model_weights
 from keras_reluvit.checkpoints.common import read_json
 
 PRESET_CONFIG = "config.json"
@@ -24,8 +24,8 @@ def _ours(model):
     arch = model.get_config()
     arch.pop("name", None)
     arch.pop("trainable", None)
-    w = _Weights()
-    for key, value in _model_weights(model).items():
+    w = WeightReader()
+    for key, value in model_weights(model).items():
         w.put(key, value, key)
     arch["_native_grid"] = model.grid_size
     return arch, w

@@ -9,17 +9,17 @@ import numpy as np
 
 from keras_reluvit import variants
 from keras_reluvit.checkpoints.common import CheckpointError
-from keras_reluvit.checkpoints.common import _export_weights
-from keras_reluvit.checkpoints.common import _posemb_layout
-from keras_reluvit.checkpoints.common import _refuse
-from keras_reluvit.checkpoints.common import _require
 from keras_reluvit.checkpoints.common import Link
+from keras_reluvit.checkpoints.common import export_weights
 from keras_reluvit.checkpoints.common import linear_links
 from keras_reluvit.checkpoints.common import norm_links
 from keras_reluvit.checkpoints.common import out_proj_links
 from keras_reluvit.checkpoints.common import patch_links
-from keras_reluvit.checkpoints.common import read_links
+from keras_reluvit.checkpoints.common import posemb_layout
 from keras_reluvit.checkpoints.common import read_json
+from keras_reluvit.checkpoints.common import read_links
+from keras_reluvit.checkpoints.common import refuse
+from keras_reluvit.checkpoints.common import require
 from keras_reluvit.checkpoints.common import write_links
 from keras_reluvit.preprocessing import IMAGENET_MEAN
 from keras_reluvit.preprocessing import IMAGENET_STD
@@ -354,8 +354,8 @@ def _timm(sd, path, overrides, architecture=None, written=None):
     """`(arch, weights)` of a timm state dict `sd` read from `path`;
     `architecture`: its timm name where known, `written`: our writer's
     `timm_kwargs` (see `_writer_kwargs`)."""
-    _require(sd, "patch_embed.proj.weight", path, "timm VisionTransformer state dict")
-    _refuse(path, [
+    require(sd, "patch_embed.proj.weight", path, "timm VisionTransformer state dict")
+    refuse(path, [
         k for k in sd
         if k not in _TIMM_TOP_KEYS
         and not (_TIMM_BLOCK.fullmatch(k) and _TIMM_BLOCK.fullmatch(k).group(2) in _TIMM_BLOCK_KEYS)
@@ -427,7 +427,7 @@ def _timm(sd, path, overrides, architecture=None, written=None):
     if "pos_embed" not in sd:
         raise CheckpointError(f"{path}: no pos_embed (models without an absolute "
                               "position embedding are not supported).")
-    covers, n = _posemb_layout(sd["pos_embed"].shape[1], prefix, path, "pos_embed")
+    covers, n = posemb_layout(sd["pos_embed"].shape[1], prefix, path, "pos_embed")
     arch["posemb_prefix"] = overrides.get("posemb_prefix", covers)
     arch["_grid"] = n
     for i in range(depth):
@@ -470,7 +470,7 @@ def timm_state_dict(model, path=None, strict=True):
                          "concatenated with the patch mean).")
     if cfg["pool"] == "map" and cfg["qk_norm"]:
         raise ValueError("timm's attention pool has no qk-norm; this MAP ViT has one.")
-    w = _export_weights(model)  # sincos2d: written as timm's learned pos_embed
+    w = export_weights(model)  # sincos2d: written as timm's learned pos_embed
     D, H = cfg["width"], cfg["num_heads"]
     if cfg["pre_norm"]:  # timm's pre-norm PatchEmbed has no bias: fold ours into pos_embed
         pos = np.array(w["pos_embedding/embedding"])

@@ -32,15 +32,20 @@ import keras
 from keras import ops
 
 from keras_reluvit.kernels import torch_cpu
-from keras_reluvit.kernels.keras_ops import apply_factor  # noqa: F401 -- the paths, by name
-from keras_reluvit.kernels.keras_ops import chunked  # noqa: F401
-from keras_reluvit.kernels.keras_ops import generic  # noqa: F401
-from keras_reluvit.kernels.keras_ops import row_factor  # noqa: F401
-from keras_reluvit.kernels.keras_ops import scores_and_weights  # noqa: F401
-from keras_reluvit.kernels.sharded import pallas_sharded  # noqa: F401
-from keras_reluvit.kernels.sharded import sequence_parallel  # noqa: F401
-from keras_reluvit.kernels.sharded import sequence_parallel_context  # noqa: F401
-from keras_reluvit.kernels.torch_cpu import torch_tiled  # noqa: F401
+from keras_reluvit.kernels.keras_ops import apply_factor
+from keras_reluvit.kernels.keras_ops import chunked
+from keras_reluvit.kernels.keras_ops import generic
+from keras_reluvit.kernels.keras_ops import row_factor
+from keras_reluvit.kernels.sharded import pallas_sharded
+from keras_reluvit.kernels.sharded import sequence_parallel
+from keras_reluvit.kernels.sharded import sequence_parallel_context
+from keras_reluvit.kernels.torch_cpu import torch_tiled
+
+# The package's face: the switch, the dispatch, and the paths other modules call.
+__all__ = ["KERNELS", "KERNEL_ENV", "PATHS", "apply_factor", "attend", "choose", "chunked",
+           "fused_kernel", "generic", "get_kernel", "is_symbolic", "jax_accelerator",
+           "pallas_sharded", "row_factor", "sequence_parallel", "sequence_parallel_context",
+           "set_kernel", "torch_recording", "torch_tiled", "triton_module", "use_kernel"]
 
 # --- the kernel switch ----------------------------------------------------------
 KERNELS = ("auto", "pallas", "triton", "generic")

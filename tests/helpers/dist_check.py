@@ -45,7 +45,8 @@ reference = run(kr.ViT(**CONFIG))
 mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], keras.distribution.list_devices())
 keras.distribution.set_distribution(kr.distribution.model_parallel(mesh, strategy))
 model = kr.ViT(**CONFIG)
-specs = {v.path: [None if a is None else str(a) for a in v.value.sharding.spec] + [None] * (len(v.shape) - len(v.value.sharding.spec))
+specs = {v.path: [None if a is None else str(a) for a in v.value.sharding.spec]
+         + [None] * (len(v.shape) - len(v.value.sharding.spec))
          for v in model.weights}
 num_devices = {v.path: len(v.value.sharding.device_set) for v in model.weights}
 losses = run(model)

@@ -20,7 +20,8 @@ os.environ["KERAS_BACKEND"] = "jax"
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec  # noqa: E402
 
 import keras_reluvit as kr  # noqa: E402
 from keras_reluvit.kernels import pallas  # noqa: E402

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers.triton_table import check
 
 pytest.importorskip("triton")

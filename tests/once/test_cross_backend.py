@@ -12,7 +12,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import subprocess_env
 
 BACKENDS = ("jax", "tensorflow", "torch")

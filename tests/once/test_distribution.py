@@ -9,11 +9,14 @@ import sys
 
 import keras
 import pytest
-
-import keras_reluvit as kr
 from conftest import subprocess_env
 
+import keras_reluvit as kr
+
 MESH = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], [f"cpu:{i}" for i in range(8)])
+
+# The child-process scripts these tests run.
+HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
 
 
 def test_every_large_kernel_of_every_builder_has_a_sharding_rule():
@@ -50,7 +53,7 @@ def jax_runs(tmp_path_factory):
     results = {}
     for strategy in ("data", "fsdp", "tensor"):
         out = tmp_path_factory.mktemp(strategy)
-        script = os.path.join(os.path.dirname(__file__), "dist_check.py")
+        script = os.path.join(HELPERS, "dist_check.py")
         proc = subprocess.run([sys.executable, script, strategy, str(out)],
                               env=subprocess_env("jax"), capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -103,7 +106,7 @@ def test_jax_mesh_shardings_losses_and_checkpoint(jax_runs, strategy):
 
 
 def test_tensorflow_mirrored_strategy_recipe_matches_one_device():
-    script = os.path.join(os.path.dirname(__file__), "mirrored_check.py")
+    script = os.path.join(HELPERS, "mirrored_check.py")
     proc = subprocess.run([sys.executable, script], env=subprocess_env("tensorflow"),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -131,11 +134,11 @@ def test_cli_train_with_a_mesh_on_eight_jax_devices(tmp_path):
 
 
 def run_on_eight_devices(script):
-    """A check script of this folder on 8 virtual JAX CPU devices, in a
+    """A check script of tests/helpers/ on 8 virtual JAX CPU devices, in a
     child process; its last line of output, as JSON."""
     env = subprocess_env("jax")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), script)],
+    proc = subprocess.run([sys.executable, os.path.join(HELPERS, script)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

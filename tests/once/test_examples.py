@@ -8,8 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -146,8 +144,8 @@ def test_length_study_and_attention_scale_on_a_tiny_grid(tmp_path):
         rows = list(csv.DictReader(f))
     # softmax, relu alpha=1 and relu_learned at 4 and 16 tokens
     assert sorted((r["tokens"], r["activation"], r["learned_scale"]) for r in rows) == sorted(
-        (t, a, l) for t in ("4", "16")
-        for a, l in (("softmax", "False"), ("relu", "False"), ("relu", "True")))
+        (t, a, learned) for t in ("4", "16")
+        for a, learned in (("softmax", "False"), ("relu", "False"), ("relu", "True")))
     assert all(float(r["accuracy"]) > 0.15 for r in rows), rows  # 10 classes, above chance
     # The logged effective scale is exp(s_h) / L of the saved model.
     import keras

@@ -8,9 +8,9 @@ import importlib.metadata
 import os
 import re
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULES = sorted(glob.glob(os.path.join(ROOT, "keras_reluvit", "*.py")))

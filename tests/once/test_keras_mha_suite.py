@@ -7,13 +7,11 @@ reads `layers.MultiHeadAttention`, and pytest runs it on each backend in a
 child process. Every test must pass (Keras' own backend skips aside: the
 suite skips its flash-attention checks on TensorFlow)."""
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
-
 from conftest import subprocess_env
 
 CONFTEST = '''

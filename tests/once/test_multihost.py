@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-
-from conftest import KILL_CALLBACK, subprocess_env
+from conftest import KILL_CALLBACK
+from conftest import subprocess_env
 
 # The CLI, optionally with a callback that SIGKILLs the process at (epoch, batch).
 RUN = r"""

@@ -3,14 +3,12 @@ cache this test populates, and the SavedModel's `serve_bytes` against
 transformers' own predictions on JPEG photographs."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-
 from conftest import run_hf_reference
 from conftest import subprocess_env
 from test_checkpoints import save_safetensors

@@ -1,5 +1,5 @@
-"""Every shell command in the READMEs (README.md, benchmarks/README.md,
-examples/README.md) is a command that exists, with
+"""Every shell command in the READMEs (README.md, docs/*.md,
+benchmarks/README.md, examples/README.md) is a command that exists, with
 arguments its parser accepts (what the commands *do* is tested by the
 tests named next to each kind below)."""
 
@@ -21,8 +21,10 @@ NOT_RUNNABLE = {
 }
 
 
-# The README and the two it links for the long tables and write-ups.
-READMES = ("README.md", "benchmarks/README.md", "examples/README.md")
+# The README, the docs pages and the two READMEs it links for the long
+# tables and write-ups.
+DOCS = tuple(sorted("docs/" + f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md")))
+READMES = ("README.md",) + DOCS + ("benchmarks/README.md", "examples/README.md")
 
 
 def readme_commands():
@@ -91,3 +93,18 @@ def test_readme_command_parses(words):
         module.parse_args(args[1:])
     else:
         assert args[1:] == [], f"{args[0]} takes no arguments"
+
+
+def test_readme_is_a_landing_page_linking_every_docs_page():
+    """README.md stays short (the rest lives in docs/); every docs page is
+    linked from it, and every relative link of the README and the docs
+    names a file that exists."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    assert len(text.splitlines()) <= 250, len(text.splitlines())
+    assert len(DOCS) >= 8, DOCS
+    for page in DOCS:
+        assert f"]({page})" in text, f"README.md does not link {page}"
+    for name in ("README.md",) + DOCS:
+        folder = os.path.dirname(os.path.join(ROOT, name))
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", open(os.path.join(ROOT, name)).read()):
+            assert os.path.exists(os.path.join(folder, target)), f"{name}: broken link {target}"

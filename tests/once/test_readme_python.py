@@ -1,5 +1,5 @@
-"""The README's Python blocks run, in order, on small data: each block is
-the README's own text, with only the sizes made small (named below per
+"""The Python blocks of the README and docs/ run, on small data: each block is
+the page's own text, with only the sizes made small (named below per
 block) and files it names generated (tiny checkpoints in the formats it
 loads, a generated ImageNet through the real tfds builder)."""
 
@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import numpy as np
-
 from conftest import run_hf_reference
 from conftest import subprocess_env
 from test_predict import cache_repo
@@ -18,9 +17,37 @@ from test_predict import cache_repo
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def blocks():
-    text = open(os.path.join(ROOT, "README.md")).read()
+def pages():
+    docs = sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
+                  if f.endswith(".md"))
+    return ["README.md"] + docs
+
+
+def blocks(page=None):
+    """The Python blocks of one page, or of the README then every docs page."""
+    text = "\n".join(open(os.path.join(ROOT, p)).read() for p in ([page] if page else pages()))
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_every_python_block_parses_and_the_tour_matches_the_docs():
+    """Every block compiles (the ones the test below does not run are at
+    least parsed), and a README tour block repeated in a docs page is the
+    same text there (one example, not two that drift)."""
+    for page in pages():
+        for i, block in enumerate(blocks(page)):
+            compile(block, f"{page} python block {i}", "exec")
+    def key(block):  # the first line that is not an import
+        return next((line for line in block.splitlines()
+                     if not line.startswith(("import ", "from "))), "")
+
+    tour = {key(b): b for b in blocks("README.md")}
+    repeated = 0
+    for page in pages()[1:]:
+        for block in blocks(page):
+            if key(block) in tour:
+                repeated += 1
+                assert block == tour[key(block)], f"{page}: differs from the README's {key(block)!r}"
+    assert repeated >= 3, repeated  # the training, serving and fsdp examples
 
 
 def small(code, replacements, label):

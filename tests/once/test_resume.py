@@ -4,14 +4,13 @@ because the rerun restores the backup *and* reads the data stream (shuffle
 order, crops, flips, RandAugment ops, MixUp) of the epoch it resumes."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 
 import numpy as np
-
-from conftest import KILL_CALLBACK, subprocess_env
+from conftest import KILL_CALLBACK
+from conftest import subprocess_env
 
 CHILD = r"""
 import json, os, signal, sys
@@ -52,7 +51,9 @@ def test_run_killed_mid_epoch_resumes_exactly_on_jax(tmp_path):
     rerun = run(tmp_path / "resumed", None, data)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
 
-    history = lambda d: json.loads((tmp_path / d / "metrics.json").read_text())["history"]
+    def history(d):
+        return json.loads((tmp_path / d / "metrics.json").read_text())["history"]
+
     full_h, resumed_h = history("full"), history("resumed")
     assert len(full_h["loss"]) == 4 and len(resumed_h["loss"]) == 2
     # Epochs 3 and 4 (and their validation) as in the uninterrupted run.
