@@ -37,7 +37,7 @@ do not share the GPU):
 Ratios are ours / baseline in the same process; the table file also holds
 the device, versions and the command. On a device machine without Keras
 (the H200 image), run `benchmarks/accelerator.sh`, which installs carried
-wheels first (README, section "Accelerators").
+wheels first (docs/kernels.md, "Measuring on a GPU").
 """
 
 import argparse
