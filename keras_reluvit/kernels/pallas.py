@@ -307,47 +307,17 @@ def _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, dtype):
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, num_keys,
-                 padded_keys, has_mask, lim):
-    mask_ref, dk_ref, dv_ref = refs if has_mask else (None,) + refs
-    t, s_, d, dv_dim = _dims(lim)
-    pre, post = _scales(act, scale)
-    block_k = k_ref.shape[0]
-    start_k = _block_id(lim) * block_k
-    k = _ld(k_ref, lim, row0=start_k, n_rows=s_, n_cols=d)
-    v = _ld(v_ref, lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
-    # Which of this block's keys are real; the same for every query block.
-    key_valid = _valid(start_k, block_k, num_keys, padded_keys, None)
+                 padded_keys, has_mask, lim, keys_first, fuse_dq):
+    """dK and dV of one key block over every query block and, with
+    `fuse_dq`, each query block's share of dQ added atomically (relaxed)
+    into a zeroed float32 (D, T) buffer per head padded to the blocks: 5
+    dots per tile, as FlashAttention-2 (CUDA). Without it (TPU: Mosaic has
+    no atomics; `deterministic`) `_dq_kernel` follows: 4 + 3 dots.
 
-    def body(i, carry):
-        dk, dv = carry
-        start = pl.multiple_of(i * block_q, block_q)
-        rows = pl.ds(start, block_q)
-        q = _ld(q_ref, lim, rows, row0=start, n_rows=t, n_cols=d)
-        s = _times(_dot(q, k, _NT), pre)
-        valid = _key_block_valid(key_valid, mask_ref, lim, rows, start, t, start_k, s_, False)
-        w, g = _weights_and_grads(s, valid, act)
-        dor = _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, q.dtype)
-        dv = dv + _dot(w.astype(q.dtype).T, dor, _NN)
-        ds = _times(_dot(dor, v, _NT) * g, pre)
-        dk = dk + _dot(ds.astype(q.dtype).T, q, _NN)
-        return dk, dv
-
-    zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, q_ref.shape[0] // block_q, body, zeros)
-    _st(dk_ref, _times(dk, post), lim, row0=start_k, n_rows=s_, n_cols=d)
-    _st(dv_ref, _times(dv, post), lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
-
-
-def _bwd_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, num_keys,
-                padded_keys, has_mask, lim, fuse_dq):
-    """CUDA's backward: dK and dV of one key block over every query block
-    and (`fuse_dq`) each query block's share of dQ, added atomically
-    (relaxed) into a zeroed float32 (D, T) buffer per head padded to the
-    blocks: 5 dots per tile, as FlashAttention-2. Without `fuse_dq` (the
-    deterministic path) `_dq_kernel` follows. Keys first: `s^T = k q^T` and
-    `dP^T = v (r dO)^T` come out of the dots, and `dQ^T = k^T dS^T` needs no
-    transposed register tile. (TPU keeps `_dkdv_kernel`: Mosaic has no
-    atomics.)"""
+    `keys_first` (CUDA) computes the tiles as (keys, queries): `s^T = k q^T`
+    and `dP^T = v (r dO)^T` come out of the dots and `dQ^T = k^T dS^T` needs
+    no transposed register tile. TPU keeps (queries, keys) tiles, transposed
+    for the dK / dV products, the form its Mosaic lowering was checked in."""
     mask_ref, refs = (refs[0], refs[1:]) if has_mask else (None, refs)
     dk_ref, dv_ref, dqt_ref = refs[-3:] if fuse_dq else refs + (None,)
     t, s_, d, dv_dim = _dims(lim)
@@ -356,8 +326,10 @@ def _bwd_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, 
     start_k = _block_id(lim) * block_k
     k = _ld(k_ref, lim, row0=start_k, n_rows=s_, n_cols=d)
     v = _ld(v_ref, lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
-    key_valid = None  # this block's real keys, as a column of the (keys, queries) tile
-    if num_keys < padded_keys:
+    # Which of this block's keys are real (the same for every query block):
+    # a column of a (keys, queries) tile, or a row of a (queries, keys) one.
+    key_valid = _valid(start_k, block_k, num_keys, padded_keys, None)
+    if key_valid is not None and keys_first:
         key_valid = (start_k + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)) < num_keys
 
     def body(i, carry):
@@ -365,15 +337,18 @@ def _bwd_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, 
         start = pl.multiple_of(i * block_q, block_q)
         rows = pl.ds(start, block_q)
         q = _ld(q_ref, lim, rows, row0=start, n_rows=t, n_cols=d)
-        s = _times(_dot(k, q, _NT), pre)                               # 1: (keys, queries)
-        valid = _key_block_valid(key_valid, mask_ref, lim, rows, start, t, start_k, s_, True)
+        s = _times(_dot(k, q, _NT) if keys_first else _dot(q, k, _NT), pre)      # 1
+        valid = _key_block_valid(key_valid, mask_ref, lim, rows, start, t, start_k, s_,
+                                 keys_first)
         w, g = _weights_and_grads(s, valid, act)
         dor = _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, q.dtype)
-        dv = dv + _dot(w.astype(q.dtype), dor, _NN)                    # 2
-        ds = _times(_dot(v, dor, _NT) * g, pre).astype(q.dtype)        # 3
-        dk = dk + _dot(ds, q, _NN)                                     # 4
+        w = w.astype(q.dtype)
+        dv = dv + _dot(w if keys_first else w.T, dor, _NN)                       # 2
+        dp = _dot(v, dor, _NT) if keys_first else _dot(dor, v, _NT)              # 3
+        ds = _times(dp * g, pre).astype(q.dtype)
+        dk = dk + _dot(ds if keys_first else ds.T, q, _NN)                       # 4
         if fuse_dq:  # the buffer is padded to the blocks: no bounds, no mask
-            dqt = _dot(k, ds, _TN)                                     # 5: (D, queries)
+            dqt = _dot(k, ds, _TN)                                               # 5: (D, queries)
             plgpu.atomic_add(dqt_ref, (slice(None), pl.ds(start, block_q)), dqt)
         return dk, dv
 
@@ -574,7 +549,7 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
     act, num_keys, _, _, scale, _, deterministic = cfg
     row_bytes = _row_bytes(q, v, mask)
     # CUDA (and its interpreted layout): keys first, dQ added atomically in
-    # the same pass unless `deterministic`; TPU: `_dkdv_kernel` (no atomics).
+    # the same pass unless `deterministic`; TPU: queries first, no atomics.
     cuda = mode in ("triton", "interpret")
     fused = cuda and not deterministic
     bq, bk = _blocks(cfg, mode, "bwd" if cuda else "dkdv", row_bytes)
@@ -597,22 +572,21 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
     out_specs = [lay.block(bk, lay.dp), lay.block(bk, lay.dvp)]
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     options = dict(act=act, scale=scale, block_q=bq, num_keys=num_keys, padded_keys=lay.sp,
-                   has_mask=has_mask, lim=lay.lim)
+                   has_mask=has_mask, lim=lay.lim, keys_first=cuda)
     if fused:  # dQ^T: float32 (B, H, D, T), zeroed, padded to the blocks
         dqt = lay.spec((None, None, lay.dp, lay.tp), lambda b_, h_, j: (b_, h_, 0, 0))
         in_specs.append(dqt)
         out_specs.append(dqt)
         args.append(jnp.zeros((b, nh, lay.dp, lay.tp), jnp.float32))
         out_shape.append(jax.ShapeDtypeStruct((b, nh, lay.dp, lay.tp), jnp.float32))
-        dk, dv, dqt = _pallas(functools.partial(_bwd_kernel, fuse_dq=True, **options),
+        dk, dv, dqt = _pallas(functools.partial(_dkdv_kernel, fuse_dq=True, **options),
                               lay.grid(b, nh, "s", bk), in_specs, out_specs, out_shape, mode,
                               lay.dp, "pointwise_attention_bwd",
                               aliases={len(args) - 1: 2})(*args)
         dq = _times(jnp.transpose(dqt[:, :, :lay.d, :lay.t], (0, 3, 1, 2)),
                     _scales(act, scale)[1]).astype(q.dtype)
         return dq, dk, dv
-    kernel = (functools.partial(_bwd_kernel, fuse_dq=False, **options) if cuda
-              else functools.partial(_dkdv_kernel, **options))
+    kernel = functools.partial(_dkdv_kernel, fuse_dq=False, **options)
     dk, dv = _pallas(kernel, lay.grid(b, nh, "s", bk), in_specs, out_specs, out_shape, mode,
                      lay.dp, "pointwise_attention_dkdv")(*args)
     # dQ: one program per query block, looping over key blocks.
