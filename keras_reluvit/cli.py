@@ -3,10 +3,13 @@
 Examples:
 
     keras-reluvit train --output runs/digits            # embedded default data set
+    keras-reluvit train --dataset my_images/ --init vit_s16.safetensors --recipe bv_transfer \\
+        --output runs/mine                               # fine-tune on a folder of images
     keras-reluvit train --model vit_s16 --attention relu --dataset imagenet2012 \\
         --data-dir ~/tensorflow_datasets --recipe s16_i1k_90ep --output runs/s16_relu
     keras-reluvit eval runs/s16_relu/model.keras --dataset imagenet2012 --data-dir ...
     keras-reluvit predict hf://timm/vit_small_patch16_224.augreg_in21k_ft_in1k cat.jpg
+    keras-reluvit predict runs/mine/model.keras my_images/val/   # one line per image
     keras-reluvit export runs/s16_relu/model.keras serving/vit_s16_relu/1
     keras-reluvit bench --dataset imagenet2012 --data-dir ~/tensorflow_datasets
     keras-reluvit prepare imagenet2012 --data-dir ~/tensorflow_datasets --manual-dir ~/ilsvrc
@@ -41,6 +44,11 @@ def _train(args):
         posemb=args.posemb,
         init=args.init,
         data_shards=args.data_shards,
+        trainable=args.trainable,
+        lora_rank=args.lora_rank,
+        layer_decay=args.layer_decay,
+        lr=args.lr,
+        val_fraction=args.val_fraction,
     )
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config["dataset"], config["data_dir"], args.manual_dir)
@@ -76,10 +84,13 @@ def _join_cluster(args):
 
 def _prepared(dataset, data_dir, manual_dir):
     """Builds the tfds data set on first use: from `--manual-dir`, or from the
-    archives in tfds' default `DATA_DIR/downloads/manual`."""
+    archives in tfds' default `DATA_DIR/downloads/manual`. A folder of images
+    needs nothing."""
     from keras_reluvit import data as kr_data
+    from keras_reluvit import image_folder
 
-    kr_data.builder(dataset, data_dir, manual_dir)
+    if not image_folder.is_image_folder(dataset):
+        kr_data.builder(dataset, data_dir, manual_dir)
 
 
 def _prepare(args):
@@ -108,8 +119,14 @@ def _eval(args):
     model = _load_any(args.model)
     _prepared(args.dataset, args.data_dir, args.manual_dir)
     d = kr_data.load(args.dataset, args.batch_size, image_size=model.image_size,
-                     data_dir=args.data_dir, train_split=None, val_split=args.split,
-                     preprocessing=getattr(model, "preprocessing", None))
+                     data_dir=args.data_dir, train_split=False, val_split=args.split,
+                     preprocessing=getattr(model, "preprocessing", None),
+                     val_fraction=args.val_fraction)
+    names = getattr(model, "label_names", None)
+    if names is not None and list(names) != list(d.label_names):
+        raise ValueError(f"{args.model} names its classes {list(names)[:5]}..., "
+                         f"{args.dataset} {list(d.label_names)[:5]}...: the labels would not "
+                         "match (another data set, or a folder with other class folders).")
     recipes.compile(model, "digits", steps_per_epoch=1)
     result = model.evaluate(d.val, return_dict=True, verbose=0)
     print(json.dumps({k: float(v) for k, v in result.items()}))
@@ -127,12 +144,23 @@ def _predict(args):
     from keras_reluvit import preprocessing
 
     model = _load_any(args.model)
-    images = [preprocessing.load_image(path) for path in args.images]  # any sizes
+    activation = args.activation
+    files, folders = _image_files(args.images)
+    if folders:  # a folder: one line (or JSON record) per image, in batches
+        for paths, probs in _predict_batches(model, files, args.batch_size, activation):
+            for path, top in zip(paths, preprocessing.decode_predictions(probs, model,
+                                                                         top=args.top)):
+                if args.json:
+                    print(json.dumps({"image": path, "top": [
+                        {"label": n, "probability": round(p, 6)} for n, p in top]}))
+                else:
+                    print(path + "\t" + "\t".join(f"{n} {p:.4f}" for n, p in top))
+        return
+    images = [preprocessing.load_image(path) for path in files]  # any sizes
     probs = preprocessing.probabilities(model.predict(model.preprocessor(images), verbose=0),
-                                        args.activation)
+                                        activation)
     results = []
-    for path, top in zip(args.images, preprocessing.decode_predictions(probs, model,
-                                                                       top=args.top)):
+    for path, top in zip(files, preprocessing.decode_predictions(probs, model, top=args.top)):
         results.append({"image": path, "top": [{"label": n, "probability": round(p, 6)}
                                                for n, p in top]})
         if not args.json:
@@ -141,6 +169,62 @@ def _predict(args):
                 print(f"  {p:8.4f}  {name}")
     if args.json:
         print(json.dumps(results, indent=2))
+
+
+def _image_files(items):
+    """The image files named by `items` (files, or folders searched
+    recursively, sorted; non-image files in folders skipped): (files,
+    whether a folder was given)."""
+    from keras_reluvit import image_folder
+
+    files, folders = [], False
+    for item in items:
+        if os.path.isdir(item):
+            folders = True
+            found = []
+            for dirpath, dirnames, filenames in os.walk(item):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                found += [os.path.join(dirpath, f) for f in sorted(filenames)
+                          if not f.startswith(".")
+                          and _is_image(os.path.join(dirpath, f))]
+            if not found:
+                raise ValueError(f"{item} holds no images ({', '.join(image_folder.FORMATS)}).")
+            files += found
+        elif os.path.isfile(item):
+            files.append(item)
+        else:
+            raise FileNotFoundError(f"No image file or folder at {item}.")
+    return files, folders
+
+
+def _is_image(path):
+    from keras_reluvit import image_folder
+
+    try:
+        return image_folder.image_format(path) is not None
+    except OSError:
+        return False
+
+
+def _predict_batches(model, files, batch_size, activation):
+    """(paths, probabilities) per batch: files read and decoded by tf.data
+    (the model's own preprocessing), never all in memory."""
+    import tensorflow as tf
+
+    from keras_reluvit import preprocessing
+
+    pre = model.preprocessor
+
+    def load(path):
+        image = preprocessing.decode_image(tf.io.read_file(path))
+        return pre(image)[0]
+
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = ds.map(lambda p: (p, load(p)), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    for paths, images in ds.batch(batch_size).prefetch(2):
+        logits = model.predict_on_batch(images.numpy())
+        yield ([p.decode() for p in paths.numpy()],
+               preprocessing.probabilities(logits, activation))
 
 
 def _export(args):
@@ -248,13 +332,25 @@ def parser():
     t = sub.add_parser("train", help="train a ViT (default: the embedded digits data set)")
     t.add_argument("--model", help="vit_s16, vit_b32, ... (default: the recipe's)")
     t.add_argument("--attention", default="relu", help="attention preset (default relu)")
-    t.add_argument("--dataset", help="tfds name (default: the recipe's)")
+    t.add_argument("--dataset", help="tfds name, or a folder of images with one sub-folder "
+                   "per class (and optionally train/ + val/ splits); default: the recipe's")
     t.add_argument("--manual-dir", help="archives to prepare the data set from "
                    "(default: DATA_DIR/downloads/manual)")
     t.add_argument("--data-dir", help="tfds data_dir")
     t.add_argument("--recipe", default="digits", help="recipe name (see `recipes`)")
     t.add_argument("--init", help="start from a pretrained checkpoint (timm, big_vision, "
-                   "keras-hub, preset, .keras); e.g. with --recipe relu_from_softmax")
+                   "keras-hub, transformers, preset, .keras, hf://...): a new zero-initialised "
+                   "head when the classes differ; e.g. with --recipe bv_transfer")
+    t.add_argument("--trainable", choices=["all", "head", "lora"], default="all",
+                   help="with --init: fine-tune every weight (default), only the head "
+                   "(linear probe), or LoRA on the attention's query/value (+ the head)")
+    t.add_argument("--lora-rank", type=int, default=8, help="rank with --trainable lora")
+    t.add_argument("--layer-decay", type=float, help="layer-wise lr decay (BEiT / timm "
+                   "--layer-decay, e.g. 0.75); default: the recipe's")
+    t.add_argument("--lr", type=float, help="peak learning rate (default: the recipe's, "
+                   "scaled to the batch size)")
+    t.add_argument("--val-fraction", type=float, default=0.1, help="a folder without val/: "
+                   "the seeded share of each class held out for validation (default 0.1)")
     t.add_argument("--output", default="runs/default", help="run directory")
     t.add_argument("--epochs", type=int)
     t.add_argument("--batch-size", type=int)
@@ -280,9 +376,12 @@ def parser():
     t.add_argument("--quiet", action="store_true", help="one line per epoch")
     t.set_defaults(func=_train)
 
-    e = sub.add_parser("eval", help="evaluate a .keras model on a tfds split")
+    e = sub.add_parser("eval", help="evaluate a model on a tfds split or a folder of images")
     e.add_argument("model")
-    e.add_argument("--dataset", default="sklearn_digits")
+    e.add_argument("--dataset", default="sklearn_digits", help="tfds name or a folder of "
+                   "images (its val/ or test/ split, or the held-out --val-fraction)")
+    e.add_argument("--val-fraction", type=float, default=0.1,
+                   help="a folder without val/: the share held out (as train used it)")
     e.add_argument("--split", default=None)
     e.add_argument("--manual-dir", help="archives to prepare the data set from "
                    "(default: DATA_DIR/downloads/manual)")
@@ -294,7 +393,9 @@ def parser():
                         "preprocessing")
     pd.add_argument("model", help="a .keras file, a preset / timm / transformers / keras-hub "
                     "directory, a checkpoint file or an hf://org/name handle")
-    pd.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
+    pd.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP, WebP) or "
+                    "folders (every image inside: one line, or JSON record, per image)")
+    pd.add_argument("--batch-size", type=int, default=32, help="images per batch (folders)")
     pd.add_argument("--top", type=int, default=5)
     pd.add_argument("--activation", choices=["softmax", "sigmoid"], default="softmax",
                     help="logits to probabilities (sigmoid for sigmoid-loss models)")

@@ -28,7 +28,9 @@ clipped to factor 1.0 (Keras caps the strength of each op at its maximum).
 import dataclasses
 import os
 
+from keras_reluvit import image_folder
 from keras_reluvit.preprocessing import check_preprocessing
+from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import normalise
 from keras_reluvit.preprocessing import tf_preprocess
 
@@ -130,6 +132,9 @@ def builder(name, data_dir=None, manual_dir=None):
     archives in `manual_dir` (default `DATA_DIR/downloads/manual`, as
     `tfds.load` users expect) when they are there; otherwise the error says
     how to prepare it."""
+    if image_folder.is_image_folder(name):
+        raise ValueError(f"{name} is a folder of images, not a tfds data set: read it with "
+                         "keras_reluvit.data.load (or image_folder.ImageFolder).")
     tfds = _tfds()
     data_dir = _expand(data_dir)
     b = tfds.builder(name, data_dir=data_dir)
@@ -288,7 +293,9 @@ def pipeline(
     cache=False,
     preprocessing=None,
 ):
-    """Maps a tfds `{"image", "label"}` dataset to `(images, one_hot)` batches.
+    """Maps a tfds `{"image", "label"}` dataset (or an image folder's
+    `{"file", "label"}`: read and decoded here, after the shuffle) to
+    `(images, one_hot)` batches.
 
     `preprocessing`: the model's recipe (`model.preprocessing`; default
     ours): the evaluation geometry, and the normalisation of every image.
@@ -316,7 +323,11 @@ def pipeline(
         )
 
     def decode(example, rnd):
-        image = tf.cast(to_rgb(example["image"]), tf.float32)
+        if "file" in example:  # an image folder: read and decode after the shuffle
+            image = decode_image(tf.io.read_file(example["file"]))
+        else:
+            image = to_rgb(example["image"])
+        image = tf.cast(image, tf.float32)
         if train:
             s1, s2 = tf.unstack(
                 tf.random.experimental.stateless_split(tf.stack([rnd, 0]), 2)
@@ -359,6 +370,62 @@ def pipeline(
     return ds.prefetch(AUTO)
 
 
+def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
+              shuffle_buffer=1_000):
+    """Any `tf.data.Dataset` of images and labels, prepared for `model`:
+    `(inputs, one_hot)` batches for `model.fit` / `evaluate` on every
+    backend. Eval (`train=False`): the model's own recipe
+    (`model.preprocessing`: resize, crop, mean/std), deterministic. Train:
+    shuffled, random crop + flip (and `augment`: a `data.Augment`, e.g.
+    `Augment(randaug=(2, 10), mixup=0.2)`), normalised as the model expects.
+    Batches of `batch_size` (default 32; the input's batching is undone).
+
+    Takes what `keras.utils.image_dataset_from_directory` gives (batched
+    `(images, labels)`, integer or one-hot labels, 0-255 float pixels; pass
+    a large `image_size` there, or `crop_to_aspect_ratio=True`, so that the
+    model's own resize does the work) or tfds' `{"image", "label"}`
+    examples, batched or not; pixels in 0-255, RGB, grayscale or RGBA.
+
+    Example:
+
+    ```python
+    ds = keras.utils.image_dataset_from_directory("my_images/train", image_size=(256, 256))
+    model.fit(kr.data.for_model(ds, model, train=True), epochs=5)
+    ```
+    """
+    tf = _tf()
+    spec = ds.element_spec
+    if isinstance(spec, dict):
+        if not {"image", "label"} <= set(spec):
+            raise ValueError(f"for_model takes (image, label) pairs or dicts with 'image' and "
+                             f"'label'; got the keys {sorted(spec)}.")
+        image_spec, label_spec = spec["image"], spec["label"]
+        ds = ds.map(lambda ex: (ex["image"], ex["label"]))
+    elif isinstance(spec, tuple) and len(spec) >= 2:
+        image_spec, label_spec = spec[0], spec[1]
+        ds = ds.map(lambda *ex: (ex[0], ex[1]))
+    else:
+        raise ValueError("for_model takes a dataset of (image, label) pairs (e.g. "
+                         "keras.utils.image_dataset_from_directory's) or tfds examples.")
+    rank = image_spec.shape.rank
+    if rank not in (3, 4):
+        raise ValueError(f"Images must be [H, W, C] or batches [N, H, W, C], got shape "
+                         f"{image_spec.shape}.")
+    if rank == 4:
+        ds = ds.unbatch()
+        label_spec = tf.TensorSpec(label_spec.shape[1:], label_spec.dtype)
+    num_classes = model.output_shape[-1]
+    one_hot = label_spec.shape.rank == 1
+
+    def example(image, label):
+        label = tf.argmax(label, output_type=tf.int64) if one_hot else tf.cast(label, tf.int64)
+        return {"image": image, "label": label}
+
+    ds = ds.map(example, num_parallel_calls=tf.data.AUTOTUNE)
+    return pipeline(ds, num_classes, model.image_size, batch_size or 32, train, augment, seed,
+                    shuffle_buffer=shuffle_buffer, preprocessing=model.preprocessing)
+
+
 class Data:
     """What `load` returns: datasets plus what a training run needs."""
 
@@ -386,6 +453,54 @@ class Info:
         return getattr(self.__dict__["tfds_info"], name)
 
 
+class _TfdsSource:
+    """A prepared tfds data set, as `load` reads it."""
+
+    def __init__(self, name, data_dir, manual_dir):
+        self.name, self.builder = name, builder(name, data_dir, manual_dir)
+        self.info = self.builder.info
+        self.label_names = list(self.info.features["label"].names)
+        train, _, val = SPLITS.get(name, ("train", None, "validation"))
+        self.default_splits = (train, val)
+
+    def shards(self, split, count):
+        if count == 1:
+            return [split]
+        return _tfds().even_splits(split, n=count, drop_remainder=True)
+
+    def num_examples(self, shard):
+        return self.info.splits[shard].num_examples
+
+    def read(self, shard, train, seed):
+        tfds = _tfds()
+        if train:
+            return self.builder.as_dataset(split=shard, shuffle_files=True,
+                                           read_config=tfds.ReadConfig(shuffle_seed=seed))
+        return self.builder.as_dataset(split=shard, shuffle_files=False)
+
+
+class _FolderSource:
+    """A folder of images (`keras_reluvit.image_folder`), as `load` reads it."""
+
+    def __init__(self, root, val_fraction, seed):
+        self.folder = image_folder.ImageFolder(root, val_fraction=val_fraction, seed=seed)
+        self.name, self.info = self.folder.root, self.folder
+        self.label_names = list(self.folder.class_names)
+        val = next((s for s in ("validation", "test") if s in self.folder.splits), None)
+        self.default_splits = ("train", val)
+
+    def shards(self, split, count):
+        return [(split, i, count) for i in range(count)]
+
+    def num_examples(self, shard):
+        split, i, count = shard
+        return self.folder.num_examples(split) // count
+
+    def read(self, shard, train, seed):
+        split, i, count = shard
+        return self.folder.dataset(split, shard=(i, count))
+
+
 def load(
     name,
     batch_size,
@@ -401,14 +516,20 @@ def load(
     process_index=0,
     process_count=1,
     preprocessing=None,
+    val_fraction=0.1,
 ):
-    """Train and validation pipelines of a tfds dataset, by name.
+    """Train and validation pipelines of a tfds data set (by name) or of a
+    folder of images (by path: one sub-folder per class, see
+    `keras_reluvit.image_folder`).
 
     `preprocessing`: the model's recipe (`model.preprocessing`, default
     ours), for the evaluation geometry and the normalisation of all images.
+    `val_fraction`: a folder without `train/` / `val/` sub-folders holds
+    out this seeded share of each class as its validation split.
 
     Returns a `Data`, which unpacks as `(train, val, info)`; `len(train)` is
-    the number of steps of one epoch (one pass over the split).
+    the number of steps of one epoch (one pass over the split);
+    `info.label_names` are the class names (a folder's: its sub-folders).
 
     In a cluster of `process_count` processes (hosts), process
     `process_index` reads only its shard of the training split (tfds
@@ -419,14 +540,24 @@ def load(
     batches in one process (host 0's batch, then host 1's, ...): a cluster's
     run reproduced on one machine. Every process evaluates on the whole
     validation split (so the metrics are those of one process).
+
+    Example:
+
+    ```python
+    train, val, info = kr.data.load("my_images/", batch_size=32, image_size=224)
+    info.label_names        # the folder's class names
+    ```
     """
-    tfds = _tfds()
-    b = builder(name, data_dir, manual_dir)
-    default_train, _, default_val = SPLITS.get(name, ("train", None, "validation"))
-    train_split = train_split or default_train
-    val_split = val_split or default_val
-    num_classes = b.info.features["label"].num_classes
-    label_names = list(b.info.features["label"].names)
+    if image_folder.is_image_folder(name):
+        source = _FolderSource(name, val_fraction, seed)
+    else:
+        source = _TfdsSource(name, data_dir, manual_dir)
+    default_train, default_val = source.default_splits
+    # None: the source's default split; False / "": no such pipeline.
+    train_split = default_train if train_split is None else train_split
+    val_split = default_val if val_split is None else val_split
+    label_names = source.label_names
+    num_classes = len(label_names)
     train = val = None
     steps = None
     process_count = int(process_count)
@@ -438,18 +569,16 @@ def load(
                          "processes.")
     local_batch = batch_size // process_count
     if train_split:
-        shards = (tfds.even_splits(train_split, n=process_count, drop_remainder=True)
-                  if process_count > 1 else [train_split])
-        n = b.info.splits[shards[0]].num_examples
+        shards = source.shards(train_split, process_count)
+        n = source.num_examples(shards[0])
         if n < local_batch:
-            raise ValueError(f"{name} {shards[0]} has {n} examples, fewer than one batch "
-                             f"of {local_batch}.")
+            raise ValueError(f"{name} {train_split} has {n} examples per process, fewer than "
+                             f"one batch of {local_batch}: use a smaller batch size.")
         steps = n // local_batch
 
         def shard_pipeline(i):
             shard_seed = seed + 1_000_003 * i  # its own shuffle and augmentation
-            raw = b.as_dataset(split=shards[i], shuffle_files=True,
-                               read_config=tfds.ReadConfig(shuffle_seed=shard_seed))
+            raw = source.read(shards[i], True, shard_seed)
             return pipeline(raw, num_classes, image_size, local_batch, True, augment,
                             shard_seed, cache=cache, preprocessing=preprocessing)
 
@@ -461,11 +590,11 @@ def load(
             train = train.map(lambda *batches: tuple(
                 tf.concat([bt[k] for bt in batches], 0) for k in range(2)))
     if val_split:
-        raw = b.as_dataset(split=val_split, shuffle_files=False)
+        raw = source.read(source.shards(val_split, 1)[0], False, seed)
         val = pipeline(raw, num_classes, image_size,
                        eval_batch_size or (batch_size if process_index is None else local_batch),
                        False, cache=cache, preprocessing=preprocessing)
-    return Data(train, val, b.info, num_classes, steps, label_names)
+    return Data(train, val, source.info, num_classes, steps, label_names)
 
 
 def imagenet(batch_size, data_dir=None, image_size=224, augment=None, seed=0, **kwargs):

@@ -17,6 +17,7 @@ from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.attention import check_rate
 from keras_reluvit.attention_kinds import deserialize_attention
+from keras_reluvit.attention_kinds import resolve_attention
 
 LN_EPS = 1e-6
 MLP_ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu")
@@ -90,7 +91,7 @@ class MLPBlock(keras.layers.Layer):
         self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
     def call(self, x, training=None):
-        fast = torch_fast.dense_eligible(self.fc1, x)  # PyTorch: bias fused into the GEMM
+        fast = torch_fast.dense_eligible(x, self.fc1, self.fc2)  # PyTorch: bias fused into the GEMM
         x = torch_fast.linear(self.fc1, x) if fast else self.fc1(x)
         if self.activation == "gelu" and keras.backend.backend() == "tensorflow":
             # tf.nn.gelu writes erfc, which ONNX has no op for (an exported
@@ -139,7 +140,9 @@ class _AttentionOwner(keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
-        self.attention = dict(attention or {"activation": "relu"})
+        # An attention kind ("relu", "softmax", ...) or a dict of
+        # PointwiseAttention arguments, as `ViT(attention=...)` takes it.
+        self.attention = resolve_attention("relu" if attention is None else attention)
         self.qk_norm = check_qk_norm(qk_norm)
         self.mlp_activation = mlp_activation
         self.layer_norm_epsilon = float(layer_norm_epsilon)
@@ -179,8 +182,9 @@ class EncoderBlock(_AttentionOwner):
     Args:
         num_heads: attention heads; `width` must be divisible by it.
         mlp_dim: MLP hidden size.
-        attention: dict of `PointwiseAttention` arguments (activation,
-            seq_len_exponent, gated, learned_scale).
+        attention: an attention kind (`"relu"`, `"softmax"`, ... as
+            `ViT(attention=...)`) or a dict of `PointwiseAttention`
+            arguments (activation, seq_len_exponent, gated, learned_scale).
         qk_norm: LayerNorm on per-head queries and keys (True: without bias,
             `"affine"`: with bias, as timm).
         mlp_activation: `"gelu_tanh"`, `"gelu"` or `"quick_gelu"`.
@@ -195,7 +199,7 @@ class EncoderBlock(_AttentionOwner):
     Example:
 
     ```python
-    block = kr.EncoderBlock(num_heads=6, mlp_dim=1536, attention={"activation": "relu"})
+    block = kr.EncoderBlock(num_heads=6, mlp_dim=1536, attention="relu")
     y, weights = block(tokens, return_attention_scores=True)   # tokens: (B, T, 384)
     ```
     """

@@ -344,6 +344,15 @@ class ImagePreprocessor(keras.layers.Layer):
         self.image_size = tuple(int(s) for s in image_size)
         self.recipe = check_preprocessing(recipe)
 
+    def __call__(self, images, *args, **kwargs):
+        # Inside tf.data (a TensorFlow graph) under JAX or PyTorch, Keras'
+        # Layer.__call__ would convert the symbolic tf.Tensor to the backend's
+        # arrays and fail; the TensorFlow path computes the same thing, as
+        # Keras' own preprocessing layers do in tf.data.
+        if keras.backend.backend() != "tensorflow" and _in_tf_graph():
+            return self.call(images)
+        return super().__call__(images, *args, **kwargs)
+
     def call(self, images):
         if isinstance(images, (list, tuple)):
             return keras.ops.concatenate([self.call(image) for image in images], axis=0)

@@ -97,6 +97,50 @@ RECIPES = {
                    pool="gap", posemb="learn"),
         augment=dict(crop_area=(0.6, 1.0), crop_aspect=(0.85, 1.18), flip=False),
     ),
+    "bv_transfer": dict(
+        description="big_vision's transfer recipe (configs/transfer.py): fine-tune a "
+        "pretrained checkpoint (--init) with SGD, momentum 0.9, lr 0.01 at batch 512 "
+        "(scaled to yours), 500 warmup steps then cosine, gradient clipping at 1.0, no weight "
+        "decay, a zero-initialised new head; the checkpoint's resolution unless --image-size "
+        "(big_vision fine-tunes at 384 with the position embedding resampled)",
+        dataset=None,
+        image_size=None,
+        epochs=10,
+        batch_size=512,
+        optimizer="sgd",
+        momentum=0.9,
+        lr=0.01,
+        wd=0.0,
+        warmup_steps=500,
+        grad_clip=1.0,
+        loss="softmax_xent",
+        head_bias_init=0.0,
+        init_required=True,
+        model={},
+        augment=dict(crop_area=(0.05, 1.0), flip=True),
+    ),
+    "adamw_finetune": dict(
+        description="timm / DeiT / BEiT-style fine-tune of a pretrained checkpoint (--init): "
+        "AdamW (decoupled weight decay 0.05 on kernels), lr 1e-3 at batch 1024 (scaled to "
+        "yours), 5 warmup epochs then cosine, layer-wise lr decay 0.75 (BEiT / MAE / timm "
+        "--layer-decay), label smoothing 0.1, RandAugment(2, 9), MixUp 0.8",
+        dataset=None,
+        image_size=None,
+        epochs=30,
+        batch_size=1024,
+        optimizer="adamw",
+        lr=1e-3,
+        wd=5e-5,
+        warmup_epochs=5,
+        layer_decay=0.75,
+        label_smoothing=0.1,
+        grad_clip=None,
+        loss="softmax_xent",
+        head_bias_init=0.0,
+        init_required=True,
+        model={},
+        augment=dict(randaug=(2, 9), mixup=0.8),
+    ),
     "relu_from_softmax": dict(
         description="fine-tune a softmax checkpoint into ReLU/L attention: load it with "
         "`--init CHECKPOINT --attention relu` (same weights, attention swapped), then a short "
@@ -176,17 +220,78 @@ class SigmoidCrossEntropy(keras.losses.Loss):
         return -keras.ops.sum(y_true * log_p + (1.0 - y_true) * log_not_p, axis=-1)
 
 
-def scaled(recipe, batch_size, steps_per_epoch, epochs):
-    """(peak lr, warmup steps, total steps) for `batch_size`."""
+def scaled(recipe, batch_size, steps_per_epoch, epochs, lr=None):
+    """(peak lr, warmup steps, total steps) for `batch_size`; `lr` given is
+    the peak itself (not scaled)."""
     ratio = batch_size / recipe["batch_size"]
-    lr = recipe["lr"] * ratio
+    lr = recipe["lr"] * ratio if lr is None else float(lr)
     total = steps_per_epoch * epochs
-    warmup = int(round(recipe["warmup_steps"] / ratio))
+    if recipe.get("warmup_epochs") is not None:
+        warmup = int(round(recipe["warmup_epochs"] * steps_per_epoch))
+    else:
+        warmup = int(round(recipe["warmup_steps"] / ratio))
     warmup = min(warmup, total // 2)
     return lr, warmup, total
 
 
-def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, **compile_kwargs):
+class _LayerScaledLR:
+    """A Keras optimizer whose learning rate is multiplied per variable by
+    `layer_scales[variable.path]` (1.0 where absent): the update step and
+    the decoupled weight decay of each group of equal scales run through the
+    optimizer's own code (every backend's, tf.distribute's included) with
+    `learning_rate` scaled for that group."""
+
+    def __init__(self, *args, layer_scales=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.layer_scales = {str(k): float(v) for k, v in (layer_scales or {}).items()}
+        self._group_scale = 1.0
+
+    def _get_current_learning_rate(self):
+        lr = super()._get_current_learning_rate()
+        return lr if self._group_scale == 1.0 else lr * self._group_scale
+
+    def _groups(self, variables, grads=None):
+        groups = {}
+        for i, v in enumerate(variables):
+            scale = self.layer_scales.get(getattr(v, "path", None), 1.0)
+            g = groups.setdefault(scale, ([], []))
+            g[0].append(v)
+            g[1].append(None if grads is None else grads[i])
+        return groups.items()
+
+    def _apply_weight_decay(self, variables):
+        for scale, (vs, _) in self._groups(variables):
+            self._group_scale = scale
+            try:
+                super()._apply_weight_decay(vs)
+            finally:
+                self._group_scale = 1.0
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        for scale, (vs, gs) in self._groups(trainable_variables, grads):
+            self._group_scale = scale
+            try:
+                super()._backend_update_step(gs, vs, self.learning_rate)
+            finally:
+                self._group_scale = 1.0
+
+    def get_config(self):
+        return {**super().get_config(), "layer_scales": self.layer_scales}
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class LayerDecayAdamW(_LayerScaledLR, keras.optimizers.AdamW):
+    """`keras.optimizers.AdamW` with per-variable learning-rate multipliers
+    (`layer_scales`, e.g. `finetune.layer_decay_scales`)."""
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class LayerDecaySGD(_LayerScaledLR, keras.optimizers.SGD):
+    """`keras.optimizers.SGD` with per-variable learning-rate multipliers."""
+
+
+def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=None,
+            layer_decay=None, **compile_kwargs):
     """Compiles `model` with the recipe's optimizer, schedule, loss, metrics.
 
     Args:
@@ -196,6 +301,11 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, **comp
         batch_size: your global batch size; default the recipe's. Sets the
             learning-rate scaling described in the module docstring.
         epochs: default the recipe's.
+        lr: the peak learning rate itself (no batch scaling); default the
+            recipe's, scaled to `batch_size`.
+        layer_decay: layer-wise learning-rate decay (BEiT / timm; see
+            `keras_reluvit.finetune.layer_decay_scales`); default the
+            recipe's (`adamw_finetune`: 0.75; others none). 1.0 or 0 is off.
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
             On TensorFlow `jit_compile` defaults to True (XLA) unless
             `run_eagerly` is set or a `keras.distribution` is active: Keras'
@@ -208,27 +318,14 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, **comp
     recipe = get(recipe) if isinstance(recipe, str) else recipe
     batch_size = batch_size or recipe["batch_size"]
     epochs = epochs or recipe["epochs"]
-    lr, warmup, total = scaled(recipe, batch_size, steps_per_epoch, epochs)
+    lr, warmup, total = scaled(recipe, batch_size, steps_per_epoch, epochs, lr)
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0,
         decay_steps=max(total - warmup, 1),
         warmup_target=lr,
         warmup_steps=warmup,
     )
-    optimizer = keras.optimizers.AdamW(
-        learning_rate=schedule,
-        weight_decay=recipe["wd"] / recipe["lr"],
-        beta_1=0.9,
-        beta_2=0.999,
-        epsilon=1e-8,
-        global_clipnorm=recipe.get("grad_clip"),
-    )
-    # Decay `.*/kernel` only, as big_vision. By variable (not by name regex:
-    # a Keras variable's `name` is its full path on some backends, and the
-    # stem's kernel path "embedding/kernel" would match "embedding").
-    optimizer.exclude_from_weight_decay(
-        var_list=[v for v in model.trainable_variables if not v.path.endswith("kernel")]
-    )
+    optimizer = _optimizer(model, recipe, schedule, layer_decay)
     if recipe["loss"] == "sigmoid_xent":
         loss = SigmoidCrossEntropy()
         head = _head(model)
@@ -237,7 +334,8 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, **comp
             if np.all(bias == 0):
                 head.bias.assign(np.full(bias.shape, recipe["head_bias_init"], "float32"))
     elif recipe["loss"] == "softmax_xent":
-        loss = keras.losses.CategoricalCrossentropy(from_logits=True)
+        loss = keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=float(recipe.get("label_smoothing") or 0.0))
     else:
         raise ValueError(f"Unknown loss {recipe['loss']!r}: softmax_xent or sigmoid_xent.")
     metrics = [keras.metrics.CategoricalAccuracy(name="accuracy")]
@@ -250,6 +348,35 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, **comp
         compile_kwargs["jit_compile"] = True
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)
     return model
+
+
+def _optimizer(model, recipe, schedule, layer_decay=None):
+    """The recipe's optimizer (AdamW, or SGD with momentum), with per-layer
+    learning rates when `layer_decay` (or the recipe's) is set."""
+    from keras_reluvit import finetune
+
+    decay = recipe.get("layer_decay") if layer_decay is None else layer_decay
+    scales = (finetune.layer_decay_scales(model, decay)
+              if decay and float(decay) != 1.0 else None)
+    kind = recipe.get("optimizer", "adamw")
+    common = dict(learning_rate=schedule, global_clipnorm=recipe.get("grad_clip"))
+    if kind == "sgd":
+        cls = LayerDecaySGD if scales else keras.optimizers.SGD
+        extra = dict(layer_scales=scales) if scales else {}
+        return cls(momentum=recipe.get("momentum", 0.9), **common, **extra)
+    if kind != "adamw":
+        raise ValueError(f"Unknown optimizer {kind!r} in the recipe: adamw or sgd.")
+    cls = LayerDecayAdamW if scales else keras.optimizers.AdamW
+    extra = dict(layer_scales=scales) if scales else {}
+    optimizer = cls(weight_decay=recipe["wd"] / recipe["lr"], beta_1=0.9, beta_2=0.999,
+                    epsilon=1e-8, **common, **extra)
+    # Decay `.*/kernel` only, as big_vision. By variable (not by name regex:
+    # a Keras variable's `name` is its full path on some backends, and the
+    # stem's kernel path "embedding/kernel" would match "embedding").
+    optimizer.exclude_from_weight_decay(
+        var_list=[v for v in model.trainable_variables if not v.path.endswith("kernel")]
+    )
+    return optimizer
 
 
 def _head(model):

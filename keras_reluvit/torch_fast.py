@@ -21,11 +21,15 @@ three bias adds. On PyTorch our layers instead call
   eligible); the output projection is one GEMM.
 
 `PointwiseAttention.call` and `MLPBlock.call` take these paths when
-`enabled()` and the call is a plain one (self-attention, no mask of any kind,
-no gate, no attention dropout while training, no scores returned, no
-quantization or LoRA); every other call is Keras' own code. Both are tested
-against Keras' code, outputs and gradients (tests/test_attention.py).
-Set `KERAS_RELUVIT_TORCH_FAST=0` to switch them off.
+`enabled()`, the call is a plain one (self-attention, no mask of any kind,
+no gate, no attention dropout while training, no scores returned) and every
+projection layer involved is a plain float layer (`plain_dense`): a layer
+that Keras has quantized (`quantize("int8" | "float8" | "int4")`), given LoRA
+(`enable_lora`), or whose dtype policy is a quantized one computes something
+these paths do not, so the call is Keras' own code, decided from the layers'
+state on every call. Both are tested against Keras' code, outputs and
+gradients (tests/test_attention.py, tests/test_finetune.py).
+Set `KERAS_RELUVIT_TORCH_FAST=0` to switch them off (for comparison).
 """
 
 import os
@@ -41,16 +45,26 @@ def enabled():
 
 
 
-
 def _weight(variable, dtype):
     w = variable.value
     return w if w.dtype == dtype else w.to(dtype)
 
 
-def dense_eligible(dense, x):
-    return (enabled() and not is_symbolic(x) and dense.activation in (None, keras.activations.linear)
-            and not getattr(dense, "lora_enabled", False)
-            and getattr(dense, "quantization_mode", None) is None)
+def plain_dense(dense):
+    """Whether `dense` (a `Dense` or `EinsumDense`) computes `x @ kernel +
+    bias` from float variables that these paths can read: not quantized, no
+    LoRA, no quantized dtype policy (each changes what `kernel` is)."""
+    return (not getattr(dense, "lora_enabled", False)
+            and getattr(dense, "quantization_mode", None) is None
+            and getattr(dense.dtype_policy, "quantization_mode", None) is None
+            and isinstance(getattr(dense, "_kernel", None), keras.Variable))
+
+
+def dense_eligible(x, *denses):
+    """The MLP's fast path: every one of `denses` plain and linear."""
+    return (enabled() and not is_symbolic(x)
+            and all(plain_dense(d) and d.activation in (None, keras.activations.linear)
+                    for d in denses))
 
 
 def linear(dense, x):
@@ -70,7 +84,9 @@ def attention_eligible(layer, query, value, key, masks, return_scores, training,
             and getattr(layer, "_sliding_window", None) is None
             and layer._output_shape is None
             and layer._key_dim == layer._value_dim
-            and not (training and layer._dropout > 0.0))
+            and not (training and layer._dropout > 0.0)
+            and all(plain_dense(d) for d in (layer._query_dense, layer._key_dense,
+                                             layer._value_dense, layer._output_dense)))
 
 
 def project_qkv(layer, x):

@@ -31,15 +31,32 @@ from keras_reluvit.vit import ViT
 
 def build_config(recipe="digits", dataset=None, model=None, attention="relu", epochs=None,
                  batch_size=None, image_size=None, data_dir=None, seed=0, init=None,
-                 data_shards=None, **model_overrides):
+                 data_shards=None, trainable="all", lora_rank=8, layer_decay=None, lr=None,
+                 val_fraction=0.1, **model_overrides):
     """The full run config (a JSON-able dict) from a recipe and overrides.
 
+    `dataset` is a tfds name or a folder of images (one sub-folder per
+    class; `val_fraction` of each class is held out where it has no `val/`).
     `init` is a pretrained checkpoint (anything `keras_reluvit.load_checkpoint`
     reads) to start from: its architecture and weights, with `attention`
-    swapped in and a new head for the data set's classes when they differ.
+    swapped in and a new (zero-initialised) head for the data set's classes
+    when they differ; `image_size` None keeps its resolution. `trainable`:
+    `"all"`, `"head"` (linear probe) or `"lora"` (rank `lora_rank`; see
+    `keras_reluvit.finetune`); `layer_decay` and `lr` override the recipe's.
     """
-    if recipes.get(recipe).get("init_required") and not init:
+    from keras_reluvit import finetune
+
+    r0 = recipes.get(recipe)
+    if r0.get("init_required") and not init:
         raise ValueError(f"Recipe {recipe!r} fine-tunes a checkpoint: pass init= "
+                         "(keras-reluvit train --init CHECKPOINT).")
+    if not (dataset or r0["dataset"]):
+        raise ValueError(f"Recipe {recipe!r} has no data set of its own: pass dataset= "
+                         "(keras-reluvit train --dataset NAME_OR_FOLDER).")
+    if trainable not in finetune.TRAINABLE:
+        raise ValueError(f"trainable must be one of {finetune.TRAINABLE}, got {trainable!r}.")
+    if trainable != "all" and not init:
+        raise ValueError(f"trainable={trainable!r} fine-tunes a pretrained model: pass init= "
                          "(keras-reluvit train --init CHECKPOINT).")
     variant = None
     if model:
@@ -66,6 +83,11 @@ def build_config(recipe="digits", dataset=None, model=None, attention="relu", ep
         augment=r.get("augment", {}),
         seed=seed,
         data_shards=data_shards,
+        trainable=trainable,
+        lora_rank=int(lora_rank),
+        layer_decay=layer_decay,
+        lr=lr,
+        val_fraction=float(val_fraction),
         model=model_cfg,
     )
 
@@ -88,24 +110,26 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     if count > 1 and shards != count:
         raise ValueError(f"data_shards={shards} in a cluster of {count} processes: leave it "
                          "unset (each process reads its own shard).")
-    def load_data(preprocessing=None):
+    def load_data(image_size, preprocessing=None):
         return kr_data.load(
             config["dataset"],
             config["batch_size"],
-            image_size=config["image_size"],
+            image_size=image_size,
             data_dir=config["data_dir"],
             augment=kr_data.Augment(**config["augment"]),
             seed=config["seed"],
             process_index=index if count > 1 else (None if shards > 1 else 0),
             process_count=shards,
             preprocessing=preprocessing,
+            val_fraction=config.get("val_fraction", 0.1),
         )
 
-    d = load_data()
+    d = load_data(config["image_size"] or 224)
     # Seeded after the data is loaded: preparing a data set on the first run
     # draws from Python's RNG, and a rerun must initialise the same model.
     keras.utils.set_random_seed(config["seed"])
     if config.get("init"):
+        from keras_reluvit import finetune
         from keras_reluvit.checkpoints import load_checkpoint
 
         model = load_checkpoint(config["init"], num_classes=d.num_classes,
@@ -113,9 +137,14 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
                                 **dict(config["model"], label_names=d.label_names))
         model_cfg = {k: v for k, v in model.get_config().items()
                      if k not in ("name", "trainable")}
-        if model.preprocessing != check_preprocessing(None):
-            # The checkpoint's value range and evaluation recipe, not ours.
-            d = load_data(model.preprocessing)
+        if (model.preprocessing != check_preprocessing(None)
+                or config["image_size"] is None):
+            # The checkpoint's resolution, value range and evaluation recipe.
+            d = load_data(model.image_size, model.preprocessing)
+        finetune.set_trainable(model, config.get("trainable", "all"), config.get("lora_rank", 8))
+        if chief:
+            print(f"keras_reluvit: fine-tuning {config.get('trainable', 'all')}: "
+                  f"{finetune.describe_trainable(model)}.", flush=True)
     else:
         model_cfg = dict(config["model"], num_classes=d.num_classes,
                          image_size=config["image_size"], label_names=d.label_names)
@@ -129,7 +158,8 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
             json.dump(full, f, indent=2, default=list)
     recipe = recipes.get(config["recipe"], model_cfg.get("variant"))
     recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
-                    epochs=config["epochs"])
+                    epochs=config["epochs"], lr=config.get("lr"),
+                    layer_decay=config.get("layer_decay"))
     steps = kr_callbacks.StepLosses()
     start = time.time()
     # One iterator for the whole run, one new pass per epoch: a resumed run

@@ -178,6 +178,9 @@ class ViT(keras.Model):
         if name is None:
             name = "vit_" + re.sub(r"\W", "", str(variant)).lower()
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        # Keras' functional models take no dtype: the model reports the policy
+        # its layers compute with (`model.dtype_policy`, `model.compute_dtype`).
+        self.dtype_policy = parts["policy"]
         # Image checks are ours (`_check_images`), with messages that say what
         # to do; Keras' generic input-spec check would pre-empt some of them.
         self.input_spec = None
@@ -285,6 +288,26 @@ class ViT(keras.Model):
 
     def get_config(self):
         return {"name": self.name, "trainable": self.trainable, **self._config}
+
+    # ---- fine-tuning --------------------------------------------------------
+    def enable_lora(self, rank, target_layer_names=None, train_head=True, lora_alpha=None):
+        """LoRA of rank `rank` (keras-hub's `Backbone.enable_lora`): Keras'
+        `enable_lora` on each block's attention `query` and `value`
+        projections (or `target_layer_names`, among `query`, `key`, `value`,
+        `attention_output`, `fc1`, `fc2`); every other weight is frozen
+        except the classifier head (`train_head`). Saved and exported
+        models hold the merged kernels. See `keras_reluvit.finetune`.
+
+        Example:
+
+        ```python
+        model = kr.load_checkpoint("vit_s16.safetensors", num_classes=5)
+        model.enable_lora(8)           # then compile and fit
+        ```
+        """
+        from keras_reluvit import finetune
+
+        finetune.enable_lora(self, rank, target_layer_names, train_head, lora_alpha)
 
     # ---- presets (keras-hub's convention) ----------------------------------
     @classmethod
@@ -454,6 +477,7 @@ def _build_parts(c, attention_args):
     block_args = (heads, mlp, attention_args, c["qk_norm"], c["mlp_activation"])
     head_policy = "float32" if policy.compute_dtype != "float32" else policy
     return dict(
+        policy=policy,
         stem=keras.layers.Conv2D(width, patch, strides=patch, padding="valid",
                                  kernel_initializer="lecun_normal", name="embedding",
                                  dtype=policy),

@@ -18,8 +18,9 @@ def transfer_weights(source, target):
     list of variable paths that were not copied.
     """
     src, dst = _by_path(source), _by_path(target)
-    missing = sorted(set(dst) - set(src))
-    unexpected = sorted(set(src) - set(dst))
+    # A head the source lacks (features only) is a fresh head, as another size.
+    missing = sorted(p for p in set(dst) - set(src) if not p.startswith("head/"))
+    unexpected = sorted(p for p in set(src) - set(dst) if not p.startswith("head/"))
     if missing or unexpected:
         raise ValueError(
             "The two models have different architectures. Missing in the "
@@ -28,6 +29,9 @@ def transfer_weights(source, target):
     prefix = target.posemb_prefix_tokens
     skipped = []
     for path, var in dst.items():
+        if path not in src:
+            skipped.append(path)
+            continue
         value = keras.ops.convert_to_numpy(src[path])
         if path.endswith("pos_embedding/embedding"):
             value = resample_posemb(
@@ -112,9 +116,11 @@ def load_weights(model, path):
             print(f"keras_reluvit: kept a fresh head ({skipped}).")
         return model
     if path.endswith(".weights.h5"):
-        old = _h5_posemb_tokens(path)
+        old, head = _h5_shapes(path, model)
         config = model.get_config()
+        config.pop("name", None)
         prefix = model.posemb_prefix_tokens
+        source_cfg = dict(config)
         if old is not None and old - prefix != math.prod(model.grid_size):
             side = int(round(math.sqrt(old - prefix)))
             if side * side != old - prefix:
@@ -123,13 +129,21 @@ def load_weights(model, path):
                     f"({old - prefix} patches); load it into a model of its "
                     "own size and use keras_reluvit.resize_model."
                 )
-            config.pop("name", None)
-            config["image_size"] = side * model.patch_size
-            source = ViT.from_config(config)
-            source.load_weights(path)
-            transfer_weights(source, model)
+            source_cfg["image_size"] = side * model.patch_size
+        own_head = config["num_classes"] if config["include_top"] else None
+        if head != own_head:  # another class count (or none): a fresh head
+            source_cfg.update(include_top=head is not None, label_names=None,
+                              num_classes=head or config["num_classes"])
+        if source_cfg == config:
+            model.load_weights(path)
             return model
-        model.load_weights(path)
+        source = ViT.from_config(source_cfg)
+        source.load_weights(path)
+        skipped = transfer_weights(source, model)
+        if skipped:
+            print(f"keras_reluvit: {os.path.basename(path)} has a head of {head} classes; "
+                  f"{model.name} keeps a fresh zero-initialised head of {own_head} "
+                  f"({', '.join(skipped)}).")
         return model
     raise ValueError(
         f"Unknown weights file {path!r}: expected a .keras or .weights.h5 "
@@ -137,19 +151,31 @@ def load_weights(model, path):
     )
 
 
-def _h5_posemb_tokens(path):
+def _h5_shapes(path, model):
+    """(position-embedding rows, head classes or None) of a ViT's
+    `.weights.h5` file, which names layers by class (`dense`, `dense_1`,
+    ... in the model's order: the head is the last Dense, after
+    `pre_logits` where the model has one)."""
+    import re
+
     import h5py
 
-    found = []
+    posemb, denses = [], {}
     with h5py.File(path, "r") as f:
 
         def visit(name, obj):
-            if "position_embedding" in name and hasattr(obj, "shape"):
-                if len(obj.shape) == 3:
-                    found.append(obj.shape[1])
+            if not hasattr(obj, "shape"):
+                return
+            if "position_embedding" in name and len(obj.shape) == 3:
+                posemb.append(obj.shape[1])
+            m = re.fullmatch(r"layers/dense(?:_(\d+))?/vars/0", name)
+            if m and len(obj.shape) == 2:
+                denses[int(m.group(1) or 0)] = obj.shape[1]
 
         f.visititems(visit)
-    return found[0] if found else None
+    pre_logits = 1 if model.get_config()["representation_size"] else 0
+    head = denses[max(denses)] if len(denses) > pre_logits else None
+    return (posemb[0] if posemb else None), head
 
 
 def _builder(variant):

@@ -1,0 +1,307 @@
+"""Folders of images as data sets: one sub-folder per class.
+
+The layout every image tool reads (timm's `ImageFolder`, torchvision,
+`keras.utils.image_dataset_from_directory`, Hugging Face `imagefolder`):
+
+    my_images/cat/0001.jpg          my_images/train/cat/0001.jpg
+    my_images/cat/0002.png    or    my_images/train/dog/...
+    my_images/dog/...               my_images/val/cat/...   (or validation/, test/)
+
+Class names are the sub-folder names, sorted (label `i` is the `i`-th name),
+and travel into the model (`label_names`). With `train/` (and `val/`,
+`validation/` or `test/`) the splits are those folders; without, a seeded,
+per-class `val_fraction` of each class (default 10 %, at least one image)
+is held out as the validation split -- the same files for the same folder
+and seed, whatever the machine.
+
+Files are recognised by their first bytes, not their names: JPEG, PNG, GIF,
+BMP and WebP. Any other file in a class folder is an error that names it
+(a wrong label must never pass silently); hidden files (`.DS_Store`,
+`._*`) and `Thumbs.db` / `desktop.ini` are skipped, with one printed line
+counting them. Only the file list is held in memory: images are read and
+decoded inside tf.data, after the shuffle (`keras_reluvit.data.pipeline`).
+
+Why not tfds' `ImageFolder`: it needs `train/`-style split folders and reads
+only `.jpg`/`.jpeg`/`.png`; `image_dataset_from_directory` resizes every
+image to one size before any crop. Both remain usable: see
+`keras_reluvit.data.for_model`.
+"""
+
+import os
+
+import numpy as np
+
+# The first bytes of each format tf.io.decode_image reads.
+_MAGIC = (
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"),
+    (b"BM", "bmp"),
+)
+FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WebP")
+SPLIT_DIRS = {"train": ("train",), "validation": ("val", "validation", "valid"),
+              "test": ("test",)}
+_SYSTEM_FILES = {"thumbs.db", "desktop.ini"}
+
+
+class ImageFolderError(ValueError):
+    """A folder that cannot be read as an image data set (the message says
+    what to change)."""
+
+
+def image_format(path):
+    """`"jpeg"`, `"png"`, `"gif"`, `"bmp"`, `"webp"` from the file's first
+    bytes, or None when it is none of them."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    return None
+
+
+def is_image_folder(path):
+    """Whether `path` is a directory (the data sources take a tfds name or a
+    folder: this decides which)."""
+    return isinstance(path, (str, os.PathLike)) and os.path.isdir(os.path.expanduser(path))
+
+
+def _skipped(name):
+    return name.startswith(".") or name.lower() in _SYSTEM_FILES
+
+
+def _class_files(class_dir):
+    """Every image under `class_dir` (sub-folders included), sorted; errors
+    on a non-image file; the count of skipped system files."""
+    files, skipped = [], 0
+    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            path = os.path.join(dirpath, name)
+            if _skipped(name):
+                skipped += 1
+                continue
+            if image_format(path) is None:
+                raise ImageFolderError(
+                    f"{path} is not an image ({', '.join(FORMATS)} are read, recognised by "
+                    "their content): move it out of the class folder, or convert it.")
+            files.append(path)
+    return files, skipped
+
+
+def _scan(split_dir, what):
+    """`(class names, {class: [files]}, skipped)` of one split folder."""
+    if not os.path.isdir(split_dir):
+        raise ImageFolderError(f"{split_dir} is not a folder.")
+    entries = sorted(os.listdir(split_dir))
+    classes = [e for e in entries if os.path.isdir(os.path.join(split_dir, e))
+               and not e.startswith(".")]
+    loose = [e for e in entries if os.path.isfile(os.path.join(split_dir, e))
+             and not _skipped(e)]
+    if not classes:
+        if loose:
+            raise ImageFolderError(
+                f"{split_dir} holds files ({loose[0]}, ...) but no class sub-folders: put each "
+                f"class' images in a sub-folder named after the class ({what}/<class>/*.jpg).")
+        raise ImageFolderError(f"{split_dir} is empty: expected one sub-folder of images per "
+                               f"class ({what}/<class>/*.jpg).")
+    if loose:
+        raise ImageFolderError(
+            f"{os.path.join(split_dir, loose[0])} lies beside the class folders: every image "
+            "must be inside its class' sub-folder (the folder name is its label).")
+    files, skipped = {}, 0
+    for c in classes:
+        files[c], n = _class_files(os.path.join(split_dir, c))
+        skipped += n
+        if not files[c]:
+            raise ImageFolderError(f"Class folder {os.path.join(split_dir, c)} has no images.")
+    return classes, files, skipped
+
+
+class ImageFolder:
+    """The splits of a folder of images (see the module docstring).
+
+    Args:
+        root: the folder.
+        val_fraction: without split folders, the share of each class held
+            out for validation (seeded by `seed`); 0 holds none out.
+        seed: the hold-out's seed.
+
+    Attributes: `class_names`, `splits` (`{"train": (files, labels), ...}`),
+    `split_names`.
+
+    Example:
+
+    ```python
+    folder = kr.image_folder.ImageFolder("my_images/")
+    folder.class_names, folder.num_examples("train")
+    ```
+    """
+
+    def __init__(self, root, val_fraction=0.1, seed=0):
+        self.root = os.path.abspath(os.path.expanduser(os.fspath(root)))
+        if not os.path.isdir(self.root):
+            raise ImageFolderError(f"{root} is not a folder.")
+        val_fraction = float(val_fraction)
+        if not 0.0 <= val_fraction < 1.0:
+            raise ImageFolderError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+        self.val_fraction, self.seed = val_fraction, int(seed)
+        subdirs = {d for d in os.listdir(self.root) if os.path.isdir(os.path.join(self.root, d))}
+        found = {split: next(d for d in names if d in subdirs)
+                 for split, names in SPLIT_DIRS.items() if any(d in subdirs for d in names)}
+        skipped = 0
+        if "train" in found:
+            classes, files, skipped = _scan(os.path.join(self.root, found["train"]), "train")
+            self.class_names = classes
+            self.splits = {"train": self._labelled(files)}
+            for split, d in found.items():
+                if split == "train":
+                    continue
+                names, other, n = _scan(os.path.join(self.root, d), d)
+                skipped += n
+                unknown = sorted(set(names) - set(classes))
+                if unknown:
+                    raise ImageFolderError(
+                        f"{os.path.join(self.root, d)} has classes that train/ lacks: "
+                        f"{unknown[:5]} (the model learns train/'s classes).")
+                self.splits[split] = self._labelled(other)
+        else:
+            if found:
+                raise ImageFolderError(
+                    f"{self.root} has {', '.join(sorted(found.values()))}/ but no train/ folder.")
+            classes, files, skipped = _scan(self.root, os.path.basename(self.root) or "root")
+            self.class_names = classes
+            train, val = {}, {}
+            rng = np.random.default_rng(self.seed)
+            for c in classes:
+                order = rng.permutation(len(files[c]))
+                n_val = (int(round(len(files[c]) * val_fraction)) if val_fraction else 0)
+                n_val = min(max(n_val, 1 if val_fraction and len(files[c]) > 1 else 0),
+                            len(files[c]) - 1)
+                held = set(order[:n_val].tolist())
+                val[c] = [f for i, f in enumerate(files[c]) if i in held]
+                train[c] = [f for i, f in enumerate(files[c]) if i not in held]
+            self.splits = {"train": self._labelled(train)}
+            if any(val.values()):
+                self.splits["validation"] = self._labelled(val)
+        if len(self.class_names) < 2:
+            raise ImageFolderError(
+                f"{self.root} has one class ({self.class_names[0]}): a classifier needs at "
+                "least two class sub-folders.")
+        if skipped:
+            print(f"keras_reluvit: {self.root}: skipped {skipped} hidden / system file(s) "
+                  "(.DS_Store, Thumbs.db, ...).", flush=True)
+
+    def _labelled(self, files):
+        paths, labels = [], []
+        for c, fs in files.items():
+            paths += fs
+            labels += [self.class_names.index(c)] * len(fs)
+        return paths, np.asarray(labels, "int64")
+
+    @property
+    def split_names(self):
+        return list(self.splits)
+
+    @property
+    def num_classes(self):
+        return len(self.class_names)
+
+    def num_examples(self, split):
+        return len(self._split(split)[0])
+
+    def _split(self, split):
+        name = {"val": "validation", "valid": "validation"}.get(split, split)
+        if name not in self.splits:
+            raise ImageFolderError(
+                f"{self.root} has no {split!r} split; it has {', '.join(self.splits)}.")
+        return self.splits[name]
+
+    def dataset(self, split, shard=(0, 1)):
+        """A `tf.data.Dataset` of `{"file": path, "label": int64}` (file names
+        only: `keras_reluvit.data.pipeline` reads and decodes them), in a
+        fixed order; `shard=(index, count)` takes every `count`-th example
+        from `index` (equal sizes: the remainder is dropped)."""
+        import tensorflow as tf
+
+        paths, labels = self._split(split)
+        index, count = shard
+        if count > 1:
+            n = len(paths) // count * count
+            paths, labels = paths[index:n:count], labels[index:n:count]
+        return tf.data.Dataset.from_tensor_slices({"file": list(paths), "label": labels})
+
+    def __repr__(self):
+        sizes = ", ".join(f"{k}: {len(v[0])}" for k, v in self.splits.items())
+        return f"ImageFolder({self.root!r}, classes={self.class_names}, {sizes})"
+
+
+# scikit-image's bundled photographs behind `sample_folder`'s classes.
+SAMPLE_PHOTOS = {"cat": "chelsea", "coffee": "coffee", "rocket": "rocket", "astronaut": "astronaut"}
+
+
+def sample_folder(root, classes=("cat", "coffee", "rocket"), per_class=24, size=(48, 96),
+                  split=False, seed=0):
+    """Writes a small folder of real photographs to fine-tune on, offline:
+    random crops (20-80 % of the side, any aspect), flips and rescales of
+    scikit-image's bundled photographs (`SAMPLE_PHOTOS`: one photograph per
+    class), saved in every format the readers take (JPEG at varied
+    qualities, PNG, also grayscale and RGBA, BMP, GIF, WebP). Needs
+    scikit-image and Pillow. Returns `root`.
+
+    Args:
+        root: the folder to write (`root/<class>/*.jpg`; with `split=True`
+            `root/train/<class>/` and `root/val/<class>/`, a quarter each).
+        classes: names from `SAMPLE_PHOTOS`.
+        per_class: images per class.
+        size: (min, max) side of the written images, in pixels.
+        seed: the crops' seed (the same folder for the same arguments).
+
+    Example:
+
+    ```python
+    root = kr.image_folder.sample_folder("my_images")   # 3 classes x 24 photos
+    train, val, info = kr.data.load(root, batch_size=16, image_size=32)
+    ```
+    """
+    from PIL import Image
+    from skimage import data as skdata
+
+    unknown = [c for c in classes if c not in SAMPLE_PHOTOS]
+    if unknown:
+        raise ValueError(f"No sample photograph for {unknown}; choose from {list(SAMPLE_PHOTOS)}.")
+    rng = np.random.default_rng(seed)
+    formats = [("jpg", "JPEG", "RGB")] * 6 + [("png", "PNG", "RGB"), ("png", "PNG", "L"),
+                                              ("png", "PNG", "RGBA"), ("bmp", "BMP", "RGB"),
+                                              ("gif", "GIF", "P"), ("webp", "WEBP", "RGB")]
+    root = os.path.expanduser(os.fspath(root))
+    for c in classes:
+        photo = getattr(skdata, SAMPLE_PHOTOS[c])()
+        h, w = photo.shape[:2]
+        for i in range(per_class):
+            ch = int(h * rng.uniform(0.2, 0.8))
+            cw = int(w * rng.uniform(0.2, 0.8))
+            top, left = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+            crop = photo[top:top + ch, left:left + cw]
+            if rng.random() < 0.5:
+                crop = crop[:, ::-1]
+            side = int(rng.integers(size[0], size[1] + 1))
+            scale = side / max(ch, cw)
+            image = Image.fromarray(np.ascontiguousarray(crop)).resize(
+                (max(1, round(cw * scale)), max(1, round(ch * scale))), Image.BICUBIC)
+            ext, fmt, mode = formats[i % len(formats)]
+            image = image.convert(mode)
+            if mode == "RGBA":  # an alpha gradient
+                alpha = np.linspace(64, 255, image.size[0] * image.size[1]).astype("uint8")
+                image.putalpha(Image.fromarray(alpha.reshape(image.size[1], image.size[0])))
+            part = ""
+            if split:
+                part = "val" if i % 4 == 3 else "train"
+            folder = os.path.join(root, part, c)
+            os.makedirs(folder, exist_ok=True)
+            kwargs = {"quality": int(rng.integers(70, 96))} if fmt == "JPEG" else {}
+            image.save(os.path.join(folder, f"{c}_{i:03d}.{ext}"), fmt, **kwargs)
+    return root
