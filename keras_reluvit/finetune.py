@@ -46,9 +46,9 @@ def linear_probe(model):
     """Freezes everything but the classifier `head` (in place; returns
     `model`). Compile after calling it: the optimizer sees only the head."""
     head = _head(model)
+    model.trainable = True  # (before the layers: it sets every sub-layer)
     for layer in model._flatten_layers(include_self=False):
         layer.trainable = False
-    model.trainable = True
     head.trainable = True
     return model
 

@@ -274,7 +274,7 @@ def sample_folder(root, classes=("cat", "coffee", "rocket"), per_class=24, size=
     if unknown:
         raise ValueError(f"No sample photograph for {unknown}; choose from {list(SAMPLE_PHOTOS)}.")
     rng = np.random.default_rng(seed)
-    formats = [("jpg", "JPEG", "RGB")] * 6 + [("png", "PNG", "RGB"), ("png", "PNG", "L"),
+    formats = [("jpg", "JPEG", "RGB")] * 6 + [("png", "PNG", "L"), ("png", "PNG", "RGB"),
                                               ("png", "PNG", "RGBA"), ("bmp", "BMP", "RGB"),
                                               ("gif", "GIF", "P"), ("webp", "WEBP", "RGB")]
     root = os.path.expanduser(os.fspath(root))

@@ -1,0 +1,374 @@
+"""Fine-tuning on every backend: Keras' own quantize / LoRA / dtype policies
+through our fast paths, LoRA and linear probes that train what they say,
+layer-wise learning-rate decay against its definition, a fresh head from any
+weights file, `model.preprocessor` and `kr.data.for_model` inside tf.data,
+and a folder of real photographs fine-tuned through the CLI and the API.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+from conftest import backend_name
+
+import keras_reluvit as kr
+from keras_reluvit import finetune
+from keras_reluvit import image_folder
+from keras_reluvit import recipes
+from keras_reluvit import torch_fast
+
+TINY = dict(variant="Ti/8", width=64, depth=2, num_heads=2, mlp_dim=128, image_size=32)
+
+
+def perturbed(model, seed=0, scale=0.05):
+    """Every weight moved by numpy noise (the same model on every backend;
+    the zero-initialised head would make all logits equal otherwise)."""
+    rng = np.random.default_rng(seed)
+    for v in model.weights:
+        value = np.asarray(keras.ops.convert_to_numpy(v), "float32")
+        v.assign(value + rng.normal(0, scale, v.shape).astype("float32"))
+    return model
+
+
+def npy(x):
+    return np.asarray(keras.ops.convert_to_numpy(x), "float64")
+
+
+def images(n=4, seed=1, size=32):
+    return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype("float32")
+
+
+# --------------------------------------------------------------- quantize
+@pytest.fixture
+def fast_calls(monkeypatch):
+    """Counts the torch fast paths taken (attention projections, MLP GEMMs)."""
+    calls = {"attention": 0, "mlp": 0}
+    qkv, linear = torch_fast.project_qkv, torch_fast.linear
+
+    def project_qkv(*a, **k):
+        calls["attention"] += 1
+        return qkv(*a, **k)
+
+    def spy_linear(*a, **k):
+        calls["mlp"] += 1
+        return linear(*a, **k)
+
+    monkeypatch.setattr(torch_fast, "project_qkv", project_qkv)
+    monkeypatch.setattr(torch_fast, "linear", spy_linear)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["int8", "float8", "int4"])
+def test_quantize_logits_within_keras_error_with_fast_paths(mode, monkeypatch, fast_calls):
+    """`model.quantize(mode)` on a perturbed ViT: the logits' error against
+    the float model is Keras' own quantization error -- measured with our
+    fast paths on (the default) and off (Keras' layer code): within 1.5x of
+    each other, and the fast paths are not taken for quantized layers."""
+    x = images()
+    errors = {}
+    for fast in ("1", "0"):
+        monkeypatch.setenv("KERAS_RELUVIT_TORCH_FAST", fast)
+        model = perturbed(kr.ViT(**TINY, num_classes=5))
+        ref = npy(model(x))
+        model.quantize(mode)
+        fast_calls.update(attention=0, mlp=0)
+        out = npy(model(x))
+        errors[fast] = np.abs(out - ref).max() / np.abs(ref).max()
+        assert fast_calls == {"attention": 0, "mlp": 0}, "a fast path ran on quantized layers"
+    assert 0 < errors["1"] <= 1.5 * errors["0"], errors
+    assert errors["1"] < {"int8": 0.05, "float8": 0.2, "int4": 0.4}[mode], errors
+
+
+def _test_fast_paths_step_aside_by_layer_state(fast_calls):
+    """Decided from each layer's state: plain layers take the fast paths;
+    LoRA on one attention projection sends that attention (only) to Keras'
+    code; LoRA on one MLP layer does the same for its MLP; a quantized dtype
+    policy too. Outputs equal Keras' code (fast paths off) in every case."""
+    x = images()
+    model = perturbed(kr.ViT(**TINY, num_classes=5))
+    model(x)
+    assert fast_calls == {"attention": 2, "mlp": 4}
+    model.blocks[0].attn._value_dense.enable_lora(2)
+    model.blocks[1].mlp.fc2.enable_lora(2)
+    for v in model.weights:  # LoRA factors nonzero: the LoRA layers compute something new
+        if "lora_kernel_b" in v.path:
+            v.assign(np.full(v.shape, 0.05, "float32"))
+    fast_calls.update(attention=0, mlp=0)
+    out = npy(model(x))
+    assert fast_calls == {"attention": 1, "mlp": 2}
+    os.environ["KERAS_RELUVIT_TORCH_FAST"] = "0"
+    try:
+        ref = npy(model(x))
+    finally:
+        del os.environ["KERAS_RELUVIT_TORCH_FAST"]
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+if backend_name() == "torch":  # the torch fast paths: collected in the torch suite only
+    test_fast_paths_step_aside_by_layer_state = _test_fast_paths_step_aside_by_layer_state
+
+
+# ------------------------------------------------------------------- LoRA
+def test_lora_trains_only_its_factors_and_saves_merged(tmp_path):
+    """`model.enable_lora(rank, train_head=False)`: the trainable variables
+    are exactly the LoRA factors of every query / value projection; a fit
+    changes only them; the saved `.keras` file is a plain ViT whose logits
+    equal the LoRA model's (merged kernels, <= 1e-5)."""
+    model = perturbed(kr.ViT(**TINY, num_classes=3))
+    model.enable_lora(4, train_head=False)
+    names = sorted(v.path for v in model.trainable_variables)
+    want = sorted(f"block_{i:02d}/attention/{p}/lora_kernel_{ab}"
+                  for i in range(2) for p in ("query", "value") for ab in "ab")
+    assert names == want
+    before = {v.path: npy(v) for v in model.weights}
+    x = images(seed=5)
+    logits_before = npy(model(x))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+    y = np.eye(3, dtype="float32")[[0, 1, 2, 0]]
+    model.fit(images(), y, epochs=3, batch_size=4, verbose=0)
+    changed = sorted(p for p, v in before.items() if not np.array_equal(v, _value(model, p)))
+    assert changed == want
+    lora_logits = npy(model(x))
+    assert np.abs(lora_logits - logits_before).max() > 1e-4  # LoRA changed the function
+    model.save(tmp_path / "m.keras")
+    reloaded = keras.saving.load_model(tmp_path / "m.keras")
+    assert not any("lora" in v.path for v in reloaded.weights)
+    np.testing.assert_allclose(npy(reloaded(x)), lora_logits, rtol=1e-5, atol=1e-5)
+
+
+def _value(model, path):
+    return next(npy(v) for v in model.weights if v.path == path)
+
+
+def test_lora_default_targets_and_head(tmp_path):
+    """keras-hub's default: LoRA on query and value, the head trains too;
+    wrong ranks and targets get errors naming them."""
+    model = kr.ViT(**TINY, num_classes=3)
+    model.enable_lora(2)
+    trainable = {v.path for v in model.trainable_variables}
+    assert {"head/kernel", "head/bias"} <= trainable
+    assert len(trainable) == 2 + 2 * 2 * 2
+    with pytest.raises(ValueError, match="rank"):
+        kr.ViT(**TINY, num_classes=3).enable_lora(0)
+    with pytest.raises(ValueError, match="No LoRA target named"):
+        kr.ViT(**TINY, num_classes=3).enable_lora(2, target_layer_names=["qkv"])
+    with pytest.raises(ValueError, match="no classifier head"):
+        kr.ViT(**TINY, include_top=False).enable_lora(2)
+
+
+# ------------------------------------------------------------ linear probe
+def test_linear_probe_changes_only_the_head():
+    model = perturbed(kr.ViT(**TINY, num_classes=3))
+    finetune.set_trainable(model, "head")
+    assert sorted(v.path for v in model.trainable_variables) == ["head/bias", "head/kernel"]
+    before = {v.path: npy(v) for v in model.weights}
+    recipes.compile(model, "bv_transfer", steps_per_epoch=2, batch_size=4, epochs=2, lr=0.1)
+    y = np.eye(3, dtype="float32")[[0, 1, 2, 0]]
+    model.fit(images(8), np.concatenate([y, y]), epochs=2, batch_size=4, verbose=0)
+    changed = {p for p, v in before.items() if not np.array_equal(v, _value(model, p))}
+    assert changed == {"head/kernel", "head/bias"}
+    finetune.set_trainable(model, "all")
+    assert len(model.trainable_variables) == len(model.weights)
+
+
+# ------------------------------------------------------------ layer decay
+def _expected_scale(path, depth, decay):
+    """BEiT / timm's rule, written out: embedding decay^(depth+1), block i
+    decay^(depth-i), everything after the blocks 1."""
+    if path.split("/")[0] in ("embedding", "pos_embedding", "cls", "reg", "pre_norm"):
+        return decay ** (depth + 1)
+    if path.startswith("block_"):
+        return decay ** (depth - int(path.split("/")[0][len("block_"):]))
+    return 1.0
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_layer_decay_gives_each_block_its_rate(kind):
+    """One optimizer step with layer decay 0.5 on a 3-block ViT with a class
+    token: every variable moves by exactly its own learning rate (SGD:
+    `-lr * scale * g`; AdamW's first step: `-lr * scale * g / |g|` and the
+    decoupled decay `-lr * scale * wd * w` on kernels, scaled too)."""
+    depth, decay, lr, wd = 3, 0.5, 0.1, 0.3
+    model = perturbed(kr.ViT(**dict(TINY, depth=depth), num_classes=3, pool="tok"))
+    scales = finetune.layer_decay_scales(model, decay)
+    variables = model.trainable_variables
+    assert {v.path: scales[v.path] for v in variables} == {
+        v.path: _expected_scale(v.path, depth, decay) for v in variables}
+    assert min(scales.values()) == decay ** (depth + 1) and max(scales.values()) == 1.0
+    if kind == "sgd":
+        opt = recipes.LayerDecaySGD(learning_rate=lr, momentum=0.0, layer_scales=scales)
+    else:
+        opt = recipes.LayerDecayAdamW(learning_rate=lr, weight_decay=wd, layer_scales=scales)
+        opt.exclude_from_weight_decay(
+            var_list=[v for v in variables if not v.path.endswith("kernel")])
+    rng = np.random.default_rng(3)
+    grads = [rng.normal(0, 1, v.shape).astype("float32") for v in variables]
+    before = [npy(v) for v in variables]
+    opt.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+    for v, w, g in zip(variables, before, grads):
+        s = _expected_scale(v.path, depth, decay)
+        if kind == "sgd":
+            want = w - lr * s * g
+        else:
+            decayed = w * (1 - lr * s * wd) if v.path.endswith("kernel") else w
+            # Keras' Adam, step 1: lr * g / (|g| + eps / sqrt(1 - beta_2)).
+            want = decayed - lr * s * g / (np.abs(g) + 1e-7 / np.sqrt(1 - 0.999))
+        np.testing.assert_allclose(npy(v), want, rtol=1e-4, atol=1e-6, err_msg=v.path)
+
+
+def test_layer_decay_through_the_recipe_and_a_saved_model(tmp_path):
+    """`adamw_finetune` compiles a `LayerDecayAdamW` with the 0.75 decay; a
+    fit runs and the compiled model saves and reloads (registered class)."""
+    model = perturbed(kr.ViT(**TINY, num_classes=3))
+    recipes.compile(model, "adamw_finetune", steps_per_epoch=1, batch_size=4, epochs=1)
+    assert isinstance(model.optimizer, recipes.LayerDecayAdamW)
+    assert model.optimizer.layer_scales["block_00/norm1/gamma"] == pytest.approx(0.75 ** 2)
+    y = np.eye(3, dtype="float32")[[0, 1, 2, 0]]
+    model.fit(images(), y, epochs=1, batch_size=4, verbose=0)
+    model.save(tmp_path / "m.keras")
+    again = keras.saving.load_model(tmp_path / "m.keras")
+    assert isinstance(again.optimizer, recipes.LayerDecayAdamW)
+    assert again.optimizer.layer_scales == model.optimizer.layer_scales
+    with pytest.raises(ValueError, match="layer_decay must be in"):
+        finetune.layer_decay_scales(model, 1.5)
+
+
+# ------------------------------------------------------------ fresh heads
+def test_a_fresh_head_from_any_weights_file(tmp_path, capsys):
+    """`.weights.h5` and `.keras` files of another class count (or of a
+    model without a head) load into a model with a new, zero head -- the
+    rest of the weights exactly -- and say so in one line."""
+    src = perturbed(kr.ViT(**TINY, num_classes=10))
+    src.save_weights(tmp_path / "m.weights.h5")
+    src.save(tmp_path / "m.keras")
+    feats = perturbed(kr.ViT(**TINY, include_top=False))
+    feats.save_weights(tmp_path / "f.weights.h5")
+    x = images()
+    for path, source in ((tmp_path / "m.weights.h5", src), (tmp_path / "m.keras", src),
+                         (tmp_path / "f.weights.h5", feats)):
+        model = kr.ViT_Ti8(weights=str(path), **{k: v for k, v in TINY.items()
+                                                 if k != "variant"}, num_classes=4)
+        assert "fresh" in capsys.readouterr().out
+        np.testing.assert_array_equal(npy(model.get_layer("head").kernel), 0)
+        feature_model = keras.Model(model.input, model.get_layer("encoder_norm").output)
+        source_features = keras.Model(source.input, source.get_layer("encoder_norm").output)
+        np.testing.assert_allclose(npy(feature_model(x)), npy(source_features(x)), atol=1e-6)
+
+
+# ------------------------------------------------------ the smaller fixes
+def test_encoder_block_takes_an_attention_kind():
+    block = kr.EncoderBlock(num_heads=2, mlp_dim=64, attention="relu")
+    y = block(np.zeros((1, 5, 32), "float32"))
+    assert tuple(y.shape) == (1, 5, 32)
+    assert block.attn.activation == "relu"
+    again = kr.EncoderBlock.from_config(block.get_config())
+    assert again.attention == block.attention
+    with pytest.raises(ValueError, match="Unknown attention kind"):
+        kr.EncoderBlock(num_heads=2, mlp_dim=64, attention="rleu")
+
+
+def test_mixed_precision_model_reports_its_policy(tmp_path):
+    model = kr.ViT(**TINY, num_classes=3, dtype="mixed_bfloat16")
+    assert model.dtype_policy.name == "mixed_bfloat16"
+    assert model.compute_dtype == "bfloat16"
+    assert keras.backend.standardize_dtype(model(images()).dtype) == "float32"  # logits
+    model.save(tmp_path / "m.keras")
+    assert keras.saving.load_model(tmp_path / "m.keras").dtype_policy.name == "mixed_bfloat16"
+    assert kr.ViT(**TINY, num_classes=3).dtype_policy.name == "float32"
+
+
+# --------------------------------------------------------- tf.data inputs
+def test_preprocessor_and_for_model_inside_tf_data():
+    """`model.preprocessor` inside `Dataset.map` (the documented Keras path)
+    equals the eager call on this backend; `kr.data.for_model` turns
+    `image_dataset_from_directory`-style batches (float 0-255, int labels)
+    into the model's inputs and one-hot labels."""
+    import tensorflow as tf
+
+    model = kr.ViT(**TINY, num_classes=3)
+    rng = np.random.default_rng(0)
+    photos = rng.integers(0, 256, (6, 40, 52, 3)).astype("float32")
+    labels = np.array([0, 1, 2, 0, 1, 2])
+    ds = tf.data.Dataset.from_tensor_slices((photos, labels)).batch(3)
+    mapped = np.concatenate([x.numpy() for x, _ in ds.map(
+        lambda x, y: (model.preprocessor(x), y))])
+    np.testing.assert_allclose(mapped, npy(model.preprocessor(photos)), atol=1e-4)
+    prepared = list(kr.data.for_model(ds, model, batch_size=6))
+    assert len(prepared) == 1
+    x, y = (t.numpy() for t in prepared[0])
+    np.testing.assert_allclose(x, mapped, atol=1e-4)
+    np.testing.assert_array_equal(y, np.eye(3)[labels])
+    train = next(iter(kr.data.for_model(ds, model, train=True, batch_size=6)))
+    assert train[0].shape == (6, 32, 32, 3) and float(tf.reduce_max(tf.abs(train[0]))) <= 1.0
+
+
+# --------------------------------- a folder of photographs, CLI and API
+ACCURACY = 0.95
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """3 classes x 32 real photographs (crops of scikit-image's samples, in
+    every format) in train/ + val/ (24 + 8 per class), and a "pretrained"
+    checkpoint of 10 classes -- the same weights on every backend."""
+    root = tmp_path_factory.mktemp("photos")
+    image_folder.sample_folder(root / "images", per_class=32, split=True)
+    keras.utils.set_random_seed(0)
+    model = perturbed(kr.ViT(**TINY, num_classes=10), scale=0.02)
+    model.save(root / "pretrained.keras")
+    return root
+
+
+def test_fine_tune_a_folder_through_the_cli(photos, tmp_path, capsys):
+    """`keras-reluvit train --dataset DIR --init CKPT` (10 -> 3 classes,
+    big_vision's transfer recipe) reaches ACCURACY on val/; `predict` on the
+    folder names the folder's classes, one line per image, mostly right; the
+    SavedModel serves the class names."""
+    from keras_reluvit import cli
+
+    out = tmp_path / "run"
+    assert cli.main(["train", "--dataset", str(photos / "images"), "--init",
+                     str(photos / "pretrained.keras"), "--recipe", "bv_transfer",
+                     "--batch-size", "9", "--epochs", "15", "--lr", "0.03",
+                     "--output", str(out), "--quiet"]) == 0
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert final["accuracy"] >= ACCURACY, final
+    config = json.loads((out / "config.json").read_text())
+    assert config["label_names"] == ["cat", "coffee", "rocket"]
+    assert cli.main(["predict", str(out / "model.keras"), str(photos / "images" / "val")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 24
+    right = [line.split("\t")[1].split()[0] == line.split("\t")[0].split(os.sep)[-2]
+             for line in lines]
+    assert np.mean(right) >= ACCURACY
+    import tensorflow as tf
+
+    served = tf.saved_model.load(str(out / "saved_model"))
+    data = tf.io.read_file(str(photos / "images" / "val" / "rocket" / "rocket_003.jpg"))
+    result = served.signatures["serve_bytes"](image_bytes=tf.reshape(data, [1]))
+    top = [n.decode() for n in result["top_k_labels"].numpy()[0]]
+    assert sorted(top) == ["cat", "coffee", "rocket"] and top[0] == "rocket"
+
+
+def test_fine_tune_a_folder_through_the_api(photos):
+    """The Python path: `kr.data.load(DIR)` -> `kr.load_checkpoint(...,
+    num_classes=3)` (a fresh head) -> `recipes.compile` (big_vision's
+    transfer recipe with layer decay 0.9: `LayerDecaySGD` inside `fit`) ->
+    ACCURACY on val/ -> `decode_predictions` names the classes."""
+    train, val, info = kr.data.load(str(photos / "images"), batch_size=9, image_size=32)
+    assert info.label_names == ["cat", "coffee", "rocket"]
+    model = kr.load_checkpoint(str(photos / "pretrained.keras"), num_classes=3,
+                               label_names=info.label_names)
+    recipes.compile(model, "bv_transfer", steps_per_epoch=len(train), batch_size=9,
+                    epochs=15, lr=0.03, layer_decay=0.9)
+    assert isinstance(model.optimizer, recipes.LayerDecaySGD)
+    model.fit(train.repeat(), steps_per_epoch=len(train), epochs=15, verbose=0)
+    result = model.evaluate(val, return_dict=True, verbose=0)
+    assert result["accuracy"] >= ACCURACY, result
+    x, _ = next(iter(val))
+    logits = model.predict(x, verbose=0)
+    top = kr.decode_predictions(logits, model, from_logits=True, top=1)
+    assert [t[0][0] for t in top] == [info.label_names[i] for i in np.argmax(logits, -1)]
