@@ -14,6 +14,27 @@ import keras  # noqa: E402
 import numpy as np
 import pytest
 
+# Tests of TensorFlow-only code (tf.data pipelines, tfds builders, the
+# pipeline benchmark) compute the same thing under every Keras backend: they
+# are collected in the TensorFlow suite only (deselected, not skipped, in the
+# JAX and PyTorch suites), so CI runs them once.
+BACKEND_INDEPENDENT_SUITE = "tensorflow"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "backend_independent: TensorFlow-only code (tf.data, tfds); collected in "
+        f"the {BACKEND_INDEPENDENT_SUITE} suite only")
+
+
+def pytest_collection_modifyitems(config, items):
+    if keras.backend.backend() == BACKEND_INDEPENDENT_SUITE:
+        return
+    deselected = [i for i in items if i.get_closest_marker("backend_independent")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [i for i in items if not i.get_closest_marker("backend_independent")]
+
 
 @pytest.fixture(autouse=True)
 def _seed():

@@ -60,25 +60,26 @@ def fast_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("mode", ["int8", "float8", "int4"])
-def test_quantize_logits_within_keras_error_with_fast_paths(mode, monkeypatch, fast_calls):
-    """`model.quantize(mode)` on a perturbed ViT: the logits' error against
-    the float model is Keras' own quantization error -- measured with our
-    fast paths on (the default) and off (Keras' layer code): within 1.5x of
-    each other, and the fast paths are not taken for quantized layers."""
+def test_quantize_int8_logits_within_keras_error_with_fast_paths(monkeypatch, fast_calls):
+    """`model.quantize("int8")` on a perturbed ViT: the logits' error against
+    the float model is Keras' own quantization error, and the fast paths are
+    not taken for quantized layers -- on PyTorch measured with our fast paths
+    on (the default) and off (Keras' layer code): within 1.5x of each other.
+    (All three modes against JAX's error: tests/once/test_cross_backend.py.)"""
     x = images()
     errors = {}
-    for fast in ("1", "0"):
+    for fast in ("1", "0") if backend_name() == "torch" else ("1",):
         monkeypatch.setenv("KERAS_RELUVIT_TORCH_FAST", fast)
+        keras.utils.set_random_seed(0)  # the same model both times
         model = perturbed(kr.ViT(**TINY, num_classes=5))
         ref = npy(model(x))
-        model.quantize(mode)
+        model.quantize("int8")
         fast_calls.update(attention=0, mlp=0)
         out = npy(model(x))
         errors[fast] = np.abs(out - ref).max() / np.abs(ref).max()
         assert fast_calls == {"attention": 0, "mlp": 0}, "a fast path ran on quantized layers"
-    assert 0 < errors["1"] <= 1.5 * errors["0"], errors
-    assert errors["1"] < {"int8": 0.05, "float8": 0.2, "int4": 0.4}[mode], errors
+    assert 0 < errors["1"] <= 1.5 * errors.get("0", errors["1"]), errors
+    assert errors["1"] < 0.05, errors
 
 
 def _test_fast_paths_step_aside_by_layer_state(fast_calls):
@@ -324,33 +325,33 @@ def photos(tmp_path_factory):
 
 def test_fine_tune_a_folder_through_the_cli(photos, tmp_path, capsys):
     """`keras-reluvit train --dataset DIR --init CKPT` (10 -> 3 classes,
-    big_vision's transfer recipe) reaches ACCURACY on val/; `predict` on the
-    folder names the folder's classes, one line per image, mostly right; the
-    SavedModel serves the class names."""
+    big_vision's transfer recipe) reaches ACCURACY on val/; `eval` on the
+    folder agrees; `predict` on the folder names the folder's classes, one
+    line per image, mostly right. (The SavedModel serving the class names:
+    tests/once/test_examples.py, the fine-tuning example.)"""
     from keras_reluvit import cli
 
     out = tmp_path / "run"
     assert cli.main(["train", "--dataset", str(photos / "images"), "--init",
                      str(photos / "pretrained.keras"), "--recipe", "bv_transfer",
                      "--batch-size", "9", "--epochs", "15", "--lr", "0.03",
-                     "--output", str(out), "--quiet"]) == 0
-    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+                     "--output", str(out), "--quiet", "--no-export"]) == 0
+    printed = capsys.readouterr().out
+    assert "fine-tuning all" in printed and "fresh" in printed
+    final = json.loads(printed.strip().splitlines()[-1])
     assert final["accuracy"] >= ACCURACY, final
     config = json.loads((out / "config.json").read_text())
     assert config["label_names"] == ["cat", "coffee", "rocket"]
-    assert cli.main(["predict", str(out / "model.keras"), str(photos / "images" / "val")]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 24
-    right = [line.split("\t")[1].split()[0] == line.split("\t")[0].split(os.sep)[-2]
-             for line in lines]
+    assert cli.main(["eval", str(out / "model.keras"), "--dataset",
+                     str(photos / "images"), "--batch-size", "8"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["accuracy"] == pytest.approx(final["accuracy"], abs=1e-6)
+    assert cli.main(["predict", str(out / "model.keras"), str(photos / "images" / "val"),
+                     "--json", "--top", "1"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(records) == 24
+    right = [r["top"][0]["label"] == r["image"].split(os.sep)[-2] for r in records]
     assert np.mean(right) >= ACCURACY
-    import tensorflow as tf
-
-    served = tf.saved_model.load(str(out / "saved_model"))
-    data = tf.io.read_file(str(photos / "images" / "val" / "rocket" / "rocket_003.jpg"))
-    result = served.signatures["serve_bytes"](image_bytes=tf.reshape(data, [1]))
-    top = [n.decode() for n in result["top_k_labels"].numpy()[0]]
-    assert sorted(top) == ["cat", "coffee", "rocket"] and top[0] == "rocket"
 
 
 def test_fine_tune_a_folder_through_the_api(photos):

@@ -50,6 +50,7 @@ def test_real_imagenet_builder_pipeline_fit_and_eval(imagenet_dir):
     assert 5.0 < result["loss"] < 9.0
 
 
+@pytest.mark.backend_independent
 def test_eval_pipeline_is_deterministic_and_center_crops(imagenet_dir):
     import tensorflow as tf
 
@@ -74,6 +75,7 @@ def test_eval_pipeline_is_deterministic_and_center_crops(imagenet_dir):
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+@pytest.mark.backend_independent
 def test_resize_small_central_crop_geometry():
     import tensorflow as tf
 
@@ -87,6 +89,7 @@ def test_resize_small_central_crop_geometry():
     assert col[12:16].min() > 200 and col[:6].max() < 1 and col[-6:].max() < 1
 
 
+@pytest.mark.backend_independent
 def test_mixup_has_big_vision_semantics():
     import tensorflow as tf
 
@@ -102,6 +105,7 @@ def test_mixup_has_big_vision_semantics():
     np.testing.assert_allclose(mi.numpy(), ref, rtol=1e-5)
 
 
+@pytest.mark.backend_independent
 def test_train_pipeline_is_seeded_and_mixup_rows_sum_to_one(digits_dir):
     aug = D.Augment(crop_area=(0.5, 1.0), flip=False, mixup=0.8)
     first = [next(iter(D.load("sklearn_digits", 16, 32, digits_dir, aug, seed=3).train))
@@ -114,6 +118,7 @@ def test_train_pipeline_is_seeded_and_mixup_rows_sum_to_one(digits_dir):
     assert not np.array_equal(np.asarray(other[0]), np.asarray(first[0][0]))
 
 
+@pytest.mark.backend_independent
 def test_unprepared_imagenet_error_names_the_archives(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
         D.imagenet(batch_size=8, data_dir=tmp_path)
@@ -123,6 +128,7 @@ def test_unprepared_imagenet_error_names_the_archives(tmp_path):
     assert "keras-reluvit prepare imagenet2012" in msg
 
 
+@pytest.mark.backend_independent
 def test_cli_prepares_imagenet_from_the_default_and_an_explicit_manual_dir(
         tmp_path, imagenet_manual, capsys):
     from keras_reluvit import cli
@@ -298,6 +304,7 @@ def test_attention_stats_callback_logs_per_layer_statistics(tmp_path):
         assert len(relu[f"attn_{i}_row_sum"]) == 2
 
 
+@pytest.mark.backend_independent
 def test_cli_bench_reports_pipeline_throughput(digits_dir, capsys):
     import re
 

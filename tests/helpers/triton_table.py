@@ -1,13 +1,18 @@
-"""Child process (Triton's compiler, no TRITON_INTERPRET): compiles every
-Triton kernel variant that launches -- per dtype given on the command line
-(fp32: with TF32 allowed),
-head dims 64 / 80 / 128, no / key / general mask, fused and deterministic
-backward, every autotuning config -- for sm_90a *as launched*
-(`triton_kernel.compile_for`), and prints one JSON list of rows: ptxas'
-registers and spill bytes, shared memory, dots per loop iteration, and
-whether every batch / head offset is 64-bit.
+"""Child process (Triton's compiler, no TRITON_INTERPRET): compiles the
+Triton kernel variants that launch -- per dtype given on the command line
+(fp32: with TF32 allowed), fused and deterministic backward, every
+autotuning config -- for sm_90a *as launched* (`triton_kernel.compile_for`),
+and prints one JSON list of rows: ptxas' registers and spill bytes, shared
+memory, dots per loop iteration, and whether every batch / head offset is
+64-bit.
 
-    python tests/helpers/triton_table.py bf16 fp16
+CI compiles a representative subset (`SUBSET`: head dims 64 and 128, each
+mask kind, so every kernel; bf16 for the 16-bit class and fp32 as TF32);
+`--full` compiles the whole table (head dims 64 / 80 / 128 x no / key /
+general mask, ~10 min per dtype on 2 cores) and `--markdown` prints it:
+
+    python tests/helpers/triton_table.py --full --markdown bf16 fp16 fp32 \
+        > benchmarks/results/kernel_table_sm90a.md
 """
 
 import json
@@ -35,7 +40,19 @@ def offsets_64bit(ttir):
     return bool(found) and all(bits == "i64" for _, bits in found)
 
 
-def rows(dtypes):
+# (head dim, mask) pairs CI compiles: both head-dim tile families, every mask kind.
+SUBSET = ((64, None), (64, "key"), (128, "general"))
+
+
+def variants(full):
+    from keras_reluvit.kernels import triton as ta
+
+    if full:
+        return [(d, mask) for d in (64, 80, 128) for mask in ta.MASKS]
+    return list(SUBSET)
+
+
+def rows(dtypes, full=False):
     from keras_reluvit.kernels import triton as ta
 
     out = []
@@ -45,36 +62,36 @@ def rows(dtypes):
         # float32 as it launches with TF32 allowed; IEEE float32 is the
         # listed exception (triton_kernel.CONFIGS)
         torch.backends.cuda.matmul.allow_tf32 = dtype == "fp32"
-        for d in (64, 80, 128):
-            for mask in ta.MASKS:
-                for deterministic in (False, True):
-                    compiled = ta.compile_for(("cuda", 90, 32), dtype=dtype, head_dim=d, mask=mask,
-                                              deterministic=deterministic,
-                                              with_forward=not deterministic)
-                    for name, kernel, report in compiled:
-                        consts = kernel.src.constants
-                        names = kernel.src.fn.arg_names
-                        const = {names[i[0]]: v for i, v in consts.items()}
-                        out.append(dict(
-                            dtype=dtype, head_dim=d, mask=mask or "none",
-                            kernel=name.strip("_") + ("" if name != "_backward_kernel" else
-                                                      (" (two-kernel)" if deterministic
-                                                       else " (fused dQ)")),
-                            tile=f"{const.get('BLOCK_Q')}x{const.get('BLOCK_K')}",
-                            warps=kernel.metadata.num_warps, stages=kernel.metadata.num_stages,
-                            precision=const.get("PRECISION"), shared=kernel.metadata.shared,
-                            sm90a=".target sm_90a" in kernel.asm["ptx"],
-                            dots=loop_dots(kernel.asm["ttir"]),
-                            offsets64=offsets_64bit(kernel.asm["ttir"]), **report))
+        for d, mask in variants(full):
+            for deterministic in (False, True):
+                compiled = ta.compile_for(("cuda", 90, 32), dtype=dtype, head_dim=d, mask=mask,
+                                          deterministic=deterministic,
+                                          with_forward=not deterministic)
+                for name, kernel, report in compiled:
+                    consts = kernel.src.constants
+                    names = kernel.src.fn.arg_names
+                    const = {names[i[0]]: v for i, v in consts.items()}
+                    out.append(dict(
+                        dtype=dtype, head_dim=d, mask=mask or "none",
+                        kernel=name.strip("_") + ("" if name != "_backward_kernel" else
+                                                  (" (two-kernel)" if deterministic
+                                                   else " (fused dQ)")),
+                        tile=f"{const.get('BLOCK_Q')}x{const.get('BLOCK_K')}",
+                        warps=kernel.metadata.num_warps, stages=kernel.metadata.num_stages,
+                        precision=const.get("PRECISION"), shared=kernel.metadata.shared,
+                        sm90a=".target sm_90a" in kernel.asm["ptx"],
+                        dots=loop_dots(kernel.asm["ttir"]),
+                        offsets64=offsets_64bit(kernel.asm["ttir"]), **report))
     return out
 
 
-def table_rows(*dtypes):
+def table_rows(*dtypes, full=False):
     """This script in a child process (Triton's compiler, not its
     interpreter): one row per compiled kernel variant."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(KERAS_BACKEND="torch", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *dtypes], env=env,
+    args = ["--full"] if full else []
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args, *dtypes], env=env,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -93,7 +110,13 @@ def exception(row):
             and row["kernel"].startswith(("backward", "dq_kernel")))
 
 
-def check(*dtypes):
+def markdown(rows):
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def check(*dtypes, full=False):
     """Every kernel variant a launch can take, compiled for sm_90a as
     launched (`triton_kernel.compile_for`: the launch's specialisation,
     precision and every autotuning config), read from ptxas' own report:
@@ -103,15 +126,13 @@ def check(*dtypes):
     5 in the fused backward; the deterministic path 4 + 3), and 64-bit
     batch / head offsets in every kernel. The table is printed (pytest -s,
     or the failure message)."""
-    rows = table_rows(*dtypes)
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
-    table = "\n".join(lines)
+    rows = table_rows(*dtypes, full=full)
+    table = markdown(rows)
     print(table)
     # Every (dtype, head dim, mask) has its forward, both backwards, dQ and the epilogue.
-    variants = {(r["dtype"], r["head_dim"], r["mask"]) for r in rows}
-    assert len(variants) == 3 * 3 * len(dtypes), table
-    for variant in variants:
+    compiled = {(r["dtype"], r["head_dim"], r["mask"]) for r in rows}
+    assert len(compiled) == (9 if full else len(SUBSET)) * len(dtypes), table
+    for variant in compiled:
         kernels = {r["kernel"] for r in rows if (r["dtype"], r["head_dim"], r["mask"]) == variant}
         assert kernels == set(DOTS), (variant, kernels)
     for r in rows:
@@ -128,4 +149,7 @@ def check(*dtypes):
 
 
 if __name__ == "__main__":
-    print(json.dumps(rows(sys.argv[1:])))
+    args = sys.argv[1:]
+    full, md = "--full" in args, "--markdown" in args
+    table = rows([a for a in args if not a.startswith("--")], full=full)
+    print(markdown(table) if md else json.dumps(table))

@@ -92,3 +92,39 @@ def test_same_weights_give_same_logits_on_every_backend(saved):
     logits = [np.load(saved[b] / "logits.npy") for b in BACKENDS]
     for other in logits[1:]:
         np.testing.assert_allclose(other, logits[0], atol=1e-4)
+
+
+QUANTIZE = textwrap.dedent("""
+    import json, os, sys, numpy as np, keras, keras_reluvit as kr
+    config, out = json.loads(sys.argv[1]), {}
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    for mode in ("int8", "float8", "int4"):
+        for fast in sys.argv[2:]:  # KERAS_RELUVIT_TORCH_FAST (PyTorch's switch)
+            os.environ["KERAS_RELUVIT_TORCH_FAST"] = fast
+            model = kr.ViT(**config)
+            w = np.random.default_rng(1)   # the same weights on every backend
+            for v in model.weights:
+                v.assign(w.normal(0, 0.3, v.shape).astype("float32") + ("gamma" in v.path))
+            ref = keras.ops.convert_to_numpy(model(x))
+            model.quantize(mode)
+            got = keras.ops.convert_to_numpy(model(x))
+            out[mode + "/" + fast] = float(np.abs(got - ref).max() / np.abs(ref).max())
+    print(json.dumps(out))
+""")
+
+
+def test_quantized_logits_error_equals_across_backends_and_fast_paths():
+    """`model.quantize(mode)` of one model (NumPy weights) on JAX and on
+    PyTorch with our fast paths on (default) and off: the relative logits
+    error is Keras' own quantization error -- PyTorch's within 1.5x of its
+    fast-paths-off error and of JAX's, for int8, float8 and int4."""
+    config = dict(CONFIG, attention="relu", pool="gap", num_classes=5)
+    fast = {"jax": ("1",), "torch": ("1", "0")}
+    errors = {b: json.loads(run(QUANTIZE, b, json.dumps(config), *fast[b]).strip().splitlines()[-1])
+              for b in ("jax", "torch")}
+    for mode in ("int8", "float8", "int4"):
+        torch_fast, torch_keras = errors["torch"][mode + "/1"], errors["torch"][mode + "/0"]
+        jax_error = errors["jax"][mode + "/1"]
+        assert 0 < torch_fast <= 1.5 * torch_keras, (mode, errors)
+        assert torch_fast <= 1.5 * jax_error, (mode, errors)

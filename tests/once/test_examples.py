@@ -193,3 +193,19 @@ def test_length_study_and_attention_scale_on_a_tiny_grid(tmp_path):
     trained = {r["source"] for r in rows if r["source"].startswith("t16_relu_learned")}
     assert trained == {"t16_relu_learned_a1_qk1_s0/block0"}
     assert (scale / "attention_scale.png").stat().st_size > 10_000
+
+
+def test_finetune_folder_example_runs_end_to_end(tmp_path):
+    """examples/finetune_folder.py as CI runs it: a generated folder of real
+    photographs, a demo checkpoint of 10 classes -> 3, full fine-tune,
+    evaluate, predict by name, export and serve (PyTorch)."""
+    out = run_example([os.path.join(EXAMPLES, "finetune_folder.py"), "--out", str(tmp_path)],
+                      backend="torch")
+    assert "classes ['cat', 'coffee', 'rocket']" in out
+    assert "freshly initialised" in out or "fresh" in out
+    last = out.strip().splitlines()[-1]
+    accuracy = float(last.split("validation accuracy ")[1].split()[0])
+    assert accuracy >= 0.95, last
+    assert "agrees with model.predict on 100%" in last
+    assert "serves the class names ['rocket'" in out
+    assert (tmp_path / "saved_model" / "saved_model.pb").exists()
