@@ -29,7 +29,7 @@ import os
 import numpy as np
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--init", help="pretrained checkpoint (default: a small demo ViT)")
@@ -41,7 +41,11 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=9)
     p.add_argument("--lr", type=float, default=0.03)
     p.add_argument("--image-size", type=int, help="default: the checkpoint's")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
 
     import keras
     import tensorflow as tf
