@@ -18,6 +18,9 @@ def digits_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("tfds_digits")
 
 
+# The tfds builder and the pipeline are TensorFlow's; the fit / evaluate of a ViT on
+# tf.data batches runs on every backend in test_finetune.py and the CLI test below.
+@pytest.mark.backend_independent
 def test_real_imagenet_builder_pipeline_fit_and_eval(imagenet_dir):
     train, val, info = D.imagenet(batch_size=4, data_dir=imagenet_dir, image_size=32,
                                   augment=D.Augment(randaug=(2, 10), mixup=0.2))
