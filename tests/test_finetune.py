@@ -145,6 +145,12 @@ def test_lora_trains_only_its_factors_and_saves_merged(tmp_path):
     reloaded = keras.saving.load_model(tmp_path / "m.keras")
     assert not any("lora" in v.path for v in reloaded.weights)
     np.testing.assert_allclose(npy(reloaded(x)), lora_logits, rtol=1e-5, atol=1e-5)
+    if backend_name() == "torch":  # the SavedModel, written from PyTorch, serves it too
+        import tensorflow as tf
+
+        model.export(str(tmp_path / "served"), format="tf_saved_model", verbose=False)
+        served = tf.saved_model.load(str(tmp_path / "served"))
+        np.testing.assert_allclose(served.serve(x).numpy(), lora_logits, rtol=1e-5, atol=1e-5)
 
 
 def _value(model, path):
