@@ -250,7 +250,8 @@ def sample_folder(root, classes=("cat", "coffee", "rocket"), per_class=24, size=
     scikit-image's bundled photographs (`SAMPLE_PHOTOS`: one photograph per
     class), saved in every format the readers take (JPEG at varied
     qualities, PNG, also grayscale and RGBA, BMP, GIF, WebP). Needs
-    scikit-image and Pillow. Returns `root`.
+    scikit-image and Pillow (`pip install "keras-reluvit[samples]"`).
+    Returns `root`.
 
     Args:
         root: the folder to write (`root/<class>/*.jpg`; with `split=True`
