@@ -287,7 +287,11 @@ class ViT(keras.Model):
         return self.intermediates_model(attention_weights)(images)
 
     def get_config(self):
-        return {"name": self.name, "trainable": self.trainable, **self._config}
+        config = {"name": self.name, "trainable": self.trainable, **self._config}
+        mode = _quantization_mode(self)
+        if mode is not None:  # model.quantize(mode): from_config quantizes again
+            config["quantization_mode"] = mode
+        return config
 
     # ---- fine-tuning --------------------------------------------------------
     def enable_lora(self, rank, target_layer_names=None, train_head=True, lora_alpha=None):
@@ -386,7 +390,22 @@ class ViT(keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         config["attention"] = deserialize_attention(config.get("attention", "relu"))
-        return cls(**config)
+        mode = config.pop("quantization_mode", None)
+        model = cls(**config)
+        if mode is not None:  # a quantized model's saved variables are the quantized ones
+            model.quantize(mode)
+        return model
+
+
+def _quantization_mode(model):
+    """The mode of `model.quantize(mode)` (every quantized layer's), or None."""
+    modes = {getattr(layer, "quantization_mode", None)
+             for layer in model._flatten_layers(include_self=False)} - {None}
+    if len(modes) > 1:
+        raise ValueError(f"{model.name} has layers quantized in several modes {sorted(modes)}: "
+                         "its config can name one (quantize the whole model with "
+                         "model.quantize(mode)).")
+    return modes.pop() if modes else None
 
 
 def _checked_config(variant, attention, num_classes, image_size, pool, posemb, qk_norm,

@@ -82,6 +82,22 @@ def _test_quantize_int8_logits_within_keras_error_with_fast_paths(monkeypatch, f
     assert errors["1"] < 0.05, errors
 
 
+def test_a_quantized_model_saves_and_reloads(tmp_path):
+    """`model.quantize(mode)` then `model.save`: the config names the mode,
+    `load_model` quantizes again before loading the quantized variables, and
+    the logits are the quantized model's."""
+    x = images()
+    for mode in ("int8",):
+        model = perturbed(kr.ViT(**TINY, num_classes=5))
+        model.quantize(mode)
+        logits = npy(model(x))
+        assert np.abs(logits).max() > 0.1
+        model.save(tmp_path / f"{mode}.keras")
+        again = keras.saving.load_model(tmp_path / f"{mode}.keras")
+        assert again.get_config()["quantization_mode"] == mode
+        np.testing.assert_allclose(npy(again(x)), logits, rtol=1e-5, atol=1e-5)
+
+
 # JAX's quantized error is measured against PyTorch's in tests/once/test_cross_backend.py
 # (eager quantized calls take ~20 s a model on JAX here).
 if backend_name() != "jax":

@@ -24,6 +24,10 @@ def _ours(model):
     arch = model.get_config()
     arch.pop("name", None)
     arch.pop("trainable", None)
+    if arch.pop("quantization_mode", None):
+        raise CheckpointError(
+            f"{model.name} is quantized: load it as it is (keras.saving.load_model / "
+            "kr.load_model), or save the float model and quantize after loading.")
     w = WeightReader()
     for key, value in model_weights(model).items():
         w.put(key, value, key)
