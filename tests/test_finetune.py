@@ -402,3 +402,25 @@ def test_fine_tune_a_folder_through_the_api(photos):
     logits = model.predict(x, verbose=0)
     top = kr.decode_predictions(logits, model, from_logits=True, top=1)
     assert [t[0][0] for t in top] == [info.label_names[i] for i in np.argmax(logits, -1)]
+
+
+def test_image_dataset_from_directory_trains_through_for_model(photos):
+    """Keras' own folder reader + the documented preparation + `model.fit`:
+    `kr.data.for_model` turns `image_dataset_from_directory`'s batches into
+    the model's inputs; a few epochs lower the training loss and the model's
+    accuracy on the prepared val/ batches is what `evaluate` reports."""
+    train = keras.utils.image_dataset_from_directory(
+        str(photos / "images" / "train"), image_size=(48, 48), batch_size=9, seed=0)
+    val = keras.utils.image_dataset_from_directory(
+        str(photos / "images" / "val"), image_size=(48, 48), batch_size=8, shuffle=False)
+    assert train.class_names == ["cat", "coffee", "rocket"]
+    model = kr.load_checkpoint(str(photos / "pretrained.keras"), num_classes=3,
+                               label_names=train.class_names)
+    prepared = kr.data.for_model(train, model, train=True, batch_size=9)
+    recipes.compile(model, "bv_transfer", steps_per_epoch=8, batch_size=9, epochs=6, lr=0.03)
+    history = model.fit(prepared, epochs=6, verbose=0)
+    loss = history.history["loss"]
+    assert loss[-1] < 0.7 * loss[0], loss
+    result = model.evaluate(kr.data.for_model(val, model, batch_size=8), return_dict=True,
+                            verbose=0)
+    assert result["accuracy"] > 0.6, result
