@@ -82,7 +82,7 @@ def _test_quantize_int8_logits_within_keras_error_with_fast_paths(monkeypatch, f
     assert errors["1"] < 0.05, errors
 
 
-def test_a_quantized_model_saves_and_reloads(tmp_path):
+def _test_a_quantized_model_saves_and_reloads(tmp_path):
     """`model.quantize(mode)` then `model.save`: the config names the mode,
     `load_model` quantizes again before loading the quantized variables, and
     the logits are the quantized model's."""
@@ -96,6 +96,13 @@ def test_a_quantized_model_saves_and_reloads(tmp_path):
         again = keras.saving.load_model(tmp_path / f"{mode}.keras")
         assert again.get_config()["quantization_mode"] == mode
         np.testing.assert_allclose(npy(again(x)), logits, rtol=1e-5, atol=1e-5)
+
+
+# Saving is backend-independent Keras code (cross-backend files: tests/once/
+# test_cross_backend.py); the quantized reload runs in the PyTorch suite, where
+# the fast paths meet quantized layers.
+if backend_name() == "torch":
+    test_a_quantized_model_saves_and_reloads = _test_a_quantized_model_saves_and_reloads
 
 
 # JAX's quantized error is measured against PyTorch's in tests/once/test_cross_backend.py
@@ -404,7 +411,7 @@ def test_fine_tune_a_folder_through_the_api(photos):
     assert [t[0][0] for t in top] == [info.label_names[i] for i in np.argmax(logits, -1)]
 
 
-def test_image_dataset_from_directory_trains_through_for_model(photos):
+def _test_image_dataset_from_directory_trains_through_for_model(photos):
     """Keras' own folder reader + the documented preparation + `model.fit`:
     `kr.data.for_model` turns `image_dataset_from_directory`'s batches into
     the model's inputs; a few epochs lower the training loss and the model's
@@ -424,3 +431,10 @@ def test_image_dataset_from_directory_trains_through_for_model(photos):
     result = model.evaluate(kr.data.for_model(val, model, batch_size=8), return_dict=True,
                             verbose=0)
     assert result["accuracy"] > 0.6, result
+
+
+# On TensorFlow Keras' own reader feeds TensorFlow tensors natively; the JAX and
+# PyTorch suites check the conversion of tf.data batches that `for_model` makes.
+if backend_name() in ("jax", "torch"):
+    test_image_dataset_from_directory_trains_through_for_model = (
+        _test_image_dataset_from_directory_trains_through_for_model)
