@@ -130,7 +130,11 @@ def test_export_rejects_a_feature_model(tmp_path):
         kr.export.saved_model(model, tmp_path / "x")
 
 
-@pytest.mark.parametrize("mlp_activation", ["gelu_tanh", "gelu"])
+# The ONNX graph is written by TensorFlow on every backend (a child process
+# from the .keras file under JAX / PyTorch): exact GELU's rewrite is checked
+# in the TensorFlow suite, the per-backend export with gelu_tanh everywhere.
+@pytest.mark.parametrize("mlp_activation", [
+    "gelu_tanh", pytest.param("gelu", marks=pytest.mark.backend_independent)])
 def test_onnx_matches_predict_with_dynamic_batch(tmp_path, mlp_activation):
     """Also with exact GELU (timm's): TensorFlow writes it with `erfc`, which
     ONNX has no op for; the MLP writes it with `erf`."""

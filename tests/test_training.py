@@ -262,24 +262,21 @@ def test_interrupted_run_resumes_with_the_same_number_of_steps(tmp_path, digits_
     assert rebuilt.count_params() == keras.saving.load_model(tmp_path / "full" / "model.keras").count_params()
 
 
+# The CLI's train and eval on every backend: test_finetune.py (a folder of
+# photographs); the main job's run with its SavedModel: here, in one suite.
+@pytest.mark.backend_independent
 def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
     import tensorflow as tf
 
     from keras_reluvit import cli
 
     out = tmp_path / "run"
-    # The SavedModel written from JAX / PyTorch (a TensorFlow child process):
-    # test_export.py on every backend; here the TensorFlow suite checks the run's.
-    export = keras.backend.backend() == "tensorflow"
     assert cli.main(["train", "--epochs", "1", "--batch-size", "128", "--data-dir", str(digits_dir),
-                     "--output", str(out), "--quiet"] + ([] if export else ["--no-export"])) == 0
-    for name in ("config.json", "model.keras", "metrics.json", "curves.png"):
+                     "--output", str(out), "--quiet"]) == 0
+    for name in ("config.json", "model.keras", "metrics.json", "curves.png", "saved_model"):
         assert (out / name).exists(), name
     assert cli.main(["eval", str(out / "model.keras"), "--data-dir", str(digits_dir)]) == 0
     assert cli.main(["train", "--recipe", "nope", "--output", str(tmp_path / "x")]) == 2
-    if not export:
-        assert not (out / "saved_model").exists()
-        return
     # The SavedModel reproduces the Keras model (plain TF, no keras_reluvit).
     model = keras.saving.load_model(out / "model.keras")
     x = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
