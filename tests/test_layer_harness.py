@@ -4,7 +4,9 @@
 (`MultiHeadAttention` included): it instantiates the layer from its config,
 builds it symbolically and eagerly, checks the output shapes and dtypes, the
 weight counts, `get_config` / `from_config`, a `.keras` round trip, a
-training step (`model.fit`) and the mixed-precision policies. Here it runs,
+training step (`model.fit`) and the mixed-precision policies (here for the
+blocks without attention; the attention-bearing layers' mixed precision:
+`test_vit.py`'s mixed_bfloat16 ViT). Here it runs,
 as Keras calls it, on PointwiseAttention (pointwise and softmax, gated,
 learned scale), the position embedding, class / register tokens, the MLP and
 encoder blocks, the MAP head and the image preprocessor.
@@ -23,7 +25,7 @@ class LayerHarness(testing.TestCase):
                       expected_num_losses=0, supports_masking=True,
                       # as Keras' own MultiHeadAttention test: its training check
                       # cannot feed the two named inputs
-                      run_training_check=False)
+                      run_training_check=False, run_mixed_precision_check=False)
         self.run_layer_test(kr.PointwiseAttention,
                             init_kwargs=dict(num_heads=2, key_dim=4, activation="relu"),
                             expected_num_trainable_weights=8, **common)
@@ -67,7 +69,8 @@ class LayerHarness(testing.TestCase):
                             input_shape=(2, 5, 8), expected_output_shape=(2, 5, 8),
                             # norm1/2 (4), q/k/v/o (8), qk-norm scales (2), MLP (4), ls1/ls2
                             expected_num_trainable_weights=20,
-                            expected_num_non_trainable_weights=0)
+                            expected_num_non_trainable_weights=0,
+                            run_mixed_precision_check=False)
 
     def test_map_head(self):
         self.run_layer_test(MAPHead, init_kwargs=dict(num_heads=2, mlp_dim=32,
@@ -75,7 +78,8 @@ class LayerHarness(testing.TestCase):
                             input_shape=(2, 5, 8), expected_output_shape=(2, 8),
                             # probe, q/k/v/o (8), qk-norm (2), norm (2), MLP (4)
                             expected_num_trainable_weights=17,
-                            expected_num_non_trainable_weights=0)
+                            expected_num_non_trainable_weights=0,
+                            run_mixed_precision_check=False)
 
     def test_image_preprocessor(self):
         self.run_layer_test(kr.ImagePreprocessor,
