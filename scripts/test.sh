@@ -19,10 +19,15 @@ suite() {  # label, then the command
   else echo FAILED > "$LOGS/$label.status"; fi
   echo "=== $label ===" ; cat "$LOGS/$label.log"
 }
-once() { suite "backend-independent (torch)" env KERAS_BACKEND=torch python -m pytest tests/once -q "$@"; }
+# The once lane: tests/once plus the tests marked backend_independent (TensorFlow-
+# only code, the same under every backend; tests/conftest.py), which the three
+# backend suites then leave out.
+once() { suite "backend-independent (torch)" env KERAS_BACKEND=torch KRV_BACKEND_INDEPENDENT=only \
+           python -m pytest tests -q "$@"; }
 backends() {
   for backend in jax tensorflow torch; do
-    suite "$backend" env KERAS_BACKEND="$backend" python -m pytest tests -q --ignore=tests/once "$@"
+    suite "$backend" env KERAS_BACKEND="$backend" KRV_BACKEND_INDEPENDENT=skip \
+      python -m pytest tests -q --ignore=tests/once "$@"
   done
 }
 if [ "${KRV_SERIAL:-0}" = "1" ]; then

@@ -14,22 +14,19 @@ import keras  # noqa: E402
 import numpy as np
 import pytest
 
-# Tests of TensorFlow-only code (tf.data pipelines, tfds builders, the
-# pipeline benchmark) compute the same thing under every Keras backend: they
-# are collected in the TensorFlow suite only (deselected, not skipped, in the
-# JAX and PyTorch suites), so CI runs them once.
+# Tests of TensorFlow-only code (tf.data pipelines, tfds builders, image
+# folders, the pipeline benchmark) compute the same thing under every Keras
+# backend: marked `backend_independent`, they run once. By default they are
+# collected in the TensorFlow suite; scripts/test.sh sets
+# KRV_BACKEND_INDEPENDENT=only in its once lane (tests/once plus these) and
+# =skip in the three backend suites (deselected there, never skipped).
 BACKEND_INDEPENDENT_SUITE = "tensorflow"
 
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "backend_independent: TensorFlow-only code (tf.data, tfds); collected in "
-        f"the {BACKEND_INDEPENDENT_SUITE} suite only")
-
-
-# CI runs a representative subset of the slowest interpreter grids (each kernel,
-# both layouts, masks, dtypes and head dims stay covered); KRV_FULL_TESTS=1
-# runs these too (deselected otherwise, never skipped).
+# CI runs a representative subset of the slowest tests: each kernel, layout,
+# mask kind, dtype and head dim stays covered, as do the examples' code paths
+# (the research scripts' runs, the MHA suite on PyTorch, the ImageNet example's
+# pieces in test_training / test_distribution). KRV_FULL_TESTS=1 runs these
+# too (deselected otherwise, never skipped).
 FULL_ONLY = (
     "test_accelerator_kernels.py::test_kernel_grid[64-float32-0.0-False-(197, 197)]",
     "test_accelerator_kernels.py::test_kernel_grid[64-bfloat16-1.0-False-(197, 197)]",
@@ -38,17 +35,33 @@ FULL_ONLY = (
     "test_accelerator_kernels.py::test_cuda_block_caps_compute_the_same[128-bfloat16-tokens1-False-256]",
     "test_accelerator_kernels.py::test_triton_deterministic_backward_equals_the_fused_one_and_repeats_bitwise[key]",
     "test_keras_mha_suite.py::test_keras_multi_head_attention_suite_passes_with_pointwise_attention[tensorflow]",
+    "test_keras_mha_suite.py::test_keras_multi_head_attention_suite_passes_with_pointwise_attention[jax]",
+    "test_examples.py::test_train_imagenet_example_with_a_mesh",
+    "test_examples.py::test_length_study_and_attention_scale_on_a_tiny_grid",
+    "test_examples.py::test_alpha_sweep_writes_csv_and_plot_and_resumes",
 )
 
 
-def _full_only(item):
-    return os.environ.get("KRV_FULL_TESTS") != "1" and item.nodeid.endswith(FULL_ONLY)
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "backend_independent: TensorFlow-only code (tf.data, tfds); runs once "
+        "(KRV_BACKEND_INDEPENDENT, tests/conftest.py)")
+
+
+def _deselect(item):
+    if os.environ.get("KRV_FULL_TESTS") != "1" and item.nodeid.endswith(FULL_ONLY):
+        return True
+    marked = item.get_closest_marker("backend_independent") is not None
+    mode = os.environ.get("KRV_BACKEND_INDEPENDENT")
+    if mode == "only":  # the once lane: tests/once and the marked tests
+        return not (marked or "tests/once/" in str(item.fspath).replace(os.sep, "/"))
+    if mode == "skip":
+        return marked
+    return marked and keras.backend.backend() != BACKEND_INDEPENDENT_SUITE
 
 
 def pytest_collection_modifyitems(config, items):
-    other_suite = keras.backend.backend() != BACKEND_INDEPENDENT_SUITE
-    deselected = [i for i in items if _full_only(i) or (
-        other_suite and i.get_closest_marker("backend_independent"))]
+    deselected = [i for i in items if _deselect(i)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [i for i in items if i not in deselected]
