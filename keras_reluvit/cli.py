@@ -173,7 +173,7 @@ def _predict(args):
 
 def _image_files(items):
     """The image files named by `items` (files, or folders searched
-    recursively, sorted; non-image files in folders skipped): (files,
+    recursively, sorted; non-image files in folders passed over): (files,
     whether a folder was given)."""
     from keras_reluvit import image_folder
 
@@ -181,12 +181,7 @@ def _image_files(items):
     for item in items:
         if os.path.isdir(item):
             folders = True
-            found = []
-            for dirpath, dirnames, filenames in os.walk(item):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                found += [os.path.join(dirpath, f) for f in sorted(filenames)
-                          if not f.startswith(".")
-                          and _is_image(os.path.join(dirpath, f))]
+            found, _ = image_folder.list_images(item, strict=False)
             if not found:
                 raise ValueError(f"{item} holds no images ({', '.join(image_folder.FORMATS)}).")
             files += found
@@ -195,15 +190,6 @@ def _image_files(items):
         else:
             raise FileNotFoundError(f"No image file or folder at {item}.")
     return files, folders
-
-
-def _is_image(path):
-    from keras_reluvit import image_folder
-
-    try:
-        return image_folder.image_format(path) is not None
-    except OSError:
-        return False
 
 
 def _predict_batches(model, files, batch_size, activation):

@@ -67,7 +67,7 @@ def enable_lora(model, rank, target_layer_names=None, train_head=True, lora_alph
         raise ValueError(f"No LoRA target named {unknown}; valid: {', '.join(LORA_LAYER_NAMES)}.")
     head = _head(model) if train_head else None
     model.trainable = True
-    layers = [layer for layer in model._flatten_layers(include_self=False)]
+    layers = list(model._flatten_layers(include_self=False))
     for layer in layers:
         layer.trainable = False
     targets = [layer for layer in layers if layer.name in names and hasattr(layer, "enable_lora")]
@@ -136,9 +136,9 @@ def layer_decay_scales(model, decay):
     decay = float(decay)
     if not 0.0 < decay <= 1.0:
         raise ValueError(f"layer_decay must be in (0, 1], got {decay}.")
-    depth = len(model.blocks) if hasattr(model, "blocks") else None
-    if depth is None:
+    if not hasattr(model, "blocks"):
         raise ValueError("layer_decay needs a keras_reluvit ViT (its blocks are the layers).")
+    depth = len(model.blocks)
     return {v.path: decay ** (depth + 1 - layer_of(v.path, depth))
             for v in model.trainable_variables}
 

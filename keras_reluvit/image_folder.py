@@ -73,21 +73,32 @@ def _skipped(name):
     return name.startswith(".") or name.lower() in _SYSTEM_FILES
 
 
-def _class_files(class_dir):
-    """Every image under `class_dir` (sub-folders included), sorted; errors
-    on a non-image file; the count of skipped system files."""
+def list_images(folder, strict=True):
+    """Every image under `folder` (sub-folders included, hidden ones not),
+    sorted, and the count of files passed over: hidden and system files
+    always; with `strict` any other non-image file is an error naming it,
+    without it (`keras-reluvit predict DIR`) it is passed over too."""
     files, skipped = [], 0
-    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             path = os.path.join(dirpath, name)
             if _skipped(name):
                 skipped += 1
                 continue
-            if image_format(path) is None:
-                raise ImageFolderError(
-                    f"{path} is not an image ({', '.join(FORMATS)} are read, recognised by "
-                    "their content): move it out of the class folder, or convert it.")
+            try:
+                kind = image_format(path)
+            except OSError:
+                if strict:
+                    raise
+                kind = None
+            if kind is None:
+                if strict:
+                    raise ImageFolderError(
+                        f"{path} is not an image ({', '.join(FORMATS)} are read, recognised "
+                        "by their content): move it out of the class folder, or convert it.")
+                skipped += 1
+                continue
             files.append(path)
     return files, skipped
 
@@ -114,7 +125,7 @@ def _scan(split_dir, what):
             "must be inside its class' sub-folder (the folder name is its label).")
     files, skipped = {}, 0
     for c in classes:
-        files[c], n = _class_files(os.path.join(split_dir, c))
+        files[c], n = list_images(os.path.join(split_dir, c))
         skipped += n
         if not files[c]:
             raise ImageFolderError(f"Class folder {os.path.join(split_dir, c)} has no images.")
