@@ -3,8 +3,10 @@
 tf.data end to end (parallel decode and augmentation with AUTOTUNE, no
 Python per image), big_vision's preprocessing:
 
-- train: inception crop (area 5-100 %, aspect 3/4-4/3, bilinear) to the
-  model resolution | random left-right flip | RandAugment (Keras core layer,
+- train: the encoded examples shuffled (tfds read with `SkipDecoding`, or
+  file names) | inception crop (area 5-100 %, aspect 3/4-4/3), only the
+  window decoded for a JPEG, resized (bilinear) from uint8 to the model
+  resolution | random left-right flip | RandAugment (Keras core layer,
   per image, see `switch_randaugment`) |
   value range [-1, 1] | one-hot labels | MixUp (big_vision semantics).
 - eval: the model's own recipe (`preprocessing=`, see
@@ -19,7 +21,9 @@ The batches feed `model.fit` on every Keras backend (Keras converts tf.data
 batches for JAX and PyTorch).
 
 RandAugment mapping: big_vision's `randaug(num_layers, magnitude)` is Keras'
-`RandAugment(num_ops=num_layers, factor=magnitude / 10)` — Keras' factor is
+`RandAugment(num_ops=num_layers, factor=magnitude / 10,
+interpolation="nearest")` (nearest, as big_vision's shear, translate and
+rotate sample; ~40 % cheaper than bilinear) — Keras' factor is
 the magnitude as a fraction of the TF-models maximum level 10 that
 big_vision's implementation uses; magnitudes above 10 (big_vision's 15) are
 clipped to factor 1.0 (Keras caps the strength of each op at its maximum).
@@ -161,10 +165,12 @@ def builder(name, data_dir=None, manual_dir=None):
     return b
 
 
-def inception_crop(image, size, area, aspect, seed):
+def crop_window(shape, area, aspect, seed):
+    """big_vision's inception crop window of an image of `shape` ([H, W, C]):
+    (offset, size), each `[y, x]`, drawn statelessly from `seed`."""
     tf = _tf()
     begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image),
+        shape,
         bounding_boxes=tf.zeros([1, 0, 4]),
         seed=seed,
         area_range=area,
@@ -172,7 +178,38 @@ def inception_crop(image, size, area, aspect, seed):
         min_object_covered=0.0,
         use_image_if_no_bounding_boxes=True,
     )
-    crop = tf.slice(image, begin, crop_size)
+    return begin[:2], crop_size[:2]
+
+
+def inception_crop(image, size, area, aspect, seed):
+    """The random crop of decoded pixels `image` (`[H, W, C]`), resized to
+    `size` (bilinear, float32 out)."""
+    tf = _tf()
+    begin, crop = crop_window(tf.shape(image), area, aspect, seed)
+    crop = tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([crop, [-1]], 0))
+    return tf.image.resize(crop, size, method="bilinear")
+
+
+def decode_inception_crop(data, size, area, aspect, seed, dct_method=""):
+    """Encoded image bytes -> the random crop, resized to `size` (float32):
+    a JPEG's crop window is decoded alone (`decode_and_crop_jpeg`, as
+    big_vision's `decode_jpeg_and_inception_crop`), other formats are decoded
+    whole and cropped. The window equals `inception_crop`'s on the decoded
+    image for the same `seed`; resizing reads the uint8 crop (no float copy
+    of the image)."""
+    tf = _tf()
+
+    def jpeg():
+        begin, crop = crop_window(tf.image.extract_jpeg_shape(data), area, aspect, seed)
+        return tf.image.decode_and_crop_jpeg(data, tf.concat([begin, crop], 0), channels=3,
+                                             dct_method=dct_method)
+
+    def other():
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        begin, crop = crop_window(tf.shape(image), area, aspect, seed)
+        return tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([crop, [3]], 0))
+
+    crop = tf.ensure_shape(tf.cond(tf.io.is_jpeg(data), jpeg, other), (None, None, 3))
     return tf.image.resize(crop, size, method="bilinear")
 
 
@@ -222,6 +259,26 @@ def _keyed(key):
     return seed
 
 
+def _histogram_by_bincount(sub):
+    """Keras 3.15's `Equalization` chooses its histogram by the global
+    backend: under JAX a 256-step loop of comparisons, which it also runs
+    where the layer computes with TensorFlow ops (tf.data), ~50 ms per
+    224 px image. This binds the layer's own other branch (`bincount`, what
+    it runs under TensorFlow and PyTorch; the same counts, ~1 ms) to the
+    instance."""
+    if not hasattr(sub, "_custom_histogram_fixed_width") or "_custom_histogram_fixed_width" in vars(sub):
+        return
+    ops = sub.backend
+
+    def histogram(values, value_range, nbins):
+        lo, hi = (ops.cast(v, "float32") for v in value_range)
+        scaled = (ops.cast(values, "float32") - lo) * (nbins - 1) / (hi - lo)
+        indices = ops.numpy.clip(ops.cast(scaled, "int32"), 0, nbins - 1)
+        return ops.numpy.bincount(ops.numpy.reshape(indices, [-1]), minlength=nbins)
+
+    sub._custom_histogram_fixed_width = histogram
+
+
 def switch_randaugment(layer, image, key=None):
     """Applies a `keras.layers.RandAugment` to one image, running only the
     chosen ops.
@@ -242,6 +299,7 @@ def switch_randaugment(layer, image, key=None):
     names = list(layer._AUGMENT_LAYERS)
     for name in names:  # in a tf.data graph, the layers compute with TF ops
         getattr(layer, name).backend.set_backend("tensorflow")
+        _histogram_by_bincount(getattr(layer, name))
     for op in range(layer.num_ops):
         if key is None:
             t = layer.get_random_transformation(image[None], training=True)
@@ -294,8 +352,13 @@ def pipeline(
     preprocessing=None,
 ):
     """Maps a tfds `{"image", "label"}` dataset (or an image folder's
-    `{"file", "label"}`: read and decoded here, after the shuffle) to
-    `(images, one_hot)` batches.
+    `{"file", "label"}`) to `(images, one_hot)` batches.
+
+    Decode late, crop first (big_vision's order): the shuffle buffer holds
+    encoded images (tfds read with `SkipDecoding`, or file names), each is
+    decoded after the shuffle, and for training only the crop window of a
+    JPEG is decoded; the crop is resized from uint8 and normalised last.
+    Decoded `image`s (uint8 or 0-255 floats) are taken too.
 
     `preprocessing`: the model's recipe (`model.preprocessing`; default
     ours): the evaluation geometry, and the normalisation of every image.
@@ -306,7 +369,6 @@ def pipeline(
     """
     tf = _tf()
     import keras
-
 
     recipe = check_preprocessing(preprocessing)
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
@@ -319,20 +381,27 @@ def pipeline(
             value_range=(0, 255),
             num_ops=int(num_ops),
             factor=min(float(magnitude) / 10.0, 1.0),
+            interpolation="nearest",  # big_vision's (TF models') shear / translate / rotate
             seed=seed,
         )
 
     def decode(example, rnd):
-        if "file" in example:  # an image folder: read and decode after the shuffle
-            image = decode_image(tf.io.read_file(example["file"]))
-        else:
-            image = to_rgb(example["image"])
-        image = tf.cast(image, tf.float32)
+        # Encoded bytes (tfds with its decoding skipped, an image folder's
+        # files: read after the shuffle) are decoded here, the crop window
+        # alone for a training JPEG; decoded pixels (for_model) are cropped.
+        if "file" in example:  # decoded as predict and the SavedModel decode
+            data, dct = tf.io.read_file(example["file"]), "INTEGER_ACCURATE"
+        else:  # as tfds decodes
+            data, dct = example["image"], ""
+        encoded = data.dtype == tf.string
         if train:
             s1, s2 = tf.unstack(
                 tf.random.experimental.stateless_split(tf.stack([rnd, 0]), 2)
             )
-            image = inception_crop(image, size, aug.crop_area, aug.crop_aspect, s1)
+            if encoded:
+                image = decode_inception_crop(data, size, aug.crop_area, aug.crop_aspect, s1, dct)
+            else:
+                image = inception_crop(to_rgb(data), size, aug.crop_area, aug.crop_aspect, s1)
             image = tf.ensure_shape(image, (*size, 3))
             if aug.flip:
                 image = tf.image.stateless_random_flip_left_right(image, s2)
@@ -340,7 +409,8 @@ def pipeline(
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
             image = normalise(tf.clip_by_value(image, 0.0, 255.0), recipe)
         else:
-            image = tf_preprocess(image, size, recipe)
+            image = tf_preprocess(decode_image(data, dct) if encoded else to_rgb(data),
+                                  size, recipe)
         image = tf.ensure_shape(image, (*size, 3))
         label = tf.one_hot(example["label"], num_classes)
         return image, label
@@ -472,11 +542,16 @@ class _TfdsSource:
         return self.info.splits[shard].num_examples
 
     def read(self, shard, train, seed):
+        # Images stay encoded (a tenth of the memory in the shuffle buffer);
+        # `pipeline` decodes them, only the crop window of a training JPEG.
         tfds = _tfds()
+        decoders = None
+        if isinstance(self.info.features["image"], tfds.features.Image):
+            decoders = {"image": tfds.decode.SkipDecoding()}
         if train:
-            return self.builder.as_dataset(split=shard, shuffle_files=True,
+            return self.builder.as_dataset(split=shard, shuffle_files=True, decoders=decoders,
                                            read_config=tfds.ReadConfig(shuffle_seed=seed))
-        return self.builder.as_dataset(split=shard, shuffle_files=False)
+        return self.builder.as_dataset(split=shard, shuffle_files=False, decoders=decoders)
 
 
 class _FolderSource:

@@ -221,6 +221,15 @@ def normalise(x, p, convert=None):
     `x / (255 std) - mean / std`: for [-1, 1], `x / 127.5 - 1`."""
     std = np.asarray(p["std"], "float64")
     scale, shift = (255.0 * std).astype("float32"), (np.asarray(p["mean"]) / std).astype("float32")
+    # TensorFlow: the same float32 operations per value in the cheapest form
+    # it runs -- scalars when the channels agree ([-1, 1]), else constants of
+    # the image's own shape (a per-channel broadcast costs ~10x on CPU). Not
+    # for other backends: PyTorch divides by a scalar as a multiplication by
+    # its reciprocal (other values).
+    if convert is None and (scale == scale[0]).all() and (shift == shift[0]).all():
+        scale, shift = scale[0], shift[0]
+    elif convert is None and x.shape[-3:].is_fully_defined():
+        scale, shift = (np.broadcast_to(v, tuple(x.shape[-3:])) for v in (scale, shift))
     if convert is not None:
         scale, shift = convert(scale), convert(shift)
     return x / scale - shift
@@ -382,15 +391,16 @@ def preprocess(model, images):
     return model.preprocessor(images)
 
 
-def decode_image(data):
+def decode_image(data, dct_method="INTEGER_ACCURATE"):
     """Encoded image bytes (a TensorFlow string scalar) -> uint8 `[H, W, 3]`
     in TensorFlow ops: JPEG with the accurate integer DCT (as PIL, i.e. timm
-    and transformers, decode), PNG / GIF / BMP with `tf.io.decode_image`."""
+    and transformers, decode; `dct_method=""` is TensorFlow's default, what
+    tfds decodes with), PNG / GIF / BMP / WebP with `tf.io.decode_image`."""
     import tensorflow as tf
 
     return tf.cond(
         tf.io.is_jpeg(data),
-        lambda: tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_jpeg(data, channels=3, dct_method=dct_method),
         lambda: tf.io.decode_image(data, channels=3, expand_animations=False))
 
 

@@ -61,3 +61,25 @@ def test_one_keras_op_per_draw_with_the_layers_distribution():
     assert len({o.tobytes() for o in outs[:40]}) > 30
     # Without a key the layer's own seed generator draws (Keras' way).
     assert D.switch_randaugment(layer, image).shape == (16, 16, 3)
+
+
+def test_equalization_histogram_is_a_bincount_under_every_global_backend():
+    # Keras 3.15 picks Equalization's histogram by the *global* backend (a
+    # 256-step loop under JAX, also inside tf.data); switch_randaugment binds
+    # the layer's bincount branch. Counts against NumPy's, and the layer's
+    # output against Keras' own on the same image and transformation.
+    layer = keras.layers.RandAugment(value_range=(0, 255), num_ops=1, factor=0.5, seed=0)
+    eq = layer.equalization
+    reference = keras.layers.Equalization(value_range=(0, 255))
+    reference.backend.set_backend("tensorflow")
+    img = np.random.default_rng(1).uniform(0, 255, (12, 9, 3)).astype("float32")
+    img[..., 0] = np.round(img[..., 0] / 32) * 32  # few levels: ties in the lookup table
+    D.switch_randaugment(layer, tf.constant(img), tf.constant([1, 2], tf.int64))
+    assert "_custom_histogram_fixed_width" in vars(eq)
+    got = eq._custom_histogram_fixed_width(tf.constant(img[..., 1]), (0, 255), 256).numpy()
+    want = np.bincount(np.clip((img[..., 1] * 255 / 255).astype("int32"), 0, 255).ravel(),
+                       minlength=256)
+    np.testing.assert_array_equal(got, want)
+    out = eq.transform_images(tf.constant(img[None]), None)[0].numpy()
+    np.testing.assert_array_equal(out, reference.transform_images(tf.constant(img[None]), None)[0].numpy())
+    assert not np.array_equal(out, img)
