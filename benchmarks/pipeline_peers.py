@@ -29,7 +29,8 @@ The pipelines, 224 px, batch `--batch` (128), crop + flip and + RandAugment(2, 1
 - timm: `create_transform(224, is_training=True, scale=(0.05, 1),
   interpolation="bilinear", [auto_augment="rand-m10-n2-mstd0"])` on
   torchvision's `ImageFolder` with a `DataLoader` of `--workers` (= cores)
-  processes, when timm imports (the peers venv).
+  processes, when timm is installed (the peers venv), in a process of its
+  own per round (torch and TensorFlow cannot share one).
 
 Each round times `--steps` batches of every pipeline, one after the other
 (a fresh iterator, warmed up by one batch before its timing, deleted after
@@ -44,6 +45,7 @@ default decoding gives).
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import statistics
@@ -231,23 +233,36 @@ def ours_pipeline(b, batch, randaug=False, cache=None):
     return data.pipeline(raw.repeat(), len(PHOTOS), 224, batch, True, aug)
 
 
-def timm_loader(files, batch, workers, randaug=False):
-    import torch
-    from timm.data import create_transform
-    from torchvision.datasets import ImageFolder
+TIMM_CHILD = r"""
+import json, sys, time
+import torch
+from timm.data import create_transform
+from torchvision.datasets import ImageFolder
+files, batch, workers, steps, randaug = sys.argv[1], *map(int, sys.argv[2:6])
+transform = create_transform(224, is_training=True, scale=(0.05, 1.0), ratio=(3 / 4, 4 / 3),
+                             hflip=0.5, interpolation="bilinear", color_jitter=None,
+                             auto_augment="rand-m10-n2-mstd0" if randaug else None,
+                             mean=(0.5,) * 3, std=(0.5,) * 3)
+loader = torch.utils.data.DataLoader(ImageFolder(files, transform), batch_size=batch, shuffle=True,
+                                     num_workers=workers, drop_last=True, persistent_workers=True)
+def forever():
+    while True:
+        yield from loader
+it = forever()
+next(it)  # warm-up: the workers
+start = time.perf_counter()
+for _ in range(steps):
+    next(it)
+print(json.dumps(steps * batch / (time.perf_counter() - start)))
+"""
 
-    transform = create_transform(224, is_training=True, scale=(0.05, 1.0), ratio=(3 / 4, 4 / 3),
-                                 hflip=0.5, interpolation="bilinear", color_jitter=None,
-                                 auto_augment="rand-m10-n2-mstd0" if randaug else None,
-                                 mean=(0.5,) * 3, std=(0.5,) * 3)
-    loader = torch.utils.data.DataLoader(ImageFolder(files, transform), batch_size=batch,
-                                         shuffle=True, num_workers=workers, drop_last=True,
-                                         persistent_workers=True)
 
-    def forever():
-        while True:
-            yield from loader
-    return forever()
+def timm_round(files, batch, workers, steps, randaug=False):
+    """One timed round of timm's DataLoader + transform, in its own process
+    (torch and TensorFlow abort when both load LLVM into one process)."""
+    out = subprocess.run([sys.executable, "-c", TIMM_CHILD, files, str(batch), str(workers), str(steps),
+                          str(int(randaug))], capture_output=True, text=True, check=True, timeout=1200)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def images_per_second(it, steps, batch):
@@ -262,22 +277,22 @@ def throughput(args, b, files):
     makers = {"ours": lambda ra: iter(ours_pipeline(b, args.batch, ra, args.cache))}
     randaug = bv_randaug(args.big_vision) if args.big_vision else None
     makers["big_vision"] = lambda ra: iter(bv_pipeline(b, args.batch, randaug if ra else None))
-    try:
-        import timm  # noqa: F401
-        makers["timm"] = lambda ra: timm_loader(files, args.batch, args.workers, ra)
-    except ImportError:
+    timm = importlib.util.find_spec("timm") is not None
+    if not timm:
         print("timm is not installed here: its rows are left out (source benchmarks/env-peers.sh)")
     results = {}
     for ra in (False, True):
         label = "+ RandAugment(2, 10)" if ra else "crop + flip"
         names = [k for k in makers if not (ra and k == "big_vision" and randaug is None)]
-        rounds = {k: [] for k in names}
+        rounds = {k: [] for k in names + (["timm"] if timm else [])}
         for r in range(args.rounds):
             for k in names:  # a fresh iterator each time: an idle one would prefetch meanwhile
                 it = makers[k](ra)
                 rounds[k].append(images_per_second(it, args.steps, args.batch))
                 del it
                 gc.collect()
+            if timm:
+                rounds["timm"].append(timm_round(files, args.batch, args.workers, args.steps, ra))
             print(label, r, {k: round(v[-1]) for k, v in rounds.items()}, flush=True)
         results[label] = {k: statistics.median(v) for k, v in rounds.items()}
     return results
