@@ -1,12 +1,13 @@
-"""Every `>>>` example in the package's docstrings runs (doctest), here on the
-TensorFlow backend (the shortest CI lane; the examples use only `keras.ops`
-and NumPy, so the backend does not change what they show)."""
+"""Every `>>>` example in the package's docstrings runs (doctest), once: the
+examples use only `keras.ops` and NumPy, so the backend does not change
+what they show (`backend_independent`: the once lane, under PyTorch; a
+plain `pytest tests` runs it in the TensorFlow suite)."""
 
 import doctest
 import importlib
 import os
 
-import keras
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "keras_reluvit")
@@ -27,7 +28,8 @@ def modules_with_examples():
     return sorted(names)
 
 
-def _every_docstring_example_runs():
+@pytest.mark.backend_independent
+def test_every_docstring_example_runs():
     names = modules_with_examples()
     # What the package documents today; a new module with examples joins by itself.
     assert {"keras_reluvit.attention", "keras_reluvit.vit", "keras_reluvit.zoo",
@@ -47,6 +49,3 @@ def _every_docstring_example_runs():
     assert all(any(n.startswith(m + ".") for n in examples) for m in names), examples
     assert sum(examples.values()) >= 30, examples
 
-
-if keras.backend.backend() == "tensorflow":  # one lane is enough; see the module docstring
-    test_every_docstring_example_runs = _every_docstring_example_runs
