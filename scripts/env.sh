@@ -24,9 +24,7 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
     "$VENV/bin/pip" install -q -r "$VENV/test-without-torch.txt" \
         -r "$ROOT/benchmarks/requirements-peers.txt"
   else
-    # --no-compile: no byte-compiling of every installed file (~tens of thousands);
-    # Python compiles what is imported, once, into __pycache__.
-    "$VENV/bin/pip" install -q --no-compile -r "$ROOT/requirements/test.txt"
+    "$VENV/bin/pip" install -q -r "$ROOT/requirements/test.txt"
     # keras-hub without its dependencies (they pull tensorflow-text).
     "$VENV/bin/pip" install -q --no-deps -r "$ROOT/requirements/keras-hub.txt"
   fi
