@@ -315,8 +315,7 @@ def stage_costs(b, reps=1, randaug=None):
 
     # Every chain takes (encoded image, its own stateless key).
     def ours_crop(x, key):
-        begin, crop = data.crop_window(tf.image.extract_jpeg_shape(x), (0.05, 1.0), (3 / 4, 4 / 3), key)
-        return tf.image.decode_and_crop_jpeg(x, tf.concat([begin, crop], 0), channels=3)
+        return data.decode_random_crop(x, (0.05, 1.0), (3 / 4, 4 / 3), key)
 
     def ours_resize(x, key):
         return tf.ensure_shape(data.decode_inception_crop(x, (224, 224), (0.05, 1.0), (3 / 4, 4 / 3), key),

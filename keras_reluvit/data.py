@@ -181,22 +181,19 @@ def crop_window(shape, area, aspect, seed):
     return begin[:2], crop_size[:2]
 
 
-def inception_crop(image, size, area, aspect, seed):
-    """The random crop of decoded pixels `image` (`[H, W, C]`), resized to
-    `size` (bilinear, float32 out)."""
+def random_crop(image, area, aspect, seed):
+    """The inception crop window of decoded pixels `image` (`[H, W, C]`)."""
     tf = _tf()
     begin, crop = crop_window(tf.shape(image), area, aspect, seed)
-    crop = tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([crop, [-1]], 0))
-    return tf.image.resize(crop, size, method="bilinear")
+    return tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([crop, [-1]], 0))
 
 
-def decode_inception_crop(data, size, area, aspect, seed, dct_method=""):
-    """Encoded image bytes -> the random crop, resized to `size` (float32):
-    a JPEG's crop window is decoded alone (`decode_and_crop_jpeg`, as
-    big_vision's `decode_jpeg_and_inception_crop`), other formats are decoded
-    whole and cropped. The window equals `inception_crop`'s on the decoded
-    image for the same `seed`; resizing reads the uint8 crop (no float copy
-    of the image)."""
+def decode_random_crop(data, area, aspect, seed, dct_method=""):
+    """Encoded image bytes -> the inception crop window, uint8 `[h, w, 3]`: a
+    JPEG's window is decoded alone (`decode_and_crop_jpeg`, as big_vision's
+    `decode_jpeg_and_inception_crop`), other formats are decoded whole and
+    cropped. The window equals `random_crop`'s on the decoded image for the
+    same `seed`."""
     tf = _tf()
 
     def jpeg():
@@ -205,12 +202,23 @@ def decode_inception_crop(data, size, area, aspect, seed, dct_method=""):
                                              dct_method=dct_method)
 
     def other():
-        image = tf.io.decode_image(data, channels=3, expand_animations=False)
-        begin, crop = crop_window(tf.shape(image), area, aspect, seed)
-        return tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([crop, [3]], 0))
+        return random_crop(tf.io.decode_image(data, channels=3, expand_animations=False),
+                           area, aspect, seed)
 
-    crop = tf.ensure_shape(tf.cond(tf.io.is_jpeg(data), jpeg, other), (None, None, 3))
-    return tf.image.resize(crop, size, method="bilinear")
+    return tf.ensure_shape(tf.cond(tf.io.is_jpeg(data), jpeg, other), (None, None, 3))
+
+
+def inception_crop(image, size, area, aspect, seed):
+    """The random crop of decoded pixels `image` (`[H, W, C]`), resized to
+    `size` (bilinear, float32 out)."""
+    return _tf().image.resize(random_crop(image, area, aspect, seed), size, method="bilinear")
+
+
+def decode_inception_crop(data, size, area, aspect, seed, dct_method=""):
+    """Encoded image bytes -> the random crop (`decode_random_crop`), resized
+    to `size` (float32) from the uint8 crop (no float copy of the image)."""
+    return _tf().image.resize(decode_random_crop(data, area, aspect, seed, dct_method), size,
+                              method="bilinear")
 
 
 def resize_small_central_crop(image, size):
