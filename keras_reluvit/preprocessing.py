@@ -25,8 +25,27 @@ The recipe (`ViT(preprocessing={...})`; every key optional):
   big_vision's and our own evaluation).
 - `antialias`: widen the bilinear / bicubic filter when downsampling, as
   PIL (and so timm and transformers) always do.
-- `round_uint8`: round to uint8 after each (horizontal, then vertical)
-  resampling pass, as PIL does on 8-bit images (timm, transformers).
+- `round_uint8`: round to uint8 after each resampling pass, as Pillow does
+  on 8-bit images (timm, transformers' PIL backend): halves up
+  (`floor(x + 0.5)`, Pillow's fixed-point rounding), clipped to [0, 255].
+- `pass_order`: which pass runs first when `round_uint8`: `"pillow"` —
+  Pillow 13's rule: vertical first when the height shrinks by more pixels
+  than twice the width does (`H - h > max(0, 2 (W - w))`), else horizontal
+  first; `"horizontal"` — always horizontal first (Pillow 12 and older).
+- `clip`: clip the resized pixels to [0, 255] (bicubic overshoots at
+  sharp edges). True for every source but keras-hub's bicubic converter,
+  which keeps the overshoot.
+- `alpha`: what becomes of a transparent image's alpha channel: `"drop"`
+  (PIL's `convert("RGB")`: timm, big_vision, keras-hub) or `"white"`
+  (composited onto white as Pillow's `alpha_composite` does:
+  transformers' `convert_to_rgb`, `do_convert_rgb=True`). Applied to
+  `[H, W, 4]` images given to the preprocessor and to every decoded file
+  (`load_image`, `serve_bytes`, the data pipelines).
+- `input_scale`: the pixel values `model.preprocessor` takes for float
+  images: `255` (0-255 pixels, the default) or `1` ([0, 1] floats:
+  transformers' `do_rescale=False`, whose processor is handed images
+  already in [0, 1]); floats above 1 are then refused. uint8 images are
+  0-255 pixels either way.
 - `crop_offset`: `"floor"` (`(H - h) // 2`: transformers, big_vision,
   keras) or `"round"` (`round((H - h) / 2)`, half to even: torchvision's
   `CenterCrop`, i.e. timm).
@@ -57,8 +76,12 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
+PASS_ORDERS = ("pillow", "horizontal")
+ALPHA_RULES = ("drop", "white")
+
 DEFAULT = dict(resize="shorter", crop_pct=0.875, interpolation="area", antialias=True,
-               round_uint8=False, crop_offset="floor", resize_rounding="round",
+               round_uint8=False, pass_order="pillow", clip=True, alpha="drop",
+               input_scale=255.0, crop_offset="floor", resize_rounding="round",
                mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
 
@@ -89,7 +112,8 @@ def check_preprocessing(preprocessing=None):
         raise ValueError(f"Unknown preprocessing key(s) {unknown}; valid: {sorted(DEFAULT)}.")
     p = dict(DEFAULT, **preprocessing)
     for key, valid in (("resize", RESIZE_MODES), ("interpolation", INTERPOLATIONS),
-                       ("crop_offset", CROP_OFFSETS), ("resize_rounding", CROP_OFFSETS)):
+                       ("crop_offset", CROP_OFFSETS), ("resize_rounding", CROP_OFFSETS),
+                       ("pass_order", PASS_ORDERS), ("alpha", ALPHA_RULES)):
         if p[key] not in valid:
             raise ValueError(f"preprocessing {key!r} must be one of {valid}, got {p[key]!r}.")
     try:
@@ -101,20 +125,28 @@ def check_preprocessing(preprocessing=None):
     if p["resize"] == "crop_resize" and crop != 1:
         raise ValueError("preprocessing resize='crop_resize' crops the whole centred region; "
                          f"it takes crop_pct=1, got {crop}.")
-    for key in ("antialias", "round_uint8"):
+    for key in ("antialias", "round_uint8", "clip"):
         if not isinstance(p[key], (bool, np.bool_)):
             raise ValueError(f"preprocessing {key!r} must be True or False, got {p[key]!r}.")
+    if isinstance(p["input_scale"], bool) or p["input_scale"] not in (1, 255):
+        raise ValueError("preprocessing 'input_scale' must be 255 (0-255 pixels) or 1 "
+                         f"([0, 1] floats), got {p['input_scale']!r}.")
     mean, std = _triple(p["mean"], "mean"), _triple(p["std"], "std")
     if min(std) <= 0:
         raise ValueError(f"preprocessing 'std' must be positive, got {std}.")
     return dict(p, crop_pct=crop, antialias=bool(p["antialias"]),
-                round_uint8=bool(p["round_uint8"]), mean=mean, std=std)
+                round_uint8=bool(p["round_uint8"]), clip=bool(p["clip"]),
+                input_scale=float(p["input_scale"]), mean=mean, std=std)
 
 
 # ---------------------------------------------------------------- geometry
 class _Int:
     """Integer arithmetic on Python ints (shapes known) ..."""
     minimum, maximum = staticmethod(min), staticmethod(max)
+
+    @staticmethod
+    def logical_and(a, b):
+        return a and b
 
     @staticmethod
     def round_div(a, b):  # round(a / b), half to even, as Python
@@ -133,6 +165,7 @@ class _TFInt:
 
         self.tf = tf
         self.minimum, self.maximum = tf.minimum, tf.maximum
+        self.logical_and = tf.logical_and
 
     def round_div(self, a, b):
         tf = self.tf
@@ -185,6 +218,32 @@ def plan(h, w, size, p, xp=_Int):
     return None, (rh, rw), (top, left, th, tw)
 
 
+def vertical_first(h, w, rh, rw, p, xp=_Int):
+    """Whether the recipe's uint8-rounded resampling of `h` x `w` to `rh` x
+    `rw` runs the vertical pass first: Pillow 13 (`ImagingResampleInner`)
+    does when the height shrinks by more pixels than twice the width does;
+    Pillow 12 and older (`pass_order="horizontal"`) never."""
+    if not p["round_uint8"] or p["pass_order"] == "horizontal":
+        return False
+    return xp.logical_and(h - rh > 0, h - rh > 2 * (w - rw))
+
+
+def round_half_up(x, ops):
+    """Pillow's rounding of a resampled 8-bit value: `floor(x + 0.5)` (its
+    fixed-point sum starts at one half and is shifted down), clipped."""
+    return ops.clip(ops.floor(x + 0.5), 0.0, 255.0)
+
+
+def composite_on_white(rgb, alpha, ops):
+    """Pillow's `alpha_composite(white, image)` on integer `rgb` `[..., 3]`
+    and `alpha` `[..., 1]` (int32 holding 0-255): each channel
+    `c a / 255 + 255 (1 - a / 255)` in its 7-bit fixed point with the
+    division by 255 rounded as Pillow does (`SHIFTFORDIV255`). Exact."""
+    fd = ops.floor_divide
+    t = 128 * (rgb * alpha + 255 * (255 - alpha)) + 128 * 128
+    return fd(fd(fd(t, 256) + t, 256), 128)
+
+
 def _area_matrix(n_in, n_out):
     """`(n_out, n_in)` box-averaging weights: output pixel i averages input
     [i * s, (i + 1) * s), s = n_in / n_out, by overlap (TensorFlow's
@@ -208,10 +267,12 @@ def _resize_generic(x, to, p):
     if not p["round_uint8"]:
         return ops.image.resize(x, (rh, rw), interpolation=p["interpolation"],
                                 antialias=p["antialias"])
-    for target in ((int(x.shape[1]), rw), (rh, rw)):  # PIL: horizontal pass first
+    h, w = int(x.shape[1]), int(x.shape[2])
+    middle = (rh, w) if vertical_first(h, w, rh, rw, p) else (h, rw)
+    for target in (middle, (rh, rw)):  # Pillow: one pass per axis, each rounded
         x = ops.image.resize(x, target, interpolation=p["interpolation"],
                              antialias=p["antialias"])
-        x = ops.clip(ops.round(x), 0.0, 255.0)
+        x = round_half_up(x, ops)
     return x
 
 
@@ -235,9 +296,20 @@ def normalise(x, p, convert=None):
     return x / scale - shift
 
 
+def to_rgb(x, p, ops):
+    """RGBA `[..., 4]` -> RGB `[..., 3]` by the recipe's `alpha` rule (RGB
+    passes through); `x` holds 0-255 pixel values."""
+    if x.shape[-1] != 4:
+        return x
+    if p["alpha"] == "drop":
+        return x[..., :3]
+    q = ops.cast(x, "int32")
+    return ops.cast(composite_on_white(q[..., :3], q[..., 3:], ops), "float32")
+
+
 def _generic(images, size, p):
     ops = keras.ops
-    x = ops.cast(images, "float32")
+    x = to_rgb(ops.cast(images, "float32"), p, ops)
     h, w = int(x.shape[1]), int(x.shape[2])
     before, to, (top, left, th, tw) = plan(h, w, size, p)
     if before is not None:
@@ -245,7 +317,9 @@ def _generic(images, size, p):
         x = x[:, t:t + ch, l_:l_ + cw]
     x = _resize_generic(x, to, p)
     x = x[:, top:top + th, left:left + tw]
-    return normalise(ops.clip(x, 0.0, 255.0), p, ops.convert_to_tensor)
+    if p["clip"]:
+        x = ops.clip(x, 0.0, 255.0)
+    return normalise(x, p, ops.convert_to_tensor)
 
 
 def tf_preprocess(images, size, p=None, normalize=True):
@@ -257,7 +331,7 @@ def tf_preprocess(images, size, p=None, normalize=True):
     import tensorflow as tf
 
     p = check_preprocessing(p)
-    x = tf.cast(images, tf.float32)
+    x = to_rgb(tf.cast(images, tf.float32), p, _TFOps)
     shape = tf.shape(x)
     h, w = shape[-3], shape[-2]
     before, (rh, rw), (top, left, th, tw) = plan(h, w, size, p, _TFInt())
@@ -271,24 +345,58 @@ def tf_preprocess(images, size, p=None, normalize=True):
         # `resize(antialias=True)` runs) samples the resized image at the
         # crop's positions directly, PIL's pass order kept (columns, then
         # rows) -- the same values as resizing everything and cropping.
-        x = _crop_resample(tf, x, (h, w), (rh, rw), (top, left, th, tw), method,
-                           p["round_uint8"])
+        x = _crop_resample(tf, x, (h, w), (rh, rw), (top, left, th, tw), method, p)
     else:
         if p["round_uint8"] and method != "area":
-            x = tf.image.resize(x, tf.stack([tf.shape(x)[-3], rw]), method=method,
-                                antialias=antialias)
-            x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
-            x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
-            x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
+            ih, iw = tf.shape(x)[-3], tf.shape(x)[-2]
+
+            def passes(middle):
+                y = tf.image.resize(x, tf.stack(middle), method=method, antialias=antialias)
+                y = tf.image.resize(round_half_up(y, _TFOps), tf.stack([rh, rw]),
+                                    method=method, antialias=antialias)
+                return round_half_up(y, _TFOps)
+
+            x = tf.cond(vertical_first(ih, iw, rh, rw, p, _TFInt()),
+                        lambda: passes([rh, iw]), lambda: passes([ih, rw]))
         else:
             x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
         x = x[..., top:top + th, left:left + tw, :]
     x = tf.ensure_shape(x, [*([None] * (len(images.shape) - 3)), th, tw, 3])
-    x = tf.clip_by_value(x, 0.0, 255.0)
+    if p["clip"]:
+        x = tf.clip_by_value(x, 0.0, 255.0)
     return normalise(x, p) if normalize else x
 
 
-def _crop_resample(tf, x, hw, resized, crop, method, round_uint8):
+class _TFOps:
+    """The few `keras.ops` names the shared helpers use, in TensorFlow (for
+    graphs under any Keras backend)."""
+
+    @staticmethod
+    def clip(x, lo, hi):
+        import tensorflow as tf
+
+        return tf.clip_by_value(x, lo, hi)
+
+    @staticmethod
+    def floor(x):
+        import tensorflow as tf
+
+        return tf.floor(x)
+
+    @staticmethod
+    def floor_divide(a, b):
+        import tensorflow as tf
+
+        return tf.math.floordiv(a, b)
+
+    @staticmethod
+    def cast(x, dtype):
+        import tensorflow as tf
+
+        return tf.cast(x, dtype)
+
+
+def _crop_resample(tf, x, hw, resized, crop, method, p):
     """`resize(x, resized)[crop]` (antialiased) computing only the crop."""
     batched = len(x.shape) == 4
     x = x if batched else x[None]
@@ -301,11 +409,17 @@ def _crop_resample(tf, x, hw, resized, crop, method, round_uint8):
             translation=tf.stack(translation), antialias=True,
             kernel_type={"bicubic": "keyscubic", "bilinear": "triangle"}[method])
 
-    if round_uint8:  # PIL: columns, rounded to uint8, then rows, rounded
-        x = sample(x, [h, tw], [1.0, f(rw) / f(w)], [0.0, -f(left)])
-        x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
-        x = sample(x, [th, tw], [f(rh) / f(h), 1.0], [-f(top), 0.0])
-        x = tf.clip_by_value(tf.round(x), 0.0, 255.0)
+    if p["round_uint8"]:  # Pillow: one pass per axis, each rounded to uint8
+        def columns(y, rows):
+            y = sample(y, [rows, tw], [1.0, f(rw) / f(w)], [0.0, -f(left)])
+            return round_half_up(y, _TFOps)
+
+        def rows(y, cols):
+            y = sample(y, [th, cols], [f(rh) / f(h), 1.0], [-f(top), 0.0])
+            return round_half_up(y, _TFOps)
+
+        x = tf.cond(vertical_first(h, w, rh, rw, p, _TFInt()),
+                    lambda: columns(rows(x, w), th), lambda: rows(columns(x, h), tw))
     else:
         x = sample(x, [th, tw], [f(rh) / f(h), f(rw) / f(w)], [-f(top), -f(left)])
     return x if batched else x[0]
@@ -323,9 +437,11 @@ def _in_tf_graph():
 class ImagePreprocessor(keras.layers.Layer):
     """Prepares images for a model as its checkpoint expects them.
 
-    Takes pixel images (uint8, or floats holding 0-255 values) of any size:
-    one `[H, W, 3]` array, a batch `[N, H, W, 3]`, or a list of arrays of
-    different sizes; returns the float32 model inputs `[N, *image_size, 3]`.
+    Takes pixel images (uint8, or floats holding 0-255 values; [0, 1]
+    floats for an `input_scale=1` recipe) of any size: one `[H, W, 3]`
+    array, a batch `[N, H, W, 3]`, or a list of arrays of different sizes;
+    RGBA (`[..., 4]`) images lose their alpha channel by the recipe's
+    `alpha` rule. Returns the float32 model inputs `[N, *image_size, 3]`.
     Runs on every backend (`keras.ops`), and in TensorFlow graphs with
     dynamic sizes (tf.data, SavedModels) through TensorFlow's own resize,
     which computes the same thing.
@@ -334,7 +450,9 @@ class ImagePreprocessor(keras.layers.Layer):
         image_size: `(height, width)` the model takes.
         **recipe: the keys of `keras_reluvit.preprocessing` (`resize`,
             `crop_pct`, `interpolation`, `antialias`, `round_uint8`,
-            `crop_offset`, `mean`, `std`); missing ones take our default.
+            `pass_order`, `clip`, `alpha`, `input_scale`, `crop_offset`,
+            `resize_rounding`, `mean`, `std`); missing ones take our
+            default.
 
     Example:
 
@@ -367,12 +485,47 @@ class ImagePreprocessor(keras.layers.Layer):
             return keras.ops.concatenate([self.call(image) for image in images], axis=0)
         if len(images.shape) == 3:
             images = images[None]
-        if len(images.shape) != 4 or images.shape[-1] != 3:
-            raise ValueError(f"ImagePreprocessor takes RGB images [H, W, 3] or [N, H, W, 3], "
-                             f"got shape {tuple(images.shape)}.")
-        if keras.backend.backend() == "tensorflow" or _in_tf_graph():
+        if len(images.shape) != 4 or images.shape[-1] not in (3, 4):
+            raise ValueError(f"ImagePreprocessor takes RGB(A) images [H, W, 3 or 4] or "
+                             f"[N, H, W, 3 or 4], got shape {tuple(images.shape)}.")
+        graph = keras.backend.backend() == "tensorflow" or _in_tf_graph()
+        images = self._pixels(images, graph)
+        if graph:
             return tf_preprocess(images, self.image_size, self.recipe)
         return _generic(images, self.image_size, self.recipe)
+
+    def _pixels(self, images, graph):
+        """0-255 pixel values: float images of an `input_scale=1` recipe are
+        [0, 1] values (refused above 1 where the values can be seen),
+        times 255 -- rounded to whole pixels where the source resamples
+        uint8 images (Pillow)."""
+        if self.recipe["input_scale"] == 255.0:
+            return images
+        dtype = keras.backend.standardize_dtype(images.dtype)
+        if "float" not in dtype:
+            return images
+        if graph:
+            import tensorflow as tf
+
+            x = tf.cast(images, tf.float32)
+            if tf.executing_eagerly() and int(tf.size(x)):
+                self._check_unit_range(float(tf.reduce_max(x)))
+            x = x * 255.0
+            return tf.round(x) if self.recipe["round_uint8"] else x
+        ops = keras.ops
+        x = ops.cast(images, "float32")
+        if int(np.prod(x.shape)):
+            self._check_unit_range(float(ops.convert_to_numpy(ops.max(x))))
+        x = x * 255.0
+        return ops.round(x) if self.recipe["round_uint8"] else x
+
+    @staticmethod
+    def _check_unit_range(top):
+        if top > 1.0:
+            raise ValueError(
+                f"This model's preprocessing takes float images in [0, 1] (input_scale=1: its "
+                f"source's processor has do_rescale=False), got values up to {top:g}. Pass "
+                "uint8 pixels, or floats divided by 255.")
 
     def compute_output_spec(self, images):
         n = None if isinstance(images, (list, tuple)) else (
@@ -391,32 +544,65 @@ def preprocess(model, images):
     return model.preprocessor(images)
 
 
-def decode_image(data, dct_method="INTEGER_ACCURATE"):
+def decode_image(data, dct_method="INTEGER_ACCURATE", alpha="drop"):
     """Encoded image bytes (a TensorFlow string scalar) -> uint8 `[H, W, 3]`
     in TensorFlow ops: JPEG with the accurate integer DCT (as PIL, i.e. timm
     and transformers, decode; `dct_method=""` is TensorFlow's default, what
-    tfds decodes with), PNG / GIF / BMP / WebP with `tf.io.decode_image`."""
+    tfds decodes with), PNG / GIF / BMP / WebP with `tf.io.decode_image`.
+
+    `alpha`: a transparent image's alpha channel is dropped (`"drop"`, PIL's
+    `convert("RGB")`), composited onto white (`"white"`, transformers'
+    `convert_to_rgb`; see `composite_on_white`) or kept (`"keep"`: always
+    `[H, W, 4]`, alpha 255 where the file has none, for a preprocessor to
+    apply its recipe's rule). Grayscale images become RGB."""
     import tensorflow as tf
 
-    return tf.cond(
-        tf.io.is_jpeg(data),
-        lambda: tf.io.decode_jpeg(data, channels=3, dct_method=dct_method),
-        lambda: tf.io.decode_image(data, channels=3, expand_animations=False))
+    if alpha not in ALPHA_RULES + ("keep",):
+        raise ValueError(f"alpha must be 'drop', 'white' or 'keep', got {alpha!r}.")
+    if alpha == "drop":
+        return tf.cond(
+            tf.io.is_jpeg(data),
+            lambda: tf.io.decode_jpeg(data, channels=3, dct_method=dct_method),
+            lambda: tf.io.decode_image(data, channels=3, expand_animations=False))
+
+    def opaque(x):  # a channel of 255 beside x
+        return tf.fill(tf.concat([tf.shape(x)[:-1], [1]], 0), tf.constant(255, x.dtype))
+
+    def rgba():
+        x = tf.io.decode_image(data, channels=0, expand_animations=False)
+        c = tf.shape(x)[-1]  # 1 (L), 2 (LA), 3 (RGB) or 4 (RGBA)
+        rgb = tf.cond(c >= 3, lambda: x[..., :3], lambda: tf.repeat(x[..., :1], 3, axis=-1))
+        a = tf.cond(tf.equal(c % 2, 0), lambda: x[..., -1:], lambda: opaque(x))
+        return tf.concat([rgb, a], -1)
+
+    def jpeg():
+        x = tf.io.decode_jpeg(data, channels=3, dct_method=dct_method)
+        return tf.concat([x, opaque(x)], -1)
+
+    x = tf.cond(tf.io.is_jpeg(data), jpeg, rgba)
+    x = tf.ensure_shape(x, [None, None, 4])
+    if alpha == "keep":
+        return x
+    q = tf.cast(x, tf.int32)
+    return tf.cast(composite_on_white(q[..., :3], q[..., 3:], _TFOps), tf.uint8)
 
 
-def load_image(path):
-    """An image file (JPEG, PNG, GIF, BMP) as uint8 `[H, W, 3]` (numpy),
-    decoded as the SavedModel's `serve_bytes` decodes it: TensorFlow, JPEG
-    with the accurate integer DCT (the pixels PIL gives). Needs TensorFlow
-    (the `[train]` extra)."""
+def load_image(path, alpha="drop"):
+    """An image file (JPEG, PNG, GIF, BMP, WebP) as uint8 `[H, W, 3]`
+    (numpy), decoded as the SavedModel's `serve_bytes` decodes it:
+    TensorFlow, JPEG with the accurate integer DCT (the pixels PIL gives).
+    `alpha` as `decode_image`: `"keep"` returns `[H, W, 4]`, which
+    `model.preprocessor` turns into RGB by the checkpoint's own rule (what
+    `keras-reluvit predict` does). Needs TensorFlow (the `[train]` extra)."""
     with open(path, "rb") as f:
         data = f.read()
     import tensorflow as tf
 
     try:
-        return decode_image(tf.constant(data)).numpy()
+        return decode_image(tf.constant(data), alpha=alpha).numpy()
     except tf.errors.InvalidArgumentError as e:
-        raise ValueError(f"{path}: not a JPEG, PNG, GIF or BMP image ({e.message}).") from None
+        raise ValueError(f"{path}: not a JPEG, PNG, GIF, BMP or WebP image "
+                         f"({e.message}).") from None
 
 
 def probabilities(logits, activation="softmax"):

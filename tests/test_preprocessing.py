@@ -204,8 +204,10 @@ def test_inputs_of_any_form():
     np.testing.assert_allclose(to_np(batch)[1], to_np(one)[0], atol=1e-6)
     np.testing.assert_allclose(to_np(mixed)[1], to_np(pre(b))[0], atol=1e-6)
     np.testing.assert_allclose(to_np(pre(a.astype("float32"))), to_np(one), atol=1e-5)
-    with pytest.raises(ValueError, match=r"RGB images \[H, W, 3\]"):
+    with pytest.raises(ValueError, match=r"RGB\(A\) images \[H, W, 3 or 4\]"):
         pre(rng.integers(0, 256, (40, 50), dtype="uint8"))
+    with pytest.raises(ValueError, match=r"RGB\(A\) images"):
+        pre(rng.integers(0, 256, (40, 50, 2), dtype="uint8"))
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -218,6 +220,11 @@ def test_inputs_of_any_form():
     ({"antialias": "yes"}, "'antialias' must be True or False"),
     ({"scale": 2}, r"Unknown preprocessing key\(s\) \['scale'\]"),
     ({"resize": "crop_resize", "crop_pct": 0.9}, "takes crop_pct=1"),
+    ({"pass_order": "vertical"}, "'pass_order' must be one of"),
+    ({"alpha": "black"}, "'alpha' must be one of"),
+    ({"clip": 1}, "'clip' must be True or False"),
+    ({"input_scale": 100}, "'input_scale' must be 255"),
+    ({"input_scale": True}, "'input_scale' must be 255"),
 ])
 def test_bad_recipes_are_refused_by_name(bad, message):
     with pytest.raises(ValueError, match=message):

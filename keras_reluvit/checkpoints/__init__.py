@@ -227,12 +227,21 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
         repo = path[len(HUB_PREFIX):].partition("@")[0]
         overrides.setdefault("name", "vit_" + re.sub(r"\W+", "_", repo.split("/")[-1]).lower())
         directory = hub_directory(path)
-        arch, weights, fmt = read_checkpoint(directory, architecture=architecture, **overrides)
+        arch, weights, fmt = read_checkpoint(directory, architecture=architecture,
+                                             _image_size_hint=_pair(image_size), **overrides)
         return _build(arch, weights, fmt, directory, attention, num_classes, image_size,
                       overrides, posemb_resampling, source=path)
-    arch, weights, fmt = read_checkpoint(path, architecture=architecture, **overrides)
+    arch, weights, fmt = read_checkpoint(path, architecture=architecture,
+                                         _image_size_hint=_pair(image_size), **overrides)
     return _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides,
                   posemb_resampling)
+
+
+def _pair(size):
+    """An image size as `(h, w)` (None stays None)."""
+    if size is None:
+        return None
+    return (int(size), int(size)) if np.ndim(size) == 0 else tuple(int(s) for s in size)
 
 
 def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides,
@@ -278,7 +287,8 @@ def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrid
         model = model_class()(**arch)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from e
-    assign(model, weights, path, fresh_head=fresh_head, posemb_resampling=resampling)
+    assign(model, weights, path, fresh_head=fresh_head, posemb_resampling=resampling,
+           native_grid=native)
     model.checkpoint_source = {"path": source or path, "format": fmt}
     return model
 

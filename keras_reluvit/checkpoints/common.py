@@ -66,6 +66,43 @@ def posemb_layout(num_positions, num_prefix, path, key):
     )
 
 
+def posemb_grid(num_positions, num_prefix, path, key, native=None, hint=None, covers=None):
+    """`(covers_prefix, (rows, cols))` of a learned position embedding of
+    `num_positions` rows: `native` is the checkpoint's own grid where its
+    config says it (timm's `model_args.img_size`), `hint` a grid to try
+    where the rows are not a square (the `image_size` asked for), `covers`
+    the caller's `posemb_prefix` (else inferred)."""
+    if native is not None:
+        n = native[0] * native[1]
+        if covers is None and num_prefix and num_positions == n + num_prefix:
+            covers = True
+        covers = bool(covers)
+        if num_positions - num_prefix * covers != n:
+            raise CheckpointError(
+                f"{path}: {key} has {num_positions} rows; a {native[0]}x{native[1]} grid "
+                f"takes {n} (+ {num_prefix} class/register rows where it covers them).")
+        return covers, tuple(native)
+    if covers is None:
+        try:
+            covers, n = posemb_layout(num_positions, num_prefix, path, key)
+        except CheckpointError:
+            if hint is None:
+                raise CheckpointError(
+                    f"{path}: {key} has {num_positions} rows, not a square grid with or "
+                    f"without the {num_prefix} class/register row(s); pass image_size=(h, w) "
+                    "(the checkpoint's own resolution) for a rectangular grid.") from None
+            return posemb_grid(num_positions, num_prefix, path, key, native=hint)
+    n = num_positions - num_prefix * bool(covers)
+    side = int(round(math.sqrt(n)))
+    if side * side == n:
+        return bool(covers), (side, side)
+    if hint is not None and hint[0] * hint[1] == n:
+        return bool(covers), tuple(hint)
+    raise CheckpointError(
+        f"{path}: {key} holds {n} patch positions, not a square grid; pass "
+        "image_size=(h, w) matching the checkpoint's grid.")
+
+
 def require(keys, key, path, what):
     """The format's tell-tale key, or an error saying the file is not one."""
     if key not in keys:
@@ -86,7 +123,8 @@ def refuse(path, keys, hint=""):
 _FRESH_OK = re.compile(r".*attention/(gate|log_scale).*")
 
 
-def assign(model, weights, path, fresh_head=False, posemb_resampling="bilinear"):
+def assign(model, weights, path, fresh_head=False, posemb_resampling="bilinear",
+           native_grid=None):
     """Copies `{variable path: (array, source key)}` into `model` after
     checking every key and shape (nothing is assigned on an error); a
     position embedding of another grid is resampled (`posemb_resampling`,
@@ -108,9 +146,11 @@ def assign(model, weights, path, fresh_head=False, posemb_resampling="bilinear")
         if p == "pos_embedding/embedding" and value.shape != tuple(var.shape):
             prefix = model.posemb_prefix_tokens
             n = value.shape[1] - prefix
-            side = square_grid(n, key, path)
+            if native_grid is None or native_grid[0] * native_grid[1] != n:
+                side = square_grid(n, key, path)
+                native_grid = (side, side)
             if value.shape[-1] == var.shape[-1]:
-                value = resample_posemb(value, model.grid_size, (side, side), prefix,
+                value = resample_posemb(value, model.grid_size, tuple(native_grid), prefix,
                                         method=posemb_resampling)
         if value.shape != tuple(var.shape):
             raise CheckpointError(

@@ -192,10 +192,10 @@ _PROCESSORS = {
     "deit": dict(size={"height": 256, "width": 256}, resample=3, do_center_crop=True,
                  crop_size={"height": 224, "width": 224}, image_mean=list(IMAGENET_MEAN),
                  image_std=list(IMAGENET_STD)),
-    "dinov2": dict(size={"shortest_edge": 256}, resample=3, do_center_crop=True,
+    "dinov2": dict(size={"shortest_edge": 256}, resample=3, do_center_crop=True, do_convert_rgb=True,
                    crop_size={"height": 224, "width": 224}, image_mean=list(IMAGENET_MEAN),
                    image_std=list(IMAGENET_STD)),
-    "clip": dict(size={"shortest_edge": 224}, resample=3, do_center_crop=True,
+    "clip": dict(size={"shortest_edge": 224}, resample=3, do_center_crop=True, do_convert_rgb=True,
                  crop_size={"height": 224, "width": 224}, image_mean=list(OPENAI_CLIP_MEAN),
                  image_std=list(OPENAI_CLIP_STD)),
 }
@@ -218,13 +218,39 @@ def _hw(value, where, key, square_int):
                           '({"height": H, "width": W}, {"shortest_edge": N} or an int).')
 
 
+def _processor(directory, family):
+    """`(path, settings)` of the directory's image processor, transformers'
+    defaults for the family filled in."""
+    path = os.path.join(directory, PREPROCESSOR)
+    defaults = _PROCESSORS["dinov2" if family.startswith("dinov2") else family]
+    return path, dict(defaults, **(read_json(path) if os.path.exists(path) else {}))
+
+
+def processor_input_size(directory, family):
+    """`(height, width)` of the images the directory's image processor
+    (`preprocessor_config.json`) hands the model (its crop, else its
+    resize), or None where that varies (a shortest edge without a crop, no
+    resize) or the directory has no processor."""
+    path, pc = _processor(directory, family)
+    if not os.path.exists(path):
+        return None
+    if pc.get("do_center_crop"):
+        return _hw(pc.get("crop_size", pc.get("size")), path, "crop_size", square_int=True)[1]
+    if not pc.get("do_resize", True):
+        return None
+    kind, size = _hw(pc.get("size"), path, "size", square_int=family in ("vit", "deit"))
+    return size if kind == "hw" else None
+
+
 def preprocessing_from_processor(directory, family):
     """Our recipe from `preprocessor_config.json` (or transformers' defaults
     for the family): PIL resampling on uint8 images, transformers' centre
-    crop (`(H - h) // 2`), `rescale_factor` and `image_mean` / `image_std`."""
-    path = os.path.join(directory, PREPROCESSOR)
-    defaults = _PROCESSORS["dinov2" if family.startswith("dinov2") else family]
-    pc = dict(defaults, **(read_json(path) if os.path.exists(path) else {}))
+    crop (`(H - h) // 2`), `rescale_factor` and `image_mean` / `image_std`;
+    `do_convert_rgb` composites transparent images onto white
+    (`alpha="white"`); `do_rescale=False` makes the preprocessor take
+    [0, 1] floats (`input_scale=1`), what that flag has the caller hand
+    transformers."""
+    path, pc = _processor(directory, family)
     resample = pc.get("resample", 2)
     if resample not in _RESAMPLE:
         raise CheckpointError(f"{path}: resample {resample!r} is not supported (2 / "
@@ -247,7 +273,10 @@ def preprocessing_from_processor(directory, family):
         if crop is not None and abs(crop[1] / size[1] - pct) > 1e-6:
             raise CheckpointError(f"{path}: crop_size {crop} is not the same fraction of size "
                                   f"{size} in height and width.")
-    factor = float(pc.get("rescale_factor", 1 / 255)) if pc.get("do_rescale", True) else 1.0
+    # do_rescale=False: the processor is handed images already in its scale;
+    # read as [0, 1] floats (input_scale=1), the scale its mean / std are in.
+    rescale = pc.get("do_rescale", True) is not False
+    factor = float(pc.get("rescale_factor", 1 / 255)) if rescale else 1 / 255
     mean, std = (pc.get("image_mean"), pc.get("image_std")) if pc.get(
         "do_normalize", True) else (0.0, 1.0)
     try:
@@ -257,7 +286,8 @@ def preprocessing_from_processor(directory, family):
         return check_preprocessing(dict(
             resize=resize, crop_pct=min(pct, 1.0), interpolation=_RESAMPLE[resample],
             antialias=True, round_uint8=True, crop_offset="floor", resize_rounding="floor",
-            mean=mean, std=std))
+            alpha="white" if pc.get("do_convert_rgb") else "drop",
+            input_scale=255 if rescale else 1, mean=mean, std=std))
     except (TypeError, ValueError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: rescale_factor / image_mean / image_std: {e}") from None
 
@@ -363,6 +393,18 @@ def read(directory, overrides):
                                   "representation layer is Dense + tanh.")
         arch["representation_size"] = int(sd[base + "pooler.dense.weight"].shape[0])
     arch["preprocessing"] = preprocessing_from_processor(directory, family)
+    if family.startswith("dinov2"):
+        # transformers' DINOv2 takes whatever its processor gives (224 px for
+        # the public checkpoints, configured at 518) and resamples the
+        # position embedding at run time: the model is built at the
+        # processor's size (load_checkpoint's image_size= overrides it).
+        size = processor_input_size(directory, family)
+        if size is not None and tuple(size) != image:
+            if size[0] % patch or size[1] % patch:
+                raise CheckpointError(
+                    f"{directory}: the image processor gives {size[0]}x{size[1]} images, not "
+                    f"a multiple of the patch size {patch}; pass image_size=.")
+            arch["image_size"] = tuple(size)
     if arch["include_top"] and family != "clip":  # CLIP's head is a projection, not classes
         arch["label_names"] = _labels(config, arch["num_classes"], cfg_path)
     links = name_map(arch, family, base, head)
@@ -457,10 +499,11 @@ def processor_config(recipe, size):
         return None
     resized = resized_side(size, recipe)
     out = dict(do_resize=True, resample={"bilinear": 2, "bicubic": 3}[recipe["interpolation"]],
-               do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+               do_rescale=recipe["input_scale"] == 255, rescale_factor=1 / 255,
+               do_normalize=True, do_convert_rgb=recipe["alpha"] == "white",
                image_mean=list(recipe["mean"]), image_std=list(recipe["std"]))
     if recipe["resize"] == "shorter":
-        out.update(image_processor_type="CLIPImageProcessor", do_convert_rgb=True,
+        out.update(image_processor_type="CLIPImageProcessor",
                    size={"shortest_edge": resized}, do_center_crop=True,
                    crop_size={"height": size, "width": size})
     elif recipe["crop_pct"] < 1:

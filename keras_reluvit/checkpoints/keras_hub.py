@@ -46,7 +46,8 @@ def _converter_config(directory):
 
 def preprocessing_from_converter(directory):
     """Our recipe from keras-hub's `ImageConverter` (a Keras `Resizing` with
-    `crop_to_aspect_ratio`, then `x * scale + offset` on 0-255 pixels).
+    `crop_to_aspect_ratio`, then `x * scale + offset` on 0-255 pixels; the
+    resized values are not clipped, so bicubic overshoot is kept).
     Without a converter, keras-hub's ViT presets' own: [-1, 1], bilinear."""
     path, conv = _converter_config(directory)
     if conv is None:
@@ -67,7 +68,7 @@ def preprocessing_from_converter(directory):
         return check_preprocessing(dict(
             resize="crop_resize" if conv.get("crop_to_aspect_ratio", True) else "squash",
             crop_pct=1.0, interpolation=interp, antialias=bool(conv.get("antialias", False)),
-            round_uint8=False, crop_offset="floor", mean=tuple(-offset * std),
+            round_uint8=False, clip=False, crop_offset="floor", mean=tuple(-offset * std),
             std=tuple(std)))
     except (TypeError, ValueError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: scale / offset: {e}") from None

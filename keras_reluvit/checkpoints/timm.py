@@ -15,7 +15,7 @@ from keras_reluvit.checkpoints.common import linear_links
 from keras_reluvit.checkpoints.common import norm_links
 from keras_reluvit.checkpoints.common import out_proj_links
 from keras_reluvit.checkpoints.common import patch_links
-from keras_reluvit.checkpoints.common import posemb_layout
+from keras_reluvit.checkpoints.common import posemb_grid
 from keras_reluvit.checkpoints.common import read_json
 from keras_reluvit.checkpoints.common import read_links
 from keras_reluvit.checkpoints.common import refuse
@@ -205,6 +205,31 @@ def hub_labels(config, num_classes):
     return imagenet1k_labels() if num_classes == 1000 else None
 
 
+def _pair(size):
+    if size is None or isinstance(size, bool):
+        return None
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def native_image_size(config, where):
+    """`(height, width)` a timm hub model was built for: `model_args.img_size`,
+    else `pretrained_cfg.input_size` (`[3, H, W]`); None where neither is
+    given."""
+    size = (config.get("model_args") or {}).get("img_size")
+    if size is None:
+        input_size = (config.get("pretrained_cfg") or {}).get("input_size")
+        size = input_size[1:] if isinstance(input_size, (list, tuple)) else None
+    if size is None:
+        return None
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size, size
+    if (isinstance(size, (list, tuple)) and len(size) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
+        return tuple(size)
+    raise CheckpointError(f"{where}: model_args.img_size / pretrained_cfg.input_size "
+                          f"{size!r} is not an image size (H, W).")
+
+
 def read_hub(path, overrides):
     """A timm hub directory: the state dict as `read`, plus what the config
     says and a state dict cannot: the preprocessing (`pretrained_cfg`), class
@@ -215,6 +240,9 @@ def read_hub(path, overrides):
     name = check_architecture(config["architecture"], path)
     weights = next(os.path.join(path, w) for w in _HUB_WEIGHTS
                    if os.path.exists(os.path.join(path, w)))
+    size = native_image_size(config, cfg_path)
+    if size is not None:
+        overrides = dict(overrides, _native_image_size=size)
     arch, w = _timm(_read_timm_file(weights), weights, overrides, name,
                     _writer_kwargs(weights))
     arch["preprocessing"] = preprocessing_from_cfg(config.get("pretrained_cfg", {}),
@@ -427,9 +455,14 @@ def _timm(sd, path, overrides, architecture=None, written=None):
     if "pos_embed" not in sd:
         raise CheckpointError(f"{path}: no pos_embed (models without an absolute "
                               "position embedding are not supported).")
-    covers, n = posemb_layout(sd["pos_embed"].shape[1], prefix, path, "pos_embed")
-    arch["posemb_prefix"] = overrides.get("posemb_prefix", covers)
-    arch["_grid"] = n
+    native, hint = (None if size is None else (int(size[0]) // patch, int(size[1]) // patch)
+                    for size in (overrides.get("_native_image_size")
+                                 or _pair((written or {}).get("img_size")),
+                                 overrides.get("_image_size_hint")))
+    covers, grid = posemb_grid(sd["pos_embed"].shape[1], prefix, path, "pos_embed",
+                               native=native, hint=hint, covers=overrides.get("posemb_prefix"))
+    arch["posemb_prefix"] = covers
+    arch["_native_grid"] = grid
     for i in range(depth):
         qkv = sd.get(f"blocks.{i}.attn.qkv.weight")
         if qkv is not None and qkv.shape != (3 * width, width):
