@@ -59,12 +59,17 @@ def main():
     timm = dict(resize="shorter", crop_pct=0.9, interpolation="bicubic", round_uint8=True,
                 crop_offset="round", resize_rounding="floor", mean=P.IMAGENET_MEAN,
                 std=P.IMAGENET_STD)
+    dinov2 = dict(timm, crop_pct=224 / 256, crop_offset="floor", alpha="white")
     paths = {
         "before: fast DCT, area, [-1, 1]": lambda d: old_preprocess(tf, d, size),
         "ours / big_vision recipe (area)": lambda d: P.tf_preprocess(
             P.decode_image(d), size, P.check_preprocessing(None)),
         "timm recipe (bicubic, PIL rounding)": lambda d: P.tf_preprocess(
             P.decode_image(d), size, P.check_preprocessing(timm)),
+        "timm recipe, Pillow 12 pass order": lambda d: P.tf_preprocess(
+            P.decode_image(d), size, P.check_preprocessing(dict(timm, pass_order="horizontal"))),
+        "DINOv2 recipe (alpha onto white)": lambda d: P.tf_preprocess(
+            P.decode_image(d, alpha="white"), size, P.check_preprocessing(dinov2)),
     }
     fns = {}
     for label, pre in paths.items():

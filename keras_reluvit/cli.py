@@ -156,7 +156,8 @@ def _predict(args):
                 else:
                     print(path + "\t" + "\t".join(f"{n} {p:.4f}" for n, p in top))
         return
-    images = [preprocessing.load_image(path) for path in files]  # any sizes
+    # any sizes; RGBA kept for the preprocessor's alpha rule (the checkpoint's)
+    images = [preprocessing.load_image(path, alpha="keep") for path in files]
     probs = preprocessing.probabilities(model.predict(model.preprocessor(images), verbose=0),
                                         activation)
     results = []
@@ -202,7 +203,7 @@ def _predict_batches(model, files, batch_size, activation):
     pre = model.preprocessor
 
     def load(path):
-        image = preprocessing.decode_image(tf.io.read_file(path))
+        image = preprocessing.decode_image(tf.io.read_file(path), alpha="keep")
         return pre(image)[0]
 
     ds = tf.data.Dataset.from_tensor_slices(files)

@@ -188,7 +188,7 @@ def random_crop(image, area, aspect, seed):
     return tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([crop, [-1]], 0))
 
 
-def decode_random_crop(data, area, aspect, seed, dct_method=""):
+def decode_random_crop(data, area, aspect, seed, dct_method="", alpha="drop"):
     """Encoded image bytes -> the inception crop window, uint8 `[h, w, 3]`: a
     JPEG's window is decoded alone (`decode_and_crop_jpeg`, as big_vision's
     `decode_jpeg_and_inception_crop`), other formats are decoded whole and
@@ -202,8 +202,9 @@ def decode_random_crop(data, area, aspect, seed, dct_method=""):
                                              dct_method=dct_method)
 
     def other():
-        return random_crop(tf.io.decode_image(data, channels=3, expand_animations=False),
-                           area, aspect, seed)
+        image = decode_image(data, alpha=alpha) if alpha != "drop" else tf.io.decode_image(
+            data, channels=3, expand_animations=False)
+        return random_crop(image, area, aspect, seed)
 
     return tf.ensure_shape(tf.cond(tf.io.is_jpeg(data), jpeg, other), (None, None, 3))
 
@@ -214,10 +215,10 @@ def inception_crop(image, size, area, aspect, seed):
     return _tf().image.resize(random_crop(image, area, aspect, seed), size, method="bilinear")
 
 
-def decode_inception_crop(data, size, area, aspect, seed, dct_method=""):
+def decode_inception_crop(data, size, area, aspect, seed, dct_method="", alpha="drop"):
     """Encoded image bytes -> the random crop (`decode_random_crop`), resized
     to `size` (float32) from the uint8 crop (no float copy of the image)."""
-    return _tf().image.resize(decode_random_crop(data, area, aspect, seed, dct_method), size,
+    return _tf().image.resize(decode_random_crop(data, area, aspect, seed, dct_method, alpha), size,
                               method="bilinear")
 
 
@@ -407,7 +408,8 @@ def pipeline(
                 tf.random.experimental.stateless_split(tf.stack([rnd, 0]), 2)
             )
             if encoded:
-                image = decode_inception_crop(data, size, aug.crop_area, aug.crop_aspect, s1, dct)
+                image = decode_inception_crop(data, size, aug.crop_area, aug.crop_aspect, s1, dct,
+                                              recipe["alpha"])
             else:
                 image = inception_crop(to_rgb(data), size, aug.crop_area, aug.crop_aspect, s1)
             image = tf.ensure_shape(image, (*size, 3))
@@ -417,8 +419,9 @@ def pipeline(
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
             image = normalise(tf.clip_by_value(image, 0.0, 255.0), recipe)
         else:
-            image = tf_preprocess(decode_image(data, dct) if encoded else to_rgb(data),
-                                  size, recipe)
+            image = tf_preprocess(
+                decode_image(data, dct, recipe["alpha"]) if encoded else to_rgb(data),
+                size, recipe)
         image = tf.ensure_shape(image, (*size, 3))
         label = tf.one_hot(example["label"], num_classes)
         return image, label

@@ -242,7 +242,7 @@ def _write_saved_model(model, path, label_names=None, activation="softmax", top_
         return outputs(model(tf_preprocess(images, size, recipe), training=False))
 
     def decode_one(data):
-        return tf_preprocess(decode_image(data), size, recipe)
+        return tf_preprocess(decode_image(data, alpha=recipe["alpha"]), size, recipe)
 
     def serve_bytes(data):
         x = tf.map_fn(decode_one, data, fn_output_signature=tf.TensorSpec((*size, 3), tf.float32))

@@ -356,8 +356,8 @@ def tf_preprocess(images, size, p=None, normalize=True):
                                     method=method, antialias=antialias)
                 return round_half_up(y, _TFOps)
 
-            x = tf.cond(vertical_first(ih, iw, rh, rw, p, _TFInt()),
-                        lambda: passes([rh, iw]), lambda: passes([ih, rw]))
+            x = _cond(vertical_first(ih, iw, rh, rw, p, _TFInt()),
+                      lambda: passes([rh, iw]), lambda: passes([ih, rw]))
         else:
             x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
         x = x[..., top:top + th, left:left + tw, :]
@@ -365,6 +365,15 @@ def tf_preprocess(images, size, p=None, normalize=True):
     if p["clip"]:
         x = tf.clip_by_value(x, 0.0, 255.0)
     return normalise(x, p) if normalize else x
+
+
+def _cond(pred, true_fn, false_fn):
+    """`tf.cond`, or the branch itself where `pred` is already a bool."""
+    if isinstance(pred, (bool, np.bool_)):
+        return true_fn() if pred else false_fn()
+    import tensorflow as tf
+
+    return tf.cond(pred, true_fn, false_fn)
 
 
 class _TFOps:
@@ -418,8 +427,8 @@ def _crop_resample(tf, x, hw, resized, crop, method, p):
             y = sample(y, [th, cols], [f(rh) / f(h), 1.0], [-f(top), 0.0])
             return round_half_up(y, _TFOps)
 
-        x = tf.cond(vertical_first(h, w, rh, rw, p, _TFInt()),
-                    lambda: columns(rows(x, w), th), lambda: rows(columns(x, h), tw))
+        x = _cond(vertical_first(h, w, rh, rw, p, _TFInt()),
+                  lambda: columns(rows(x, w), th), lambda: rows(columns(x, h), tw))
     else:
         x = sample(x, [th, tw], [f(rh) / f(h), f(rw) / f(w)], [-f(top), -f(left)])
     return x if batched else x[0]

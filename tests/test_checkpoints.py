@@ -469,8 +469,7 @@ def test_big_vision_npz_logits_equal_numpy_big_vision(case, tmp_path):
 
 def test_checkpoint_at_another_resolution_resamples_the_posemb(tmp_path):
     params = bv_params(RNG(5), pool="tok", augreg=True)
-    pe = params["Transformer/posembed_input/pos_embedding"]
-    pe[:, 1:] = pe[:, 1:2]  # a constant grid stays constant under bilinear resampling
+    pe = params["Transformer/posembed_input/pos_embedding"]  # random: nothing hides
     path = tmp_path / "augreg_32px.npz"
     np.savez(path, **params)
     model = kr.load_checkpoint(path, image_size=48)
@@ -478,7 +477,8 @@ def test_checkpoint_at_another_resolution_resamples_the_posemb(tmp_path):
     got = to_np(model.get_layer("pos_embedding").embedding)
     assert got.shape == (1, 1 + 36, 32)
     np.testing.assert_allclose(got[:, 0], pe[:, 0], atol=1e-6)  # class token row kept
-    np.testing.assert_allclose(got[:, 1:], np.broadcast_to(pe[:, 1:2], (1, 36, 32)), atol=1e-5)
+    want = np_bilinear(pe[0, 1:].astype("float64").reshape(4, 4, 32), (6, 6)).reshape(36, 32)
+    np.testing.assert_allclose(got[0, 1:], want, atol=1e-5)  # big_vision's bilinear
     assert np.isfinite(to_np(model(images(size=48)))).all()
 
 
@@ -702,3 +702,89 @@ def test_relu_from_softmax_recipe_needs_a_checkpoint():
         train.build_config(recipe="relu_from_softmax")
     cfg = train.build_config(recipe="relu_from_softmax", init="x.safetensors")
     assert cfg["init"] == "x.safetensors" and cfg["model"] == {"attention": "relu"}
+
+
+# ------------------------------------------------------ rectangular grids
+def np_bilinear(grid, new):
+    """Half-pixel bilinear resampling of `(h, w, D)` to `new` (edges
+    clamped, no antialiasing): big_vision's `resample_posemb`, written out."""
+    def weights(n_in, n_out):
+        m = np.zeros((n_out, n_in))
+        for i in range(n_out):
+            x = min(max((i + 0.5) * n_in / n_out - 0.5, 0.0), n_in - 1)
+            lo = int(np.floor(x))
+            hi = min(lo + 1, n_in - 1)
+            m[i, lo] += 1 - (x - lo)
+            m[i, hi] += x - lo
+        return m
+
+    return np.einsum("ih,hwd,jw->ijd", weights(grid.shape[0], new[0]), grid,
+                     weights(grid.shape[1], new[1]))
+
+
+def rectangular_timm(rng, grid=(4, 3), patch=8):
+    sd = timm_state_dict(rng, patch=patch)
+    sd["pos_embed"] = rng.normal(0, 0.2, (1, 1 + grid[0] * grid[1], 32)).astype("float32")
+    return sd
+
+
+def test_rectangular_timm_hub_directory_loads_and_predicts_like_timm(tmp_path):
+    """A timm VisionTransformer built with img_size=(32, 24) and saved with
+    `save_for_hf` (config.json `model_args.img_size`, `pretrained_cfg.
+    input_size`): its 13-row position embedding is no square with or without
+    the class row; the reader takes the grid from the config, the logits
+    equal timm's (NumPy), and the preprocessor gives (32, 24) inputs."""
+    sd = rectangular_timm(RNG(11))
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    save_safetensors(sd, hub / "model.safetensors")
+    (hub / "config.json").write_text(json.dumps({
+        "architecture": "vit_small_patch16_224", "num_classes": 5,
+        "model_args": {"img_size": [32, 24], "patch_size": 8},
+        "pretrained_cfg": {"input_size": [3, 32, 24], "interpolation": "bicubic",
+                           "crop_pct": 0.9, "mean": [0.5] * 3, "std": [0.5] * 3}}))
+    model = kr.load_checkpoint(hub, num_heads=2)
+    assert model.image_size == (32, 24)
+    x = RNG(2).uniform(-1, 1, (2, 32, 24, 3)).astype("float32")
+    np.testing.assert_allclose(to_np(model(x)), np_timm(sd, x, 2, "token"), atol=1e-4, rtol=1e-4)
+    photo = RNG(3).integers(0, 256, (50, 70, 3), dtype="uint8")
+    assert tuple(model.preprocessor(photo).shape) == (1, 32, 24, 3)
+    # A bare state dict says nothing of its grid: refused by name, loaded with
+    # image_size= (the message's advice), with or without posemb_prefix=.
+    bare = save_safetensors(sd, tmp_path / "bare.safetensors")
+    with pytest.raises(C.CheckpointError, match=r"not a square grid .*pass image_size=\(h, w\)"):
+        kr.load_checkpoint(bare, num_heads=2)
+    for extra in ({}, {"posemb_prefix": True}):
+        m = kr.load_checkpoint(bare, num_heads=2, image_size=(32, 24), **extra)
+        np.testing.assert_allclose(to_np(m(x)), np_timm(sd, x, 2, "token"), atol=1e-4, rtol=1e-4)
+
+
+def test_rectangular_posemb_resampled_from_a_random_grid(tmp_path):
+    """A random 4x3 grid loaded at (48, 16) px (6x2 patches): the class row
+    is kept and the grid equals big_vision's bilinear resampling written out
+    in NumPy (nearest, swapped height / width or another interpolation would
+    not); bicubic as PyTorch's `interpolate` where torch is installed."""
+    sd = rectangular_timm(RNG(12))
+    path = save_safetensors(sd, tmp_path / "bare.safetensors")
+    pe = sd["pos_embed"].astype("float64")
+    # The checkpoint's own grid (4x3), said by a load at its size, travels
+    # in our writer's metadata.
+    native = kr.load_checkpoint(path, num_heads=2, image_size=(32, 24))
+    kr.export.timm_state_dict(native, tmp_path / "ours.safetensors")  # records img_size
+    model = kr.load_checkpoint(tmp_path / "ours.safetensors", num_heads=2, image_size=(48, 16),
+                               posemb_resampling="bilinear")
+    got = to_np(model.get_layer("pos_embedding").embedding)
+    assert got.shape == (1, 1 + 12, 32)
+    np.testing.assert_allclose(got[0, 0], pe[0, 0], atol=1e-6)
+    want = np_bilinear(pe[0, 1:].reshape(4, 3, 32), (6, 2)).reshape(12, 32)
+    np.testing.assert_allclose(got[0, 1:], want, atol=1e-5)
+    swapped = np_bilinear(pe[0, 1:].reshape(3, 4, 32), (2, 6)).reshape(12, 32)
+    assert np.abs(swapped - want).max() > 0.05
+    torch = pytest.importorskip("torch")
+    bicubic = kr.load_checkpoint(tmp_path / "ours.safetensors", num_heads=2, image_size=(48, 16),
+                                 posemb_resampling="bicubic")
+    grid = torch.from_numpy(pe[0, 1:].reshape(1, 4, 3, 32).transpose(0, 3, 1, 2).copy())
+    ref = torch.nn.functional.interpolate(grid, size=(6, 2), mode="bicubic", align_corners=False)
+    ref = ref.numpy()[0].transpose(1, 2, 0).reshape(12, 32)
+    np.testing.assert_allclose(to_np(bicubic.get_layer("pos_embedding").embedding)[0, 1:], ref,
+                               atol=1e-5)

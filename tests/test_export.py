@@ -45,6 +45,14 @@ CHECK = textwrap.dedent("""
 """)
 
 
+RECIPE = dict(resize="squash", crop_pct=0.875, interpolation="bicubic", round_uint8=True,
+              mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+
+
+def to_np(x):
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
 def png_bytes(image):
     from PIL import Image
 
@@ -57,8 +65,10 @@ def png_bytes(image):
 def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
     keras.utils.set_random_seed(0)
+    # A checkpoint's recipe, not ours (DeiT's: squash, crop, bicubic with
+    # Pillow's rounding, ImageNet mean / std): the signatures must follow it.
     model = kr.ViT("Ti/8", width=32, depth=2, num_heads=2, mlp_dim=64, image_size=32,
-                   num_classes=7, attention="relu")
+                   num_classes=7, attention="relu", preprocessing=RECIPE)
     rng = np.random.default_rng(0)
     for v in model.weights:
         v.assign((rng.normal(0, 0.3, v.shape) + ("gamma" in v.path)).astype("float32"))
@@ -79,13 +89,19 @@ def test_probabilities_match_predict_on_the_same_preprocessed_images(exported):
     import tensorflow as tf
 
     model, _, uint8, pre, out = exported
-    # What evaluation does to the uint8 images, computed here with TF ops.
-    x = kr.export.preprocess_uint8(tf.constant(uint8), (32, 32)).numpy()
+    # The model's own recipe, by the backend's preprocessor (keras.ops under
+    # JAX / PyTorch; not the TensorFlow function the signature calls).
+    x = to_np(model.preprocessor(uint8))
     logits = model.predict(x, verbose=0)
     probs = np.exp(logits - logits.max(1, keepdims=True))
     probs /= probs.sum(1, keepdims=True)
     np.testing.assert_allclose(out["uint8_7"]["probabilities"], probs, atol=1e-4)
     np.testing.assert_allclose(out["uint8_1"]["probabilities"], probs[:1], atol=1e-4)
+    np.testing.assert_allclose(out["bytes"], probs, atol=1e-4)  # PNG: lossless
+    # ... which is not our default recipe's (the control).
+    default = model.predict(kr.export.preprocess_uint8(tf.constant(uint8), (32, 32)).numpy(),
+                            verbose=0)
+    assert np.abs(default - logits).max() > 1e-2
     np.testing.assert_allclose(out["preprocessed"], model.predict(pre, verbose=0), atol=1e-4)
     np.testing.assert_allclose(out["preprocessed_xla"], out["preprocessed"], atol=1e-5)
 

@@ -98,8 +98,12 @@ def test_deit_with_teacher_is_refused_by_name_without_num_classes(hf):
     assert fresh.get_config()["num_classes"] == 4
 
 
-def test_round_trip_ours_to_hf_to_ours_is_exact_and_transformers_agrees(tmp_path):
-    model = kr.ViT("Ti/8", attention="softmax", num_classes=6, image_size=32, width=32, depth=2,
+@pytest.mark.parametrize("size", [(32, 32), (32, 24)])
+def test_round_trip_ours_to_hf_to_ours_is_exact_and_transformers_agrees(tmp_path, size):
+    """Written as a transformers ViT (a rectangular one with image_size
+    [h, w], which transformers' ViT takes), read back exactly, and
+    transformers computes our logits."""
+    model = kr.ViT("Ti/8", attention="softmax", num_classes=6, image_size=size, width=32, depth=2,
                    num_heads=2, mlp_dim=48, pool="tok", mlp_activation="gelu",
                    layer_norm_epsilon=1e-12, qk_norm=False)
     rng = np.random.default_rng(3)
@@ -112,7 +116,8 @@ def test_round_trip_ours_to_hf_to_ours_is_exact_and_transformers_agrees(tmp_path
     for a, b in zip(model.weights, back.weights):
         assert a.path == b.path
         np.testing.assert_array_equal(to_np(a), to_np(b))
-    x = np.random.default_rng(4).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    assert back.image_size == size
+    x = np.random.default_rng(4).uniform(-1, 1, (2, *size, 3)).astype("float32")
     np.save(tmp_path / "x.npy", x)
     run_hf_reference("logits", str(tmp_path / "hf"), str(tmp_path / "x.npy"), str(tmp_path / "y.npy"))
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), to_np(model(x)), atol=2e-5, rtol=1e-4)

@@ -31,13 +31,31 @@ def photographs():
     return {n: getattr(d, n)() for n in ("astronaut", "coffee", "chelsea", "rocket")}
 
 
-def jpeg_files(tmp_path):
+def jpeg_files(tmp_path, images=None):
     paths = []
-    for name, img in photographs().items():
+    for name, img in (images or photographs()).items():
         path = tmp_path / f"{name}.jpg"
         Image.fromarray(img).save(path, quality=90)
         paths.append(str(path))
     return paths
+
+
+def varied_photographs():
+    """Other shapes than the four landscape / square photographs: portrait,
+    tall and narrow, tiny."""
+    p = photographs()
+    return {"portrait": np.ascontiguousarray(np.rot90(p["coffee"])),   # 600 x 400
+            "narrow": np.ascontiguousarray(p["astronaut"][:, 180:330]),  # 512 x 150
+            "tiny": np.ascontiguousarray(p["chelsea"][100:140, 150:180])}  # 40 x 30
+
+
+def rgba_photograph():
+    """A photograph with an alpha gradient (transparent on the left, opaque
+    on the right), as PNG files with transparency hold."""
+    img = photographs()["chelsea"]
+    alpha = np.broadcast_to(np.linspace(0, 255, img.shape[1]).round().astype("uint8"),
+                            img.shape[:2])
+    return np.concatenate([img, alpha[..., None]], -1)
 
 
 def to_np(x):
@@ -139,6 +157,99 @@ def test_rounding_like_pil_matters():
     want = pil_timm(img, 224, 0.9, Image.BICUBIC, 0.5, 0.5)
     loose = to_np(kr.ImagePreprocessor(224, **dict(TIMM, round_uint8=False))(img))[0]
     assert in_levels(loose - want, 0.5).max() > 2
+
+
+def test_pillow_pass_order_and_rounding():
+    """Pillow 13 resamples vertically first when the height shrinks by more
+    pixels than twice the width does, and rounds halves up: a tall, narrow
+    photograph squashed (timm `crop_mode="squash"`, bicubic) and an exact 2x
+    bilinear reduction (shortest edge 256 from 512, crop 224: ties
+    everywhere) equal Pillow within one step on < 2 % of values, on the
+    backend's path and TensorFlow's; Pillow 12's order and half-to-even
+    rounding do not."""
+    import tensorflow as tf
+
+    narrow = varied_photographs()["narrow"]  # 512 x 150 -> 256 x 256
+    squash = dict(TIMM, resize="squash", crop_pct=0.875)
+    halving = dict(TIMM, crop_pct=224 / 256, interpolation="bilinear", crop_offset="floor")
+    cases = [(squash, narrow, pil_timm(narrow, 224, 0.875, Image.BICUBIC, 0.5, 0.5, squash=True)),
+             (halving, photographs()["astronaut"],
+              pil_transformers(photographs()["astronaut"], 256, 224, Image.BILINEAR, 0.5, 0.5,
+                               shortest_edge=True))]
+
+    def both_paths(recipe, img):
+        recipe = P.check_preprocessing(recipe)
+        graph = tf.function(lambda x: P.tf_preprocess(x, (224, 224), recipe))
+        return to_np(P._generic(img[None], (224, 224), recipe))[0], graph(tf.constant(img)).numpy()
+
+    for recipe, img, want in cases:
+        for got in both_paths(recipe, img):
+            steps = in_levels(got - want, 0.5)
+            assert steps.max() <= 1.01 and (steps > 0.5).mean() < 0.02, (
+                steps.max(), (steps > 0.5).mean())
+    # The controls: Pillow 12's pass order on the narrow photograph ...
+    recipe, img, want = cases[0]
+    for got in both_paths(dict(recipe, pass_order="horizontal"), img):
+        steps = in_levels(got - want, 0.5)
+        assert steps.max() > 2 and (steps > 0.5).mean() > 0.05, (steps.max(), (steps > 0.5).mean())
+    # ... and rounding half to even on the exact halving.
+    recipe, img, want = cases[1]
+    half_up = P.round_half_up
+    try:
+        P.round_half_up = lambda x, ops: ops.clip(ops.round(x), 0.0, 255.0)
+        got = to_np(P._generic(img[None], (224, 224), P.check_preprocessing(recipe)))[0]
+    finally:
+        P.round_half_up = half_up
+    assert (in_levels(got - want, 0.5) > 0.5).mean() > 0.05
+
+
+def test_keras_hub_bicubic_converter_keeps_its_overshoot(tmp_path):
+    """keras-hub's own `ViTImageConverter(interpolation="bicubic")`, saved as
+    a preset saves it and read back: our preprocessor equals the converter
+    (its values beyond [0, 255] kept); clipping them would be off by many
+    steps at sharp edges."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from keras_reluvit.checkpoints import keras_hub as reader
+
+    conv = keras_hub.layers.ViTImageConverter(image_size=(224, 224), scale=1 / 127.5,
+                                              offset=-1.0, interpolation="bicubic")
+    (tmp_path / "image_converter.json").write_text(
+        json.dumps(keras.saving.serialize_keras_object(conv)))
+    recipe = reader.preprocessing_from_converter(str(tmp_path))
+    assert recipe["clip"] is False
+    img = photographs()["astronaut"]
+    want = to_np(conv(img[None].astype("float32")))[0]
+    assert want.min() < -1.02 and want.max() > 1.02  # overshoot beyond 0 and 255
+    got = to_np(kr.ImagePreprocessor(224, **recipe)(img))[0]
+    assert in_levels(got - want, 0.5).max() < 0.05
+    clipped = to_np(kr.ImagePreprocessor(224, **dict(recipe, clip=True))(img))[0]
+    assert in_levels(clipped - want, 0.5).max() > 5
+
+
+def test_do_rescale_false_takes_unit_floats(tmp_path):
+    """transformers' `do_rescale=False`: its processor is handed images
+    already in [0, 1]. The recipe read from it takes [0, 1] floats
+    (`input_scale=1`): the same model inputs as the uint8 pixels they came
+    from (and as transformers' PIL pipeline on those pixels); uint8 stays
+    0-255; floats above 1 are refused by name."""
+    from keras_reluvit.checkpoints import hf
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(dict(
+        size={"height": 224, "width": 224}, resample=2, do_rescale=False,
+        image_mean=[0.5] * 3, image_std=[0.5] * 3)))
+    recipe = hf.preprocessing_from_processor(str(tmp_path), "vit")
+    assert recipe["input_scale"] == 1.0 and recipe["mean"] == (0.5,) * 3
+    pre = kr.ImagePreprocessor(224, **recipe)
+    img = photographs()["coffee"]
+    want = pil_transformers(img, 224, None, Image.BILINEAR, 0.5, 0.5)
+    for given in (img.astype("float32") / 255.0, img):
+        steps = in_levels(to_np(pre(given))[0] - want, 0.5)
+        assert steps.max() <= 1.01 and (steps > 0.5).mean() < 0.02
+    with pytest.raises(ValueError, match=r"takes float images in \[0, 1\].*up to 255"):
+        pre(img.astype("float32"))
+    # The control: read as 0-255 pixels, [0, 1] floats are nearly black.
+    loose = kr.ImagePreprocessor(224, **dict(recipe, input_scale=255))
+    assert in_levels(to_np(loose(img.astype("float32") / 255.0))[0] - want, 0.5).mean() > 50
 
 
 @pytest.mark.parametrize("recipe", [
@@ -402,34 +513,66 @@ def test_transformers_preprocessor_configs(tmp_path):
 # ---------------------------------------- against transformers on photographs
 @pytest.fixture(scope="module")
 def hf_photos(tmp_path_factory):
+    """transformers' processors and models on JPEG photographs of every
+    shape, and (for the processors that convert to RGB) a grayscale JPEG
+    and an RGBA PNG."""
     tmp = tmp_path_factory.mktemp("hf_photos")
-    jpegs = jpeg_files(tmp)
-    run_hf_reference("photos", str(tmp), *jpegs)
-    return tmp, jpegs, dict(np.load(tmp / "photos.npz"))
+    jpegs = jpeg_files(tmp, {**photographs(), **varied_photographs()})
+    gray = tmp / "gray.jpg"
+    Image.fromarray(photographs()["coffee"].mean(-1).astype("uint8"), "L").save(gray, quality=90)
+    rgba = tmp / "rgba.png"
+    Image.fromarray(rgba_photograph(), "RGBA").save(rgba)
+    converted = [str(gray), str(rgba)]
+    run_hf_reference("photos", str(tmp), *jpegs, "--convert-rgb", *converted)
+    return tmp, {"": jpegs, "/convert_rgb": converted}, dict(np.load(tmp / "photos.npz"))
 
 
-@pytest.mark.parametrize("name", ["vit", "deit", "clip"])
+def check_pixels_and_probabilities(model, files, ref, key, preprocessor=None, close=True):
+    """Each file through `preprocessor` (the model's) and the model against
+    transformers' pixels and probabilities: within the resampler floor, or
+    (`close=False`) the fraction of values off by more than 2 steps and the
+    largest probability gap."""
+    off, gap = [], 0.0
+    for j, path in enumerate(files):
+        x = to_np((preprocessor or model.preprocessor)(kr.load_image(path, alpha="keep")))
+        steps = in_levels(x[0] - ref[f"{key}/{j}/pixels"], model.preprocessing["std"])
+        probs = P.probabilities(model.predict(x, verbose=0))[0]
+        if close:
+            assert steps.max() <= 2.01 and (steps > 0.5).mean() < 0.01, (
+                path, steps.max(), (steps > 0.5).mean())
+            np.testing.assert_allclose(probs, ref[f"{key}/{j}"], atol=1e-3, err_msg=path)
+        off.append((steps > 2.01).mean())
+        gap = max(gap, np.abs(probs - ref[f"{key}/{j}"]).max())
+    return np.mean(off), gap
+
+
+@pytest.mark.parametrize("name", ["vit", "deit", "clip", "dinov2"])
 def test_transformers_checkpoints_predict_like_transformers(hf_photos, name):
     """save_pretrained directories (model + image processor), loaded here,
-    on JPEG photographs: our preprocessor gives transformers' pixel values
-    within one uint8 step (TF's accurate-DCT decode vs PIL's, PIL's
-    fixed-point resampling), and the probabilities agree to 1e-3; with
-    the recipe dropped they do not."""
-    tmp, jpegs, ref = hf_photos
+    on JPEG photographs (landscape, square, portrait, tall and narrow, tiny):
+    our preprocessor gives transformers' pixel values within one uint8 step
+    (TF's accurate-DCT decode vs PIL's, PIL's fixed-point resampling), and
+    the probabilities agree to 1e-3. The processors that convert to RGB
+    (CLIP, DINOv2) likewise on a grayscale JPEG and an RGBA PNG composited
+    onto white. DINOv2, configured at 518 px, is built at its processor's
+    224 px (transformers resamples the position embedding at run time)."""
+    tmp, files, ref = hf_photos
     model = kr.ViT.from_preset(tmp / name)
-    images = [kr.load_image(j) for j in jpegs]
-    x = to_np(model.preprocessor(images))
-    steps = in_levels(x - ref[name + "/pixels"], model.preprocessing["std"])
-    assert steps.max() <= 2.01 and (steps > 0.5).mean() < 0.01, (steps.max(), (steps > 0.5).mean())
-    probs = P.probabilities(model.predict(x, verbose=0))
-    np.testing.assert_allclose(probs, ref[name], atol=1e-3)
+    assert model.image_size == (224, 224)
+    check_pixels_and_probabilities(model, files[""], ref, name)
+    if name in ("clip", "dinov2"):
+        assert model.preprocessing["alpha"] == "white"
+        check_pixels_and_probabilities(model, files["/convert_rgb"], ref, name + "/convert_rgb")
+        # The control: timm's rule (drop the alpha channel) is far off.
+        dropped = kr.ImagePreprocessor(224, **dict(model.preprocessing, alpha="drop"))
+        x = to_np(dropped(kr.load_image(files["/convert_rgb"][1], alpha="keep")))[0]
+        steps = in_levels(x - ref[f"{name}/convert_rgb/1/pixels"], model.preprocessing["std"])
+        assert steps.max() > 100 and (steps > 2).mean() > 0.3
     # With the recipe dropped (our default one), the pixels are far from
     # transformers' and so are the probabilities.
-    wrong = to_np(kr.ImagePreprocessor(model.image_size)(images))
-    wrong_steps = in_levels(wrong - ref[name + "/pixels"], model.preprocessing["std"])
-    assert (wrong_steps > 2.01).mean() > 0.5, (wrong_steps > 2.01).mean()
-    gap = np.abs(P.probabilities(model.predict(wrong, verbose=0)) - ref[name]).max()
-    assert gap > 10 * np.abs(probs - ref[name]).max(), gap
+    off, gap = check_pixels_and_probabilities(
+        model, files[""], ref, name, kr.ImagePreprocessor(model.image_size), close=False)
+    assert off > 0.5 and gap > 1e-2, (off, gap)
 
 
 @pytest.mark.parametrize("recipe", [

@@ -143,7 +143,9 @@ def assign(model, weights, path, fresh_head=False, posemb_resampling="bilinear",
         if p.startswith("head/") and fresh_head:
             fresh.append(p)
             continue
-        if p == "pos_embedding/embedding" and value.shape != tuple(var.shape):
+        other_grid = native_grid is not None and tuple(native_grid) != tuple(model.grid_size)
+        if p == "pos_embedding/embedding" and (value.shape != tuple(var.shape) or other_grid):
+            # (a 4x3 grid and a 6x2 one have the same shape)
             prefix = model.posemb_prefix_tokens
             n = value.shape[1] - prefix
             if native_grid is None or native_grid[0] * native_grid[1] != n:

@@ -459,13 +459,12 @@ def hf_state_dict(model, directory=None, strict=True):
     sd = write_links(w, name_map(cfg, "vit", "vit." if top else ""))
     act = {v: k for k, v in _ACTIVATIONS.items() if k != "gelu_new"}[cfg["mlp_activation"]]
     h, wd = cfg["image_size"]
-    if h != wd:
-        raise ValueError(f"HF's ViTConfig has one image_size; {model.name} takes {h}x{wd}.")
     config = dict(
         model_type="vit", architectures=["ViTForImageClassification" if top else "ViTModel"],
         hidden_size=D, num_hidden_layers=cfg["depth"], num_attention_heads=cfg["num_heads"],
         intermediate_size=cfg["mlp_dim"], hidden_act=act,
-        layer_norm_eps=cfg["layer_norm_epsilon"], image_size=h, patch_size=cfg["patch_size"],
+        layer_norm_eps=cfg["layer_norm_epsilon"], patch_size=cfg["patch_size"],
+        image_size=h if h == wd else [h, wd],  # transformers' ViT takes (h, w) too
         num_channels=3, qkv_bias=True, hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0, pooler_act="tanh", pooler_output_size=D,
     )
@@ -474,7 +473,7 @@ def hf_state_dict(model, directory=None, strict=True):
         names = model.label_names or [f"LABEL_{i}" for i in range(n)]
         config["id2label"] = {str(i): name for i, name in enumerate(names)}
         config["label2id"] = {name: i for i, name in enumerate(names)}
-    processor = processor_config(model.preprocessing, h)
+    processor = processor_config(model.preprocessing, (h, wd))
     if directory is not None:
         from safetensors.numpy import save_file
 
@@ -497,20 +496,23 @@ def processor_config(recipe, size):
     shorter side + crop."""
     if recipe["interpolation"] not in ("bilinear", "bicubic") or recipe["resize"] == "crop_resize":
         return None
-    resized = resized_side(size, recipe)
+    h, w = (size, size) if isinstance(size, int) else size
+    if recipe["resize"] == "shorter" and h != w:
+        return None  # transformers' shortest edge + crop has no rectangular rule of timm's
+    resized = [resized_side(s, recipe) for s in (h, w)]
     out = dict(do_resize=True, resample={"bilinear": 2, "bicubic": 3}[recipe["interpolation"]],
                do_rescale=recipe["input_scale"] == 255, rescale_factor=1 / 255,
                do_normalize=True, do_convert_rgb=recipe["alpha"] == "white",
                image_mean=list(recipe["mean"]), image_std=list(recipe["std"]))
     if recipe["resize"] == "shorter":
         out.update(image_processor_type="CLIPImageProcessor",
-                   size={"shortest_edge": resized}, do_center_crop=True,
-                   crop_size={"height": size, "width": size})
+                   size={"shortest_edge": resized[0]}, do_center_crop=True,
+                   crop_size={"height": h, "width": w})
     elif recipe["crop_pct"] < 1:
         out.update(image_processor_type="DeiTImageProcessor",
-                   size={"height": resized, "width": resized}, do_center_crop=True,
-                   crop_size={"height": size, "width": size})
+                   size={"height": resized[0], "width": resized[1]}, do_center_crop=True,
+                   crop_size={"height": h, "width": w})
     else:
         out.update(image_processor_type="ViTImageProcessor",
-                   size={"height": size, "width": size})
+                   size={"height": h, "width": w})
     return out

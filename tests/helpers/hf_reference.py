@@ -145,28 +145,44 @@ def photo_cases():
         "clip": (T.CLIPVisionModelWithProjection(T.CLIPVisionConfig(
                      **at224, intermediate_size=64, projection_dim=7)),
                  T.CLIPImageProcessorPil()),
+        # DINOv2 as the hub has it: configured at 518 px, its processor gives
+        # 224 (shortest edge 256, crop 224, bicubic, do_convert_rgb), the
+        # position embedding resampled at run time.
+        "dinov2": (T.Dinov2ForImageClassification(T.Dinov2Config(
+                       **dict(at224, image_size=518, patch_size=14), mlp_ratio=2, **labels)),
+                   T.BitImageProcessorPil(size={"shortest_edge": 256},
+                                          crop_size={"height": 224, "width": 224},
+                                          image_mean=[0.485, 0.456, 0.406],
+                                          image_std=[0.229, 0.224, 0.225])),
     }
 
 
-def photos(out, *jpegs):
+def photos(out, *files):
     """Each case written with `save_pretrained` (model and image processor)
-    and what transformers computes from the JPEG files, opened with PIL as
-    its docs show: softmax of the logits (CLIP: of the projection)."""
+    and what transformers computes from the image files, opened with PIL as
+    its docs show: softmax of the logits (CLIP: of the projection). Files
+    after `--convert-rgb` (grayscale, RGBA) go only to the processors that
+    convert images to RGB (`do_convert_rgb`), under `NAME/convert_rgb`."""
     from PIL import Image
 
+    cut = files.index("--convert-rgb") if "--convert-rgb" in files else len(files)
+    groups = {"": files[:cut], "/convert_rgb": files[cut + 1:]}
     ref = {}
     torch.manual_seed(0)  # the models' initial weights: the same reference every run
     for i, (name, (model, processor)) in enumerate(photo_cases().items()):
         model = perturbed(model, seed=200 + i)
         model.save_pretrained(os.path.join(out, name))
         processor.save_pretrained(os.path.join(out, name))
-        ims = [Image.open(j) for j in jpegs]
-        px = processor(images=ims, return_tensors="pt")["pixel_values"]
-        with torch.no_grad():
-            o = model(px)
-            z = (o.image_embeds if name == "clip" else o.logits).double()
-        ref[name] = torch.softmax(z, -1).numpy()
-        ref[name + "/pixels"] = px.numpy().transpose(0, 2, 3, 1)
+        for suffix, group in groups.items():
+            if not group or (suffix and not getattr(processor, "do_convert_rgb", False)):
+                continue
+            for j, path in enumerate(group):  # one by one: the files differ in size
+                px = processor(images=[Image.open(path)], return_tensors="pt")["pixel_values"]
+                with torch.no_grad():
+                    o = model(px)
+                    z = (o.image_embeds if name == "clip" else o.logits).double()
+                ref[f"{name}{suffix}/{j}"] = torch.softmax(z, -1).numpy()[0]
+                ref[f"{name}{suffix}/{j}/pixels"] = px.numpy().transpose(0, 2, 3, 1)[0]
     np.savez(os.path.join(out, "photos.npz"), **ref)
 
 

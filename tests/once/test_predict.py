@@ -14,6 +14,7 @@ from conftest import subprocess_env
 from test_checkpoints import save_safetensors
 from test_checkpoints import timm_state_dict
 from test_preprocessing import jpeg_files
+from test_preprocessing import rgba_photograph
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -31,7 +32,10 @@ def cache_repo(cache, repo, files_from):
 def hub(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hub")
     jpegs = jpeg_files(tmp)
-    run_hf_reference("photos", str(tmp), *jpegs)
+    from PIL import Image
+
+    Image.fromarray(rgba_photograph(), "RGBA").save(tmp / "rgba.png")
+    run_hf_reference("photos", str(tmp), *jpegs, "--convert-rgb", str(tmp / "rgba.png"))
     cache = tmp / "cache"
     cache_repo(cache, "google/vit-base-patch16-224", tmp / "vit")
     timm_dir = tmp / "timm_dir"
@@ -44,7 +48,10 @@ def hub(tmp_path_factory):
                            "crop_pct": 0.9, "mean": [0.5] * 3, "std": [0.5] * 3}}))
     cache_repo(cache, "timm/vit_small_patch16_224.augreg_in21k_ft_in1k", timm_dir)
     env = dict(subprocess_env("jax"), HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
-    return tmp, jpegs, dict(np.load(tmp / "photos.npz")), env
+    ref = dict(np.load(tmp / "photos.npz"))
+    for name in ("vit", "deit"):  # per file -> one array
+        ref[name] = np.stack([ref[f"{name}/{j}"] for j in range(len(jpegs))])
+    return tmp, jpegs, ref, env
 
 
 def predict(env, *args):
@@ -89,28 +96,46 @@ def test_timm_hub_handle_and_missing_handles(hub):
 
 SERVE = """
 import json, sys, numpy as np, tensorflow as tf
-fn = tf.saved_model.load(sys.argv[1]).signatures["serve_bytes"]
+model = tf.saved_model.load(sys.argv[1])
 data = [open(p, "rb").read() for p in sys.argv[2:]]
-out = fn(image_bytes=tf.constant(data))
-print(json.dumps({"probabilities": out["probabilities"].numpy().tolist(),
+out = model.signatures["serve_bytes"](image_bytes=tf.constant(data))
+# serving_default on uint8 pixels (one image: the files differ in size),
+# decoded by PIL as the source's pipeline does.
+from PIL import Image
+pixels = [model.signatures["serving_default"](images=tf.constant(
+    np.asarray(Image.open(p).convert("RGB"))[None]))["probabilities"].numpy()[0].tolist()
+    for p in sys.argv[2:] if not p.endswith(".png")]
+print(json.dumps({"probabilities": out["probabilities"].numpy().tolist(), "pixels": pixels,
                   "labels": [[s.decode() for s in row] for row in out["top_k_labels"].numpy()]}))
 """
 
 
+def serve(path, files):
+    proc = subprocess.run([sys.executable, "-c", SERVE, str(path), *files],
+                          env=subprocess_env("tensorflow"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_saved_model_serves_transformers_predictions(hub, tmp_path):
-    """A transformers DeiT (squash to 256, crop 224, bicubic, ImageNet
-    mean/std) exported with its recipe: `serve_bytes` on the JPEG files
-    gives transformers' probabilities (1e-3) and class names, with plain
-    TensorFlow."""
+    """Checkpoints exported with their recipes, served with plain TensorFlow:
+    a transformers DeiT (squash to 256, crop 224, bicubic, ImageNet
+    mean/std) -- `serve_bytes` on the JPEG files and `serving_default` on
+    their pixels give transformers' probabilities (1e-3) and class names;
+    a DINOv2 (shortest edge 256, crop 224, built from a 518 px config,
+    transparency composited onto white) -- `serve_bytes` on an RGBA PNG
+    gives transformers' probabilities."""
     import keras_reluvit as kr
 
     src, jpegs, ref, _ = hub
     model = kr.ViT.from_preset(src / "deit")
-    path = kr.export.saved_model(model, tmp_path / "deit" / "1")
-    proc = subprocess.run([sys.executable, "-c", SERVE, str(path), *jpegs],
-                          env=subprocess_env("tensorflow"), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = serve(kr.export.saved_model(model, tmp_path / "deit" / "1"), jpegs)
     np.testing.assert_allclose(out["probabilities"], ref["deit"], atol=1e-3)
+    np.testing.assert_allclose(out["pixels"], ref["deit"], atol=1e-3)
     assert out["labels"][0][0] == model.label_names[int(np.argmax(ref["deit"][0]))]
+    dino = kr.ViT.from_preset(src / "dinov2")
+    png = str(src / "rgba.png")
+    out = serve(kr.export.saved_model(dino, tmp_path / "dinov2" / "1"), [jpegs[0], png])
+    np.testing.assert_allclose(out["probabilities"], [ref["dinov2/0"],
+                                                      ref["dinov2/convert_rgb/0"]], atol=1e-3)
