@@ -68,6 +68,8 @@ def main():
             P.decode_image(d), size, P.check_preprocessing(timm)),
         "timm recipe, Pillow 12 pass order": lambda d: P.tf_preprocess(
             P.decode_image(d), size, P.check_preprocessing(dict(timm, pass_order="horizontal"))),
+        "DINOv2 recipe, alpha dropped": lambda d: P.tf_preprocess(
+            P.decode_image(d), size, P.check_preprocessing(dict(dinov2, alpha="drop"))),
         "DINOv2 recipe (alpha onto white)": lambda d: P.tf_preprocess(
             P.decode_image(d, alpha="white"), size, P.check_preprocessing(dinov2)),
     }

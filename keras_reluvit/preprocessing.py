@@ -584,16 +584,19 @@ def decode_image(data, dct_method="INTEGER_ACCURATE", alpha="drop"):
         a = tf.cond(tf.equal(c % 2, 0), lambda: x[..., -1:], lambda: opaque(x))
         return tf.concat([rgb, a], -1)
 
-    def jpeg():
+    def jpeg():  # no alpha channel in a JPEG
         x = tf.io.decode_jpeg(data, channels=3, dct_method=dct_method)
-        return tf.concat([x, opaque(x)], -1)
+        return tf.concat([x, opaque(x)], -1) if alpha == "keep" else x
 
-    x = tf.cond(tf.io.is_jpeg(data), jpeg, rgba)
-    x = tf.ensure_shape(x, [None, None, 4])
-    if alpha == "keep":
-        return x
-    q = tf.cast(x, tf.int32)
-    return tf.cast(composite_on_white(q[..., :3], q[..., 3:], _TFOps), tf.uint8)
+    def other():
+        x = tf.ensure_shape(rgba(), [None, None, 4])
+        if alpha == "keep":
+            return x
+        q = tf.cast(x, tf.int32)
+        return tf.cast(composite_on_white(q[..., :3], q[..., 3:], _TFOps), tf.uint8)
+
+    return tf.ensure_shape(tf.cond(tf.io.is_jpeg(data), jpeg, other),
+                           [None, None, 4 if alpha == "keep" else 3])
 
 
 def load_image(path, alpha="drop"):
