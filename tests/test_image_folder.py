@@ -68,6 +68,31 @@ def test_split_folders_and_every_format_decode_to_rgb(tmp_path, capsys):
         assert red[i][0] > 200 and red[i][2] < 40, (formats[i], red[i])
 
 
+def test_transparent_images_follow_the_recipes_alpha_rule(tmp_path):
+    """Half-transparent red PNGs, through the training and the evaluation
+    pipeline: composited onto white (`alpha="white"`, transformers'
+    `convert_to_rgb`: Pillow's `alpha_composite`) or the alpha channel
+    dropped (`"drop"`, PIL's `convert("RGB")`), as the model's recipe says."""
+    for split in ("train", "val"):
+        for c, color in (("red", (250, 0, 0, 128)), ("blue", (0, 0, 250, 255))):
+            for i in range(2):
+                path = tmp_path / split / c / f"{i}.png"
+                os.makedirs(path.parent, exist_ok=True)
+                Image.new("RGBA", (12, 9), color).save(path)
+    white = np.asarray(Image.alpha_composite(Image.new("RGBA", (1, 1), (255,) * 4),
+                                             Image.new("RGBA", (1, 1), (250, 0, 0, 128))))
+    want = {"white": white[0, 0, :3].astype("float64"), "drop": np.array([250.0, 0.0, 0.0])}
+    for rule, rgb in want.items():
+        train, val, info = kr.data.load(str(tmp_path), batch_size=4, image_size=8,
+                                        preprocessing={"mean": 0.0, "std": 1.0 / 255,
+                                                       "alpha": rule})
+        for ds in (train, val):
+            x, y = (np.concatenate(a) for a in zip(*[(np.asarray(a), np.asarray(b))
+                                                     for a, b in ds]))
+            red = x[y.argmax(1) == info.label_names.index("red")]
+            np.testing.assert_allclose(red.reshape(-1, 3).mean(0), rgb, atol=0.6, err_msg=rule)
+
+
 @pytest.mark.parametrize("case,match", [
     ("missing", "is not a folder"),
     ("empty", "is empty"),
