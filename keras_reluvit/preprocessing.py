@@ -19,10 +19,16 @@ The recipe (`ViT(preprocessing={...})`; every key optional):
   `"squash"` — both sides to `floor(size / crop_pct)`, then the centre crop
   (transformers' `{"height", "width"}` sizes, timm's `crop_mode="squash"`);
   `"crop_resize"` — the largest centred region of the model's aspect
-  ratio, resized to `size` (keras-hub's `crop_to_aspect_ratio=True`).
+  ratio, resized to `size` (keras-hub's `crop_to_aspect_ratio=True`);
+  `"border"` — the longer side (relative to the model's) to
+  `floor(size / crop_pct)`, the other in proportion (both rounded), then
+  centre-cropped or padded with the mean colour `round(255 mean)` (timm's
+  `crop_mode="border"`: `ResizeKeepRatio(longest=1)` + `CenterCropOrPad`).
 - `crop_pct`: the crop's fraction of the resized image, in (0, 1].
 - `interpolation`: `"bicubic"`, `"bilinear"` or `"area"` (box averaging,
-  big_vision's and our own evaluation).
+  big_vision's and our own evaluation); Pillow's other filters
+  `"nearest"`, `"box"`, `"hamming"` and `"lanczos"` (timm's names; Pillow's
+  own weights, computed as its `precompute_coeffs` does).
 - `antialias`: widen the bilinear / bicubic filter when downsampling, as
   PIL (and so timm and transformers) always do.
 - `round_uint8`: round to uint8 after each resampling pass, as Pillow does
@@ -67,8 +73,9 @@ import math
 import keras
 import numpy as np
 
-RESIZE_MODES = ("shorter", "squash", "crop_resize")
-INTERPOLATIONS = ("bicubic", "bilinear", "area")
+RESIZE_MODES = ("shorter", "squash", "crop_resize", "border")
+PILLOW_FILTERS = ("nearest", "box", "hamming", "lanczos")
+INTERPOLATIONS = ("bicubic", "bilinear", "area") + PILLOW_FILTERS
 CROP_OFFSETS = ("floor", "round")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -87,7 +94,8 @@ DEFAULT = dict(resize="shorter", crop_pct=0.875, interpolation="area", antialias
 
 def _triple(value, key):
     try:
-        values = [float(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+        values = [float(v) for v in (value if isinstance(value, (list, tuple, np.ndarray))
+                                     else [value])]
     except (TypeError, ValueError):
         values = []
     if len(values) == 1:
@@ -153,8 +161,12 @@ class _Int:
         return int(round(a / b))
 
     @staticmethod
-    def ratio(a, b, c, d):  # min(a / b, c / d)
-        return min(a / b, c / d)
+    def ratio(a, b, c, d, larger=False):  # min(a / b, c / d), or the max
+        return (max if larger else min)(a / b, c / d)
+
+    @staticmethod
+    def select(cond, a, b):
+        return a if cond else b
 
 
 class _TFInt:
@@ -171,10 +183,13 @@ class _TFInt:
         tf = self.tf
         return tf.cast(tf.round(tf.cast(a, tf.float64) / tf.cast(b, tf.float64)), tf.int32)
 
-    def ratio(self, a, b, c, d):
+    def ratio(self, a, b, c, d, larger=False):
         tf = self.tf
         f = lambda v: tf.cast(v, tf.float64)  # noqa: E731
-        return tf.minimum(f(a) / f(b), f(c) / f(d))
+        return (tf.maximum if larger else tf.minimum)(f(a) / f(b), f(c) / f(d))
+
+    def select(self, cond, a, b):
+        return self.tf.where(cond, a, b)
 
 
 def _half(d, how):
@@ -202,6 +217,13 @@ def plan(h, w, size, p, xp=_Int):
         cw = xp.maximum(xp.minimum(w, h * tw // th), 1)
         return ((h - ch) // 2, (w - cw) // 2, ch, cw), (th, tw), (0, 0, th, tw)
     sh, sw = resized_side(th, p), resized_side(tw, p)
+    if p["resize"] == "border":  # timm: ResizeKeepRatio(longest=1), CenterCropOrPad
+        ratio = xp.ratio(h, sh, w, sw, larger=True)
+        rh, rw = xp.round_div(h, ratio), xp.round_div(w, ratio)
+        # a negative offset pads: (t - r) // 2 before, the rest after
+        top, left = (xp.select(r >= t, _half(r - t, "round"), -((t - r) // 2))
+                     for r, t in ((rh, th), (rw, tw)))
+        return None, (rh, rw), (top, left, th, tw)
     if p["resize"] == "squash":
         rh, rw = sh, sw
     elif sh == sw and p["resize_rounding"] == "round":  # big_vision's resize_small: both sides rounded
@@ -244,6 +266,84 @@ def composite_on_white(rgb, alpha, ops):
     return fd(fd(fd(t, 256) + t, 256), 128)
 
 
+# ------------------------------------------------- Pillow's other filters
+def _pillow_filter(name, x, xp):
+    """Pillow's filter `name` at `x` (`Resample.c`), and its support."""
+    a = xp.abs(x)
+    if name == "box":
+        return xp.where((x > -0.5) & (x <= 0.5), 1.0, 0.0)
+    pi_x = math.pi * xp.where(a == 0, 1.0, a)
+    sinc = xp.where(a == 0, 1.0, xp.sin(pi_x) / pi_x)
+    if name == "hamming":
+        return xp.where(a >= 1, 0.0, sinc * (0.54 + 0.46 * xp.cos(math.pi * a)))
+    third = math.pi * xp.where(a == 0, 1.0, a / 3)
+    sinc3 = xp.where(a == 0, 1.0, xp.sin(third) / third)
+    return xp.where((x >= -3) & (x < 3), sinc * sinc3, 0.0)  # lanczos
+
+
+_SUPPORT = {"box": 0.5, "hamming": 1.0, "lanczos": 3.0}
+
+
+def pillow_weights(n_in, n_out, name, xp=None):
+    """`(n_out, n_in)` weights of Pillow's resampling along one axis with
+    filter `name` (`"nearest"`: the source pixel `floor((i + 0.5) * scale)`,
+    as its affine nearest sampling), each row normalised and rounded to its
+    22-bit fixed point as on 8-bit images. `n_in`, `n_out`: ints (numpy), or
+    with `xp` a TensorFlow namespace (`_TFWeights`) int32 scalars."""
+    xp = xp or _NPWeights
+    f64 = xp.float64
+    scale = xp.cast(n_in, f64) / xp.cast(n_out, f64)
+    o = xp.cast(xp.arange(n_out), f64)[:, None]
+    i = xp.cast(xp.arange(n_in), f64)[None, :]
+    if name == "nearest":
+        # ImagingScaleAffine: x_0 = scale / 2, x_{k+1} = x_k + scale, truncated
+        # (accumulated in float64 as Pillow does: 0.6 + 1.2 + 1.2 < 3).
+        steps = xp.where(o == 0, 0.5 * scale, scale)
+        src = xp.floor(xp.cumsum(steps, axis=0))
+        return xp.where(i == xp.minimum(src, xp.cast(n_in, f64) - 1), 1.0, 0.0)
+    filterscale = xp.maximum(scale, 1.0)
+    support = _SUPPORT[name] * filterscale
+    center = (o + 0.5) * scale
+    lo = xp.maximum(xp.floor(center - support + 0.5), 0.0)
+    hi = xp.minimum(xp.floor(center + support + 0.5), xp.cast(n_in, f64))
+    w = _pillow_filter(name, (i - center + 0.5) / filterscale, xp)
+    w = xp.where((i >= lo) & (i < hi), w, 0.0)
+    total = xp.sum(w, axis=1, keepdims=True)
+    w = w / xp.where(total == 0, 1.0, total)
+    fixed = w * float(1 << 22)  # Pillow's normalize_coeffs_8bpc
+    return xp.trunc(fixed + xp.where(fixed < 0, -0.5, 0.5)) / float(1 << 22)
+
+
+class _NPWeights:
+    """The array names `pillow_weights` uses: numpy's ..."""
+    float64 = np.float64
+    abs, where, sin, cos, floor, trunc = np.abs, np.where, np.sin, np.cos, np.floor, np.trunc
+    maximum, minimum, arange, cumsum = np.maximum, np.minimum, np.arange, np.cumsum
+
+    @staticmethod
+    def cast(v, dtype):
+        return np.asarray(v, dtype)
+
+    @staticmethod
+    def sum(v, axis, keepdims):
+        return np.sum(v, axis=axis, keepdims=keepdims)
+
+
+class _TFWeights:
+    """... and TensorFlow's (dynamic sizes)."""
+
+    def __init__(self):
+        import tensorflow as tf
+
+        self.float64, self.cast, self.abs = tf.float64, tf.cast, tf.abs
+        self.where = lambda c, a, b: tf.where(c, tf.cast(a, tf.float64), tf.cast(b, tf.float64))
+        self.sin, self.cos, self.floor = tf.sin, tf.cos, tf.floor
+        self.maximum, self.minimum, self.arange = tf.maximum, tf.minimum, tf.range
+        self.cumsum = tf.math.cumsum
+        self.trunc = lambda v: tf.where(v < 0, tf.math.ceil(v), tf.floor(v))  # toward zero
+        self.sum = lambda v, axis, keepdims: tf.reduce_sum(v, axis=axis, keepdims=keepdims)
+
+
 def _area_matrix(n_in, n_out):
     """`(n_out, n_in)` box-averaging weights: output pixel i averages input
     [i * s, (i + 1) * s), s = n_in / n_out, by overlap (TensorFlow's
@@ -264,6 +364,11 @@ def _resize_generic(x, to, p):
         my = ops.convert_to_tensor(_area_matrix(int(x.shape[1]), rh))
         mx = ops.convert_to_tensor(_area_matrix(int(x.shape[2]), rw))
         return ops.einsum("ih,nhwc,jw->nijc", my, x, mx)
+    if p["interpolation"] in PILLOW_FILTERS:
+        h, w = int(x.shape[1]), int(x.shape[2])
+        my, mx = (ops.convert_to_tensor(pillow_weights(n, m, p["interpolation"]).astype("float32"))
+                  for n, m in ((h, rh), (w, rw)))
+        return _pillow_passes(x, my, mx, vertical_first(h, w, rh, rw, p), p, ops)
     if not p["round_uint8"]:
         return ops.image.resize(x, (rh, rw), interpolation=p["interpolation"],
                                 antialias=p["antialias"])
@@ -296,6 +401,24 @@ def normalise(x, p, convert=None):
     return x / scale - shift
 
 
+def _pillow_passes(x, rows, cols, vertical, p, ops, cond=None):
+    """Two passes of weight matrices (`rows` `(h', H)`, `cols` `(w', W)`)
+    over `x` `[..., H, W, C]`, each rounded as Pillow's 8-bit images are
+    (`round_uint8`), in Pillow's pass order (`vertical`: a bool, or a
+    TensorFlow predicate for `cond`)."""
+    def along_rows(y):
+        y = ops.einsum("ih,...hwc->...iwc", rows, y)
+        return round_half_up(y, ops) if p["round_uint8"] else y
+
+    def along_cols(y):
+        y = ops.einsum("jw,...hwc->...hjc", cols, y)
+        return round_half_up(y, ops) if p["round_uint8"] else y
+
+    if cond is not None:
+        return cond(vertical, lambda: along_cols(along_rows(x)), lambda: along_rows(along_cols(x)))
+    return along_cols(along_rows(x)) if vertical else along_rows(along_cols(x))
+
+
 def to_rgb(x, p, ops):
     """RGBA `[..., 4]` -> RGB `[..., 3]` by the recipe's `alpha` rule (RGB
     passes through); `x` holds 0-255 pixel values."""
@@ -307,6 +430,30 @@ def to_rgb(x, p, ops):
     return ops.cast(composite_on_white(q[..., :3], q[..., 3:], ops), "float32")
 
 
+def border_fill(p):
+    """timm's padding colour for `crop_mode="border"`: `round(255 mean)`."""
+    return [float(round(255 * m)) for m in p["mean"]]
+
+
+def _crop_or_pad(x, top, left, th, tw, p, ops):
+    """`x[..., top:top + th, left:left + tw, :]` where a negative offset or
+    a window past the edge pads with `border_fill(p)` (timm's
+    `center_crop_or_pad`). `ops`: keras.ops, or TensorFlow (dynamic)."""
+    if p["resize"] != "border":
+        return x[..., top:top + th, left:left + tw, :]
+    fill = border_fill(p)
+    h, w = ops.shape(x)[-3], ops.shape(x)[-2]
+    pads = [(ops.maximum(-top, 0), ops.maximum(top + th - h, 0)),
+            (ops.maximum(-left, 0), ops.maximum(left + tw - w, 0))]
+    channels = []
+    for c in range(3):
+        y = ops.pad(x[..., c] - fill[c], [*([(0, 0)] * (len(x.shape) - 3)), *pads])
+        channels.append(y + fill[c])
+    x = ops.stack(channels, axis=-1)
+    top, left = ops.maximum(top, 0), ops.maximum(left, 0)
+    return x[..., top:top + th, left:left + tw, :]
+
+
 def _generic(images, size, p):
     ops = keras.ops
     x = to_rgb(ops.cast(images, "float32"), p, ops)
@@ -316,7 +463,7 @@ def _generic(images, size, p):
         t, l_, ch, cw = before
         x = x[:, t:t + ch, l_:l_ + cw]
     x = _resize_generic(x, to, p)
-    x = x[:, top:top + th, left:left + tw]
+    x = _crop_or_pad(x, top, left, th, tw, p, _IntOps)
     if p["clip"]:
         x = ops.clip(x, 0.0, 255.0)
     return normalise(x, p, ops.convert_to_tensor)
@@ -340,7 +487,14 @@ def tf_preprocess(images, size, p=None, normalize=True):
         x = x[..., t:t + ch, l_:l_ + cw, :]
     method = p["interpolation"]
     antialias = p["antialias"] and method != "area"
-    if antialias and before is None:
+    if method in PILLOW_FILTERS:
+        # Pillow's weights, only the crop's rows and columns of them.
+        ih, iw = tf.shape(x)[-3], tf.shape(x)[-2]
+        rows = tf.cast(pillow_weights(ih, rh, method, _TFWeights())[top:top + th], tf.float32)
+        cols = tf.cast(pillow_weights(iw, rw, method, _TFWeights())[left:left + tw], tf.float32)
+        x = _pillow_passes(x, rows, cols, vertical_first(ih, iw, rh, rw, p, _TFInt()), p,
+                           _TFOps, cond=_cond)
+    elif antialias and before is None and p["resize"] != "border":
         # Only the crop's pixels: TensorFlow's scale-and-translate (what
         # `resize(antialias=True)` runs) samples the resized image at the
         # crop's positions directly, PIL's pass order kept (columns, then
@@ -360,7 +514,7 @@ def tf_preprocess(images, size, p=None, normalize=True):
                       lambda: passes([rh, iw]), lambda: passes([ih, rw]))
         else:
             x = tf.image.resize(x, tf.stack([rh, rw]), method=method, antialias=antialias)
-        x = x[..., top:top + th, left:left + tw, :]
+        x = _crop_or_pad(x, top, left, th, tw, p, _TFOps)
     x = tf.ensure_shape(x, [*([None] * (len(images.shape) - 3)), th, tw, 3])
     if p["clip"]:
         x = tf.clip_by_value(x, 0.0, 255.0)
@@ -376,9 +530,51 @@ def _cond(pred, true_fn, false_fn):
     return tf.cond(pred, true_fn, false_fn)
 
 
+class _IntOps:
+    """`_crop_or_pad` on static shapes: Python ints and `keras.ops`."""
+    maximum = staticmethod(max)
+
+    @staticmethod
+    def shape(x):
+        return tuple(int(d) for d in x.shape)
+
+    @staticmethod
+    def pad(x, pads):
+        return keras.ops.pad(x, [(int(a), int(b)) for a, b in pads])
+
+    @staticmethod
+    def stack(xs, axis):
+        return keras.ops.stack(xs, axis=axis)
+
+
 class _TFOps:
     """The few `keras.ops` names the shared helpers use, in TensorFlow (for
     graphs under any Keras backend)."""
+
+    @staticmethod
+    def shape(x):
+        import tensorflow as tf
+
+        return tf.shape(x)
+
+    @staticmethod
+    def maximum(a, b):
+        import tensorflow as tf
+
+        return tf.maximum(a, b)
+
+    @staticmethod
+    def pad(x, pads):
+        import tensorflow as tf
+
+        return tf.pad(x, tf.stack([tf.stack([tf.cast(a, tf.int32), tf.cast(b, tf.int32)])
+                                   for a, b in pads]))
+
+    @staticmethod
+    def stack(xs, axis):
+        import tensorflow as tf
+
+        return tf.stack(xs, axis=axis)
 
     @staticmethod
     def clip(x, lo, hi):
@@ -403,6 +599,12 @@ class _TFOps:
         import tensorflow as tf
 
         return tf.cast(x, dtype)
+
+    @staticmethod
+    def einsum(equation, *operands):
+        import tensorflow as tf
+
+        return tf.einsum(equation, *operands)
 
 
 def _crop_resample(tf, x, hw, resized, crop, method, p):

@@ -199,7 +199,9 @@ _PROCESSORS = {
                  crop_size={"height": 224, "width": 224}, image_mean=list(OPENAI_CLIP_MEAN),
                  image_std=list(OPENAI_CLIP_STD)),
 }
-_RESAMPLE = {2: "bilinear", 3: "bicubic", "bilinear": "bilinear", "bicubic": "bicubic"}
+# PIL's resample enums (and names), as transformers' processors take them.
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+_RESAMPLE.update({name: name for name in _RESAMPLE.values()})
 
 
 def _hw(value, where, key, square_int):
@@ -253,8 +255,8 @@ def preprocessing_from_processor(directory, family):
     path, pc = _processor(directory, family)
     resample = pc.get("resample", 2)
     if resample not in _RESAMPLE:
-        raise CheckpointError(f"{path}: resample {resample!r} is not supported (2 / "
-                              "'bilinear' or 3 / 'bicubic').")
+        raise CheckpointError(f"{path}: resample {resample!r} is not one of PIL's filters "
+                              "(0-5: nearest, lanczos, bilinear, bicubic, box, hamming).")
     kind, size = _hw(pc.get("size"), path, "size", square_int=family in ("vit", "deit"))
     if not pc.get("do_resize", True):
         kind, size = "hw", None
@@ -494,13 +496,14 @@ def processor_config(recipe, size):
     keras-hub's crop-then-resize): ViTImageProcessor for a plain squash,
     DeiTImageProcessor for squash + crop, CLIPImageProcessor for the
     shorter side + crop."""
-    if recipe["interpolation"] not in ("bilinear", "bicubic") or recipe["resize"] == "crop_resize":
+    if recipe["interpolation"] == "area" or recipe["resize"] == "crop_resize":
         return None
     h, w = (size, size) if isinstance(size, int) else size
     if recipe["resize"] == "shorter" and h != w:
         return None  # transformers' shortest edge + crop has no rectangular rule of timm's
     resized = [resized_side(s, recipe) for s in (h, w)]
-    out = dict(do_resize=True, resample={"bilinear": 2, "bicubic": 3}[recipe["interpolation"]],
+    out = dict(do_resize=True, resample=next(k for k, v in _RESAMPLE.items()
+                                             if isinstance(k, int) and v == recipe["interpolation"]),
                do_rescale=recipe["input_scale"] == 255, rescale_factor=1 / 255,
                do_normalize=True, do_convert_rgb=recipe["alpha"] == "white",
                image_mean=list(recipe["mean"]), image_std=list(recipe["std"]))

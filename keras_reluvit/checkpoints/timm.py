@@ -144,7 +144,7 @@ def architecture_args(name):
     return args
 
 
-_INTERPOLATIONS = {"bicubic": "bicubic", "bilinear": "bilinear"}
+_INTERPOLATIONS = {n: n for n in ("bicubic", "bilinear", "nearest", "box", "hamming", "lanczos")}
 
 
 def preprocessing_from_cfg(cfg, where):
@@ -158,7 +158,7 @@ def preprocessing_from_cfg(cfg, where):
         raise CheckpointError(f"{where}: pretrained_cfg.interpolation {interp!r} is not "
                               f"supported ({', '.join(_INTERPOLATIONS)}).")
     mode = cfg.get("crop_mode") or "center"
-    modes = {"center": "shorter", "squash": "squash"}
+    modes = {"center": "shorter", "squash": "squash", "border": "border"}
     if mode not in modes:
         raise CheckpointError(f"{where}: pretrained_cfg.crop_mode {mode!r} is not supported "
                               f"({', '.join(modes)}).")
