@@ -26,7 +26,7 @@ import keras
 from keras import ops
 
 from keras_reluvit import kernels
-from keras_reluvit import torch_fast
+from keras_reluvit.kernels import torch_fast
 
 
 def _relu2(x):

@@ -11,13 +11,13 @@ import math
 import keras
 from keras import ops
 
-from keras_reluvit import torch_fast
 from keras_reluvit.attention import PointwiseAttention
 from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.attention import check_rate
 from keras_reluvit.attention_kinds import deserialize_attention
 from keras_reluvit.attention_kinds import resolve_attention
+from keras_reluvit.kernels import torch_fast
 
 LN_EPS = 1e-6
 MLP_ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu")

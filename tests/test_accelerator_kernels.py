@@ -180,7 +180,11 @@ def test_switch_dispatches_the_kernel_in_a_vit(monkeypatch):
     monkeypatch.setattr(module, "attention", spy)
     model = kr.ViT(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64,
                    num_classes=5, attention="relu", pool="tok")
-    x = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+    rng = np.random.default_rng(0)
+    for v in model.weights:  # perturbed: the zero head would make every logit 0
+        v.assign((np.asarray(keras.ops.convert_to_numpy(v)) +
+                  rng.normal(0, 0.2, tuple(v.shape))).astype("float32"))
+    x = rng.normal(size=(2, 32, 32, 3)).astype("float32")
 
     def logits_and_grads():
         loss = lambda a: keras.ops.mean(keras.ops.square(model(a)))  # noqa: E731
@@ -198,6 +202,7 @@ def test_switch_dispatches_the_kernel_in_a_vit(monkeypatch):
         got, g_got = logits_and_grads()
     assert kr.get_kernel() == "auto"
     assert calls and set(calls) == {"relu"} and len(calls) >= 2  # both blocks
+    assert np.abs(ref).max() > 0.1 and all(np.abs(g).max() > 1e-4 for g in g_ref)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     for a, b in zip(g_got, g_ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

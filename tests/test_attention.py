@@ -391,10 +391,10 @@ def test_softmax_is_a_drop_in_for_mha_under_every_mask_combination(gated):
 def test_self_attention_fast_path_matches_numpy_and_keras_own_path(act, alpha, qk_norm, learned,
                                                                   monkeypatch):
     """`layer(x, x)` without masks: on PyTorch the fused q/k/v projection of
-    `keras_reluvit.torch_fast` (asserted taken), elsewhere Keras' own call.
+    `keras_reluvit.kernels.torch_fast` (asserted taken), elsewhere Keras' own call.
     Checked against the NumPy reference, and — outputs, input and weight
     gradients — against Keras' own call (`KERAS_RELUVIT_TORCH_FAST=0`)."""
-    from keras_reluvit import torch_fast
+    from keras_reluvit.kernels import torch_fast
 
     rng = np.random.default_rng(zlib.crc32(repr((act, alpha, qk_norm, learned)).encode()))
     layer = build(act, alpha, qk_norm, False, learned_scale=learned)

@@ -17,7 +17,7 @@ import keras_reluvit as kr
 from keras_reluvit import finetune
 from keras_reluvit import image_folder
 from keras_reluvit import recipes
-from keras_reluvit import torch_fast
+from keras_reluvit.kernels import torch_fast
 
 TINY = dict(variant="Ti/8", width=64, depth=2, num_heads=2, mlp_dim=128, image_size=32)
 

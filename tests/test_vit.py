@@ -408,12 +408,20 @@ def test_one_variant_parser_and_one_probability_choice():
 
 @pytest.mark.parametrize("attention", ["relu", "softmax"])
 def test_fused_torch_layers_give_keras_own_outputs_and_gradients(attention, monkeypatch):
-    """`keras_reluvit.torch_fast` (fused q/k/v projection, bias-fused GEMMs)
+    """`keras_reluvit.kernels.torch_fast` (fused q/k/v projection, bias-fused GEMMs)
     against Keras' own layer code, a whole ViT: logits and the gradient of
     every weight. PyTorch's layers: collected only in the torch suite (not a
     skip elsewhere)."""
     from conftest import grads
 
+    from keras_reluvit.kernels import torch_fast
+
+    calls = {"project_qkv": 0, "linear": 0}
+    for name in calls:  # spies: the fast paths must run (and only when on)
+        def spy(*a, _name=name, _f=getattr(torch_fast, name), **k):
+            calls[_name] += 1
+            return _f(*a, **k)
+        monkeypatch.setattr(torch_fast, name, spy)
     model = tiny(attention=attention, qk_norm=True)
     randomize(model)
     x = images()
@@ -421,8 +429,15 @@ def test_fused_torch_layers_give_keras_own_outputs_and_gradients(attention, monk
     results = []
     for fast in ("1", "0"):
         monkeypatch.setenv("KERAS_RELUVIT_TORCH_FAST", fast)
+        before = dict(calls)
         (gx,), gv = grads(lambda xs: keras.ops.sum(model(xs) * cot), model.trainable_weights, [x])
         results.append([to_np(model(x)), gx] + gv)
+        ran = {n: calls[n] - before[n] for n in calls}
+        if fast == "1":  # every block's q/k/v projection and both MLP GEMMs
+            depth = model.get_config()["depth"]
+            assert ran["project_qkv"] >= depth and ran["linear"] >= 2 * depth, ran
+        else:
+            assert ran == {"project_qkv": 0, "linear": 0}, ran
     assert len(results[0]) == len(model.trainable_weights) + 2
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

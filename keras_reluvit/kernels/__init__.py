@@ -13,6 +13,10 @@ matmul, the activation (and mask) and the value matmul.
 | `triton` | `kernels.triton` | PyTorch CUDA tensors |
 | `sequence_parallel`, `pallas_sharded` | `kernels.sharded` | JAX under a multi-device `keras.distribution` |
 
+Around the attention, `kernels.torch_fast` holds PyTorch's fused projections
+(q/k/v in one GEMM, bias-fused MLP GEMMs), stepping aside for what it does
+not compute (quantized or LoRA layers, dtype policies).
+
 This module holds the kernel switch (`set_kernel`, `use_kernel`,
 `KERAS_RELUVIT_KERNEL`), the dispatch rule (`fused_kernel`, `choose`) and
 the table of paths (`PATHS`: each path's name, once, and what runs it);

@@ -1,7 +1,7 @@
 """The PyTorch CPU paths of pointwise attention: `torch_tiled` (eager tiles)
 and a fused C++ kernel (the dispatch's `torch_fused`: inference, and
 training through `trainable_attention`, a C++ backward that recomputes the
-scores per tile). Was `keras_reluvit.torch_fused` (a deprecated alias).
+scores per tile). (Its 0.1 name `keras_reluvit.torch_fused` is gone in 0.2.)
 
 `torch_tiled`: PyTorch eager, no mask / dropout / weights returned: loops
 over (batch * heads, query) tiles so that each score tile stays in cache,
