@@ -13,6 +13,10 @@ source "$(dirname "$0")/env.sh"
 echo "=== ruff check ==="
 ruff check .
 LOGS="$(mktemp -d)"
+# transformers' reference outputs (tests/conftest.py run_hf_reference) do not
+# depend on the backend under test: computed once per run, shared by the suites.
+export KRV_REFERENCE_CACHE="$LOGS/references"
+mkdir -p "$KRV_REFERENCE_CACHE"
 suite() {  # label, then the command
   local label="$1"; shift
   if "$@" > "$LOGS/$label.log" 2>&1; then echo passed > "$LOGS/$label.status"

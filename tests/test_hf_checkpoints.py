@@ -105,7 +105,9 @@ def test_round_trip_ours_to_hf_to_ours_is_exact_and_transformers_agrees(tmp_path
     transformers computes our logits."""
     model = kr.ViT("Ti/8", attention="softmax", num_classes=6, image_size=size, width=32, depth=2,
                    num_heads=2, mlp_dim=48, pool="tok", mlp_activation="gelu",
-                   layer_norm_epsilon=1e-12, qk_norm=False)
+                   layer_norm_epsilon=1e-12, qk_norm=False,
+                   preprocessing=dict(resize="squash", crop_pct=1.0, interpolation="bilinear",
+                                      round_uint8=True, resize_rounding="floor"))
     rng = np.random.default_rng(3)
     for v in model.weights:
         v.assign(rng.normal(0, 0.2, tuple(v.shape)).astype("float32"))
@@ -117,6 +119,11 @@ def test_round_trip_ours_to_hf_to_ours_is_exact_and_transformers_agrees(tmp_path
         assert a.path == b.path
         np.testing.assert_array_equal(to_np(a), to_np(b))
     assert back.image_size == size
+    # the processor ({"height", "width"}: rectangular too) read back as written
+    assert back.preprocessing == model.preprocessing
+    photo = np.random.default_rng(5).integers(0, 256, (50, 70, 3), dtype="uint8")
+    np.testing.assert_array_equal(to_np(back.preprocessor(photo)), to_np(model.preprocessor(photo)))
+    assert tuple(back.preprocessor(photo).shape) == (1, *size, 3)
     x = np.random.default_rng(4).uniform(-1, 1, (2, *size, 3)).astype("float32")
     np.save(tmp_path / "x.npy", x)
     run_hf_reference("logits", str(tmp_path / "hf"), str(tmp_path / "x.npy"), str(tmp_path / "y.npy"))

@@ -356,21 +356,6 @@ def test_layer_passes_the_activation_name_to_the_dispatch_rule(monkeypatch):
     assert seen[-3:] == ["relu", "relu2", "sigmoid"]
 
 
-def test_the_0_1_module_name_of_the_cpu_kernel_still_works_and_warns():
-    """`keras_reluvit.torch_fused` (0.1.0) is now `kernels.torch_cpu`: one
-    release of a deprecated alias, the same module object."""
-    import importlib
-    import sys
-
-    from keras_reluvit.kernels import torch_cpu
-
-    sys.modules.pop("keras_reluvit.torch_fused", None)
-    with pytest.warns(DeprecationWarning, match="keras_reluvit.kernels.torch_cpu"):
-        old = importlib.import_module("keras_reluvit.torch_fused")
-    assert old is torch_cpu
-
-
-
 def test_dispatch_names_each_path_once_and_refuses_what_a_path_cannot_do():
     """`kernels.PATHS` is the one table of paths: an unknown name lists it;
     a path asked for weights or dropout, or one this backend lacks, says so.
