@@ -287,14 +287,16 @@ if BACKEND == "jax":
 
     @pytest.mark.parametrize("platform", ["tpu", "cuda"])
     def test_vit_s16_lowers_to_the_kernel_in_every_block(platform):
-        """A whole ViT-S/16 ReLU/L forward and training step (value_and_grad)
-        traced on this CPU lower for TPU (Mosaic `tpu_custom_call`) and CUDA
-        (Pallas' Triton call): 12 forward kernels, and 12 forward + 24
-        backward kernels in the step."""
+        """A ViT-S/16 ReLU/L (its shapes; 3 of its 12 blocks, each lowered the
+        same) forward and training step (value_and_grad) traced on this CPU
+        lower for TPU (Mosaic `tpu_custom_call`) and CUDA (Pallas' Triton
+        call): one forward kernel per block, and in the step one forward and
+        the backward kernels (two on TPU, one on CUDA) per block."""
         import jax
         import jax.numpy as jnp
 
-        model = kr.ViT_S16(attention="relu", num_classes=10)
+        blocks = 3
+        model = kr.ViT_S16(attention="relu", num_classes=10, depth=blocks)
         tv = [v.value for v in model.trainable_variables]
         ntv = [v.value for v in model.non_trainable_variables]
 
@@ -308,10 +310,10 @@ if BACKEND == "jax":
         call = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}[platform]
         other = {"tpu": "__gpu$xla.gpu.triton", "cuda": "tpu_custom_call"}[platform]
         # CUDA's backward is one kernel (dQ added atomically); TPU's two.
-        backward = {"tpu": {"dkdv": 12, "dq": 12}, "cuda": {"bwd": 12}}[platform]
+        backward = {"tpu": {"dkdv": blocks, "dq": blocks}, "cuda": {"bwd": blocks}}[platform]
         with kr.use_kernel("pallas"):
-            for fn, expected in ((forward, {"fwd": 12}),
-                                 (jax.value_and_grad(loss), {"fwd": 12, **backward})):
+            for fn, expected in ((forward, {"fwd": blocks}),
+                                 (jax.value_and_grad(loss), {"fwd": blocks, **backward})):
                 text = jax.jit(fn).trace(tv, x).lower(lowering_platforms=(platform,)).as_text()
                 calls = [line for line in text.splitlines()
                          if re.search(rf"custom_call @{re.escape(call)}\b|"
