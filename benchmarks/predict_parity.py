@@ -32,6 +32,21 @@ ARCHS = [
     "vit_base_patch16_clip_224.openai_ft_in1k",
     "vit_base_patch16_clip_quickgelu_224.openai",
 ]
+# Other pixel rules on real timm models: label -> (architecture, create_model
+# kwargs, pretrained_cfg changes). A rectangular model saved with its
+# model_args, timm's squash / border crop modes, Pillow's lanczos.
+VARIANTS = {
+    "vit_s16 img_size=(224, 160)": ("vit_small_patch16_224.augreg_in21k_ft_in1k",
+                                    {"img_size": (224, 160)}, {"input_size": (3, 224, 160)}),
+    "deit_s16 squash, lanczos": ("deit_small_patch16_224.fb_in1k", {},
+                                 {"crop_mode": "squash", "interpolation": "lanczos"}),
+    "vit_s16 border": ("vit_small_patch16_224.augreg_in21k_ft_in1k", {}, {"crop_mode": "border"}),
+}
+
+
+def cases():
+    """label -> (architecture, create_model kwargs, pretrained_cfg changes)."""
+    return {**{name: (name, {}, {}) for name in ARCHS}, **VARIANTS}
 
 
 def timm_side(out, jpegs):
@@ -40,22 +55,25 @@ def timm_side(out, jpegs):
     from PIL import Image
 
     ref = {}
-    for i, name in enumerate(ARCHS):
+    for i, (name, (arch, kwargs, overlay)) in enumerate(cases().items()):
         torch.manual_seed(i)
-        model = timm.create_model(name, pretrained=False).eval()
+        model = timm.create_model(arch, pretrained=False, pretrained_cfg_overlay=overlay,
+                                  **kwargs).eval()
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.02 * torch.randn_like(p))
             head = model.get_classifier()
             head.weight.mul_(20.0)
         directory = os.path.join(out, name)
-        timm.models.save_for_hf(model, directory, safe_serialization=True)
+        timm.models.save_for_hf(model, directory, safe_serialization=True,
+                                model_args=kwargs or None)
         cfg = timm.data.resolve_data_config({}, model=model)
         transform = timm.data.create_transform(**cfg)
         x = torch.stack([transform(Image.open(j).convert("RGB")) for j in jpegs])
         with torch.no_grad():
             ref[name] = torch.log_softmax(model(x).double(), -1).numpy()
-            t = np.random.default_rng(0).uniform(-2, 2, (2, 3, 224, 224)).astype("float32")
+            size = kwargs.get("img_size", (224, 224))
+            t = np.random.default_rng(0).uniform(-2, 2, (2, 3, *size)).astype("float32")
             ref[name + "/x"] = t.transpose(0, 2, 3, 1)
             ref[name + "/logits"] = model(torch.from_numpy(t)).double().numpy()
         ref[name + "/cfg"] = json.dumps({k: v for k, v in cfg.items()})
@@ -80,9 +98,13 @@ def main():
 
     tmp = tempfile.mkdtemp()
     jpegs = []
-    for n in ("astronaut", "coffee", "chelsea", "rocket"):
+    photos = {n: getattr(skimage.data, n)() for n in ("astronaut", "coffee", "chelsea", "rocket")}
+    # portrait and tall, narrow: where Pillow 13 resamples vertically first
+    photos["portrait"] = np.ascontiguousarray(np.rot90(photos["coffee"]))
+    photos["narrow"] = np.ascontiguousarray(photos["astronaut"][:, 180:330])
+    for n, image in photos.items():
         jpegs.append(os.path.join(tmp, n + ".jpg"))
-        Image.fromarray(getattr(skimage.data, n)()).save(jpegs[-1], quality=90)
+        Image.fromarray(image).save(jpegs[-1], quality=90)
     # timm (and the torch it imports) in a child process of its own.
     subprocess.run([sys.executable, "-m", "benchmarks.predict_parity", "--timm-side", tmp,
                     *jpegs], check=True)
@@ -94,12 +116,13 @@ def main():
     print("model.safetensors (architecture= given, except the plain CLIP tower: norm_pre says it).")
     print(f"{'architecture':46s} {'ours':>8s} {'SavedModel':>11s} {'logits hub':>11s} "
           f"{'logits bare':>12s}")
-    for name in ARCHS:
+    for name, (arch, _, _) in cases().items():
         model = kr.ViT.from_preset(os.path.join(tmp, name))
         scale = np.abs(ref[name + "/logits"]).max()
         hub = np.abs(np.asarray(model(ref[name + "/x"])) - ref[name + "/logits"]).max() / scale
-        named = None if name.startswith("vit_base_patch16_clip_224") else name
-        bare = kr.load_checkpoint(os.path.join(tmp, name, "model.safetensors"), architecture=named)
+        named = None if name.startswith("vit_base_patch16_clip_224") else arch
+        bare = kr.load_checkpoint(os.path.join(tmp, name, "model.safetensors"), architecture=named,
+                                  image_size=model.image_size)
         bare = np.abs(np.asarray(bare(ref[name + "/x"])) - ref[name + "/logits"]).max() / scale
         x = model.preprocessor([kr.load_image(j) for j in jpegs])
         ours = np.log(P.probabilities(model.predict(x, verbose=0)))
