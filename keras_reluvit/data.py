@@ -202,9 +202,7 @@ def decode_random_crop(data, area, aspect, seed, dct_method="", alpha="drop"):
                                              dct_method=dct_method)
 
     def other():
-        image = decode_image(data, alpha=alpha) if alpha != "drop" else tf.io.decode_image(
-            data, channels=3, expand_animations=False)
-        return random_crop(image, area, aspect, seed)
+        return random_crop(decode_image(data, alpha=alpha), area, aspect, seed)
 
     return tf.ensure_shape(tf.cond(tf.io.is_jpeg(data), jpeg, other), (None, None, 3))
 

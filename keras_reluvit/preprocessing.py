@@ -547,64 +547,27 @@ class _IntOps:
         return keras.ops.stack(xs, axis=axis)
 
 
-class _TFOps:
+class _TFOpsNamespace:
     """The few `keras.ops` names the shared helpers use, in TensorFlow (for
-    graphs under any Keras backend)."""
+    graphs under any Keras backend); TensorFlow is imported at first use."""
 
-    @staticmethod
-    def shape(x):
+    def __getattr__(self, name):
         import tensorflow as tf
 
-        return tf.shape(x)
+        def pad(x, pads):
+            return tf.pad(x, tf.stack([tf.stack([tf.cast(a, tf.int32), tf.cast(b, tf.int32)])
+                                       for a, b in pads]))
 
-    @staticmethod
-    def maximum(a, b):
-        import tensorflow as tf
+        ops = dict(shape=tf.shape, maximum=tf.maximum, pad=pad, stack=tf.stack,
+                   clip=tf.clip_by_value, floor=tf.floor, floor_divide=tf.math.floordiv,
+                   cast=tf.cast, einsum=tf.einsum)
+        self.__dict__.update(ops)  # looked up here once, then plain attributes
+        if name not in ops:
+            raise AttributeError(name)
+        return ops[name]
 
-        return tf.maximum(a, b)
 
-    @staticmethod
-    def pad(x, pads):
-        import tensorflow as tf
-
-        return tf.pad(x, tf.stack([tf.stack([tf.cast(a, tf.int32), tf.cast(b, tf.int32)])
-                                   for a, b in pads]))
-
-    @staticmethod
-    def stack(xs, axis):
-        import tensorflow as tf
-
-        return tf.stack(xs, axis=axis)
-
-    @staticmethod
-    def clip(x, lo, hi):
-        import tensorflow as tf
-
-        return tf.clip_by_value(x, lo, hi)
-
-    @staticmethod
-    def floor(x):
-        import tensorflow as tf
-
-        return tf.floor(x)
-
-    @staticmethod
-    def floor_divide(a, b):
-        import tensorflow as tf
-
-        return tf.math.floordiv(a, b)
-
-    @staticmethod
-    def cast(x, dtype):
-        import tensorflow as tf
-
-        return tf.cast(x, dtype)
-
-    @staticmethod
-    def einsum(equation, *operands):
-        import tensorflow as tf
-
-        return tf.einsum(equation, *operands)
+_TFOps = _TFOpsNamespace()
 
 
 def _crop_resample(tf, x, hw, resized, crop, method, p):

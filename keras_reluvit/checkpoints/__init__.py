@@ -238,10 +238,10 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
 
 
 def _pair(size):
-    """An image size as `(h, w)` (None stays None)."""
-    if size is None:
-        return None
-    return (int(size), int(size)) if np.ndim(size) == 0 else tuple(int(s) for s in size)
+    """An image size as `(h, w)` (None stays None), checked as `ViT` checks it."""
+    from keras_reluvit.vit import _pair as image_pair
+
+    return None if size is None else image_pair(size, "image_size")
 
 
 def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides,

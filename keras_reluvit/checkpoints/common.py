@@ -132,6 +132,8 @@ def assign(model, weights, path, fresh_head=False, posemb_resampling="bilinear",
     target = {v.path: v for v in model.weights}
     missing, plan, fresh = [], [], []
     unexpected = sorted(k for k in weights if k not in target)
+    # a 4x3 grid and a 6x2 one have the same shape: the grids decide
+    other_grid = native_grid is not None and tuple(native_grid) != tuple(model.grid_size)
     for p, var in target.items():
         if p not in weights:
             if _FRESH_OK.fullmatch(p) or (fresh_head and p.startswith("head/")):
@@ -143,9 +145,7 @@ def assign(model, weights, path, fresh_head=False, posemb_resampling="bilinear",
         if p.startswith("head/") and fresh_head:
             fresh.append(p)
             continue
-        other_grid = native_grid is not None and tuple(native_grid) != tuple(model.grid_size)
         if p == "pos_embedding/embedding" and (value.shape != tuple(var.shape) or other_grid):
-            # (a 4x3 grid and a 6x2 one have the same shape)
             prefix = model.posemb_prefix_tokens
             n = value.shape[1] - prefix
             if native_grid is None or native_grid[0] * native_grid[1] != n:

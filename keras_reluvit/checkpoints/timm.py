@@ -205,29 +205,21 @@ def hub_labels(config, num_classes):
     return imagenet1k_labels() if num_classes == 1000 else None
 
 
-def _pair(size):
-    if size is None or isinstance(size, bool):
-        return None
-    return (size, size) if isinstance(size, int) else tuple(size)
-
-
 def native_image_size(config, where):
     """`(height, width)` a timm hub model was built for: `model_args.img_size`,
     else `pretrained_cfg.input_size` (`[3, H, W]`); None where neither is
     given."""
+    from keras_reluvit.vit import _pair
+
     size = (config.get("model_args") or {}).get("img_size")
     if size is None:
         input_size = (config.get("pretrained_cfg") or {}).get("input_size")
         size = input_size[1:] if isinstance(input_size, (list, tuple)) else None
-    if size is None:
-        return None
-    if isinstance(size, int) and not isinstance(size, bool):
-        return size, size
-    if (isinstance(size, (list, tuple)) and len(size) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
-        return tuple(size)
-    raise CheckpointError(f"{where}: model_args.img_size / pretrained_cfg.input_size "
-                          f"{size!r} is not an image size (H, W).")
+    try:
+        return None if size is None else _pair(size, "img_size")
+    except ValueError:
+        raise CheckpointError(f"{where}: model_args.img_size / pretrained_cfg.input_size "
+                              f"{size!r} is not an image size (H, W).") from None
 
 
 def read_hub(path, overrides):
@@ -455,9 +447,9 @@ def _timm(sd, path, overrides, architecture=None, written=None):
     if "pos_embed" not in sd:
         raise CheckpointError(f"{path}: no pos_embed (models without an absolute "
                               "position embedding are not supported).")
-    native, hint = (None if size is None else (int(size[0]) // patch, int(size[1]) // patch)
+    native, hint = (None if size is None else (size[0] // patch, size[1] // patch)
                     for size in (overrides.get("_native_image_size")
-                                 or _pair((written or {}).get("img_size")),
+                                 or native_image_size({"model_args": written or {}}, path),
                                  overrides.get("_image_size_hint")))
     covers, grid = posemb_grid(sd["pos_embed"].shape[1], prefix, path, "pos_embed",
                                native=native, hint=hint, covers=overrides.get("posemb_prefix"))
