@@ -53,6 +53,7 @@ from keras_reluvit.checkpoints import timm
 from keras_reluvit.checkpoints.big_vision import big_vision_npz  # noqa: F401
 from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import assign
+from keras_reluvit.checkpoints.common import image_pair
 from keras_reluvit.checkpoints.common import model_class
 from keras_reluvit.checkpoints.common import square_grid
 from keras_reluvit.checkpoints.hf import hf_state_dict  # noqa: F401
@@ -238,10 +239,8 @@ def load_checkpoint(path, attention=None, num_classes=None, image_size=None,
 
 
 def _pair(size):
-    """An image size as `(h, w)` (None stays None), checked as `ViT` checks it."""
-    from keras_reluvit.vit import _pair as image_pair
-
-    return None if size is None else image_pair(size, "image_size")
+    """An image size as `(h, w)` (None stays None)."""
+    return None if size is None else image_pair(size)
 
 
 def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrides,

@@ -66,6 +66,21 @@ def posemb_layout(num_positions, num_prefix, path, key):
     )
 
 
+def image_pair(size):
+    """An image size (an int or `(h, w)`) as `(h, w)` of positive ints; a
+    ValueError otherwise. (As `vit._pair`, which checkpoints cannot import:
+    the ViT module loads checkpoints.)"""
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        size = (size, size)
+    try:
+        pair = tuple(int(v) for v in size)
+    except (TypeError, ValueError):
+        pair = ()
+    if len(pair) != 2 or min(pair) <= 0:
+        raise ValueError(f"an image size must be a positive int or (height, width), got {size!r}.")
+    return pair
+
+
 def posemb_grid(num_positions, num_prefix, path, key, native=None, hint=None, covers=None):
     """`(covers_prefix, (rows, cols))` of a learned position embedding of
     `num_positions` rows: `native` is the checkpoint's own grid where its

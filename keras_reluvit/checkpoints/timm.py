@@ -11,6 +11,7 @@ from keras_reluvit import variants
 from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import Link
 from keras_reluvit.checkpoints.common import export_weights
+from keras_reluvit.checkpoints.common import image_pair
 from keras_reluvit.checkpoints.common import linear_links
 from keras_reluvit.checkpoints.common import norm_links
 from keras_reluvit.checkpoints.common import out_proj_links
@@ -209,14 +210,12 @@ def native_image_size(config, where):
     """`(height, width)` a timm hub model was built for: `model_args.img_size`,
     else `pretrained_cfg.input_size` (`[3, H, W]`); None where neither is
     given."""
-    from keras_reluvit.vit import _pair
-
     size = (config.get("model_args") or {}).get("img_size")
     if size is None:
         input_size = (config.get("pretrained_cfg") or {}).get("input_size")
         size = input_size[1:] if isinstance(input_size, (list, tuple)) else None
     try:
-        return None if size is None else _pair(size, "img_size")
+        return None if size is None else image_pair(size)
     except ValueError:
         raise CheckpointError(f"{where}: model_args.img_size / pretrained_cfg.input_size "
                               f"{size!r} is not an image size (H, W).") from None
