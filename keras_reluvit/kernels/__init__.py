@@ -17,6 +17,10 @@ Around the attention, `kernels.torch_fast` holds PyTorch's fused projections
 (q/k/v in one GEMM, bias-fused MLP GEMMs), stepping aside for what it does
 not compute (quantized or LoRA layers, dtype policies).
 
+Under the `auto` switch a fused kernel is used only once measured on the
+call's signature (`kernels.measured`: it ran, matched the path taken
+without it and was faster); `report()` says what was chosen and why.
+
 This module holds the kernel switch (`set_kernel`, `use_kernel`,
 `KERAS_RELUVIT_KERNEL`), the dispatch rule (`fused_kernel`, `choose`) and
 the table of paths (`PATHS`: each path's name, once, and what runs it);
@@ -35,11 +39,13 @@ from dataclasses import dataclass
 import keras
 from keras import ops
 
+from keras_reluvit.kernels import measured
 from keras_reluvit.kernels import torch_cpu
 from keras_reluvit.kernels.keras_ops import apply_factor
 from keras_reluvit.kernels.keras_ops import chunked
 from keras_reluvit.kernels.keras_ops import generic
 from keras_reluvit.kernels.keras_ops import row_factor
+from keras_reluvit.kernels.measured import report
 from keras_reluvit.kernels.sharded import pallas_sharded
 from keras_reluvit.kernels.sharded import sequence_parallel
 from keras_reluvit.kernels.sharded import sequence_parallel_context
@@ -48,7 +54,8 @@ from keras_reluvit.kernels.torch_cpu import torch_tiled
 # The package's face: the switch, the dispatch, and the paths other modules call.
 __all__ = ["KERNELS", "KERNEL_ENV", "PATHS", "apply_factor", "attend", "choose", "chunked",
            "fused_kernel", "generic", "get_kernel", "is_symbolic", "jax_accelerator",
-           "pallas_sharded", "row_factor", "sequence_parallel", "sequence_parallel_context",
+           "pallas_sharded", "report", "row_factor", "sequence_parallel",
+           "sequence_parallel_context",
            "set_kernel", "torch_recording", "torch_tiled", "triton_module", "use_kernel"]
 
 # --- the kernel switch ----------------------------------------------------------
@@ -67,7 +74,9 @@ def set_kernel(name):
     """Sets the kernel switch for this process (over `KERAS_RELUVIT_KERNEL`):
     `"auto"` (default: the fused accelerator kernel where there is one --
     Pallas when JAX's default device is a TPU or CUDA GPU, Triton for CUDA
-    tensors on PyTorch -- and the CPU paths elsewhere), `"pallas"` (JAX; in
+    tensors on PyTorch -- once it has run, matched and beaten the path
+    taken without it on the call's signature (`kernels.measured`; see
+    `report()`), and the CPU paths elsewhere), `"pallas"` (JAX; in
     Pallas' interpreter on a CPU), `"triton"` (PyTorch; CUDA tensors, or CPU
     tensors under `TRITON_INTERPRET=1`), `"generic"` (the `keras.ops` paths
     only). None goes back to the environment variable."""
@@ -348,22 +357,34 @@ def attend(query, key, value, activation_name, h, mask, kernel_mask, factor, dro
     symbolic = backend == "torch" and is_symbolic(query)
     switch = get_kernel()
     kernel = None if symbolic else fused_kernel(switch, backend, query, activation_name, value)
+    call = Call(query, key, value, activation_name, h, mask, kernel_mask, factor, dropout_fn,
+                want_weights, chunk_size, recording, sp, kernel, backend)
     path = implementation
     if path is None and (symbolic or per_head):
         path = "generic"
     elif path is None:
         t, s = ops.shape(query)[1], ops.shape(key)[1]
-        path = choose(backend, activation_name, mask, want_weights, dropout_fn is not None, t, s,
-                      chunk_size, recording=recording, sequence_parallel=sp is not None,
-                      fused=backend == "torch" and mask is None and switch != "generic"
-                      and torch_cpu.eligible(query, activation_name),
-                      kernel=kernel, cpu_kernels=switch != "generic")
-        if path == "torch_fused" and torch_cpu.load() is None:
-            path = "torch_tiled"  # chosen, but not buildable here: the tiled path
+
+        def rule(kernel):
+            chosen = choose(backend, activation_name, mask, want_weights, dropout_fn is not None,
+                            t, s, chunk_size, recording=recording,
+                            sequence_parallel=sp is not None,
+                            fused=backend == "torch" and mask is None and switch != "generic"
+                            and torch_cpu.eligible(query, activation_name),
+                            kernel=kernel, cpu_kernels=switch != "generic")
+            if chosen == "torch_fused" and torch_cpu.load() is None:
+                chosen = "torch_tiled"  # chosen, but not buildable here: the tiled path
+            return chosen
+
+        path = rule(kernel)
+        # auto: a fused kernel only once it has run, matched and beaten the
+        # path taken without it, on this call's signature (kernels.measured).
+        if switch == "auto" and kernel is not None and path in (kernel, "sequence_parallel"):
+            fallback = rule(None)
+            if not measured.trusted(kernel, fallback, call, PATHS):
+                call.kernel, path = None, fallback
     if path not in PATHS:
         raise ValueError(f"Unknown implementation {path!r}; valid: {', '.join(PATHS)}.")
     if path != "generic" and (want_weights or dropout_fn is not None):
         raise ValueError(f"implementation={path!r} returns no weights and has no dropout.")
-    call = Call(query, key, value, activation_name, h, mask, kernel_mask, factor, dropout_fn,
-                want_weights, chunk_size, recording, sp, kernel, backend)
     return PATHS[path](call)
