@@ -440,11 +440,16 @@ def _config(bq, bk, warps, stages):
 # stages, each 16-bit and TF32 entry compiled for sm_90a without register
 # spills, for every mask kind (tests/once/test_accelerator_build.py and
 # tests/test_accelerator_kernels.py print the table) -- with two exceptions,
-# both float32. The TF32 backward kernels at head dims above 64 hold float32
-# K and V tiles and their float32 dK / dV accumulators (or Q, dO and dQ) for
-# the whole loop: every tile tried (16-128 rows, 4-8 warps, 1-2 stages)
-# spills, the least with the entries here (32-332 bytes per thread; 0 for
-# dQ without a mask). And IEEE float32 dots (float32 without PyTorch's TF32
+# both float32 -- and with the tensor-core work its SASS issues equal to the
+# tile's FLOPs: no dot of 64 rows on 8 warps, which Hopper's warpgroup MMA
+# lays out on both warpgroups, each computing all 64 rows (1.4-1.67x the
+# work; what the d = 128 backward and dQ tiles did before: now 16 x 128 /
+# 128 x 16 on 8 warps). The TF32 backward kernels at head dims above 64
+# hold float32 K and V tiles and their float32 dK / dV accumulators (or Q,
+# dO and dQ) for the whole loop: every tile tried (16-128 rows, 4-8 warps,
+# 1-2 stages) spills, the least with the entries here (20-244 bytes per
+# thread in the backward; the dQ kernel 0 without a mask, 380-496 with a
+# general one). And IEEE float32 dots (float32 without PyTorch's TF32
 # permission) run on the FMA units, Triton keeping their operand tiles in
 # registers: 32 x 32 tiles with 4 warps still spill 236-336 bytes in the
 # forward, and each kernel takes ~30 s to compile, so that kind has one
@@ -453,21 +458,20 @@ def _config(bq, bk, warps, stages):
 # nothing is tuned (the interpreter, explicit blocks).
 CONFIGS = {
     ("forward", "16-bit", False): [_config(128, 64, 8, 3), _config(64, 64, 4, 4)],
-    ("forward", "16-bit", True): [_config(128, 32, 8, 3), _config(64, 32, 4, 3),
-                                  _config(64, 128, 8, 2)],
-    ("backward", "16-bit", False): [_config(64, 128, 8, 2), _config(64, 64, 8, 3),
+    ("forward", "16-bit", True): [_config(128, 32, 8, 3), _config(64, 32, 4, 3)],
+    ("backward", "16-bit", False): [_config(64, 128, 8, 2), _config(32, 128, 8, 2),
                                     _config(32, 64, 4, 3)],
-    ("backward", "16-bit", True): [_config(32, 64, 8, 2)],
+    ("backward", "16-bit", True): [_config(16, 128, 8, 2), _config(32, 128, 8, 1)],
     ("dq", "16-bit", False): [_config(64, 64, 4, 3), _config(128, 64, 8, 3),
                               _config(128, 32, 8, 2)],
-    ("dq", "16-bit", True): [_config(64, 32, 8, 2), _config(128, 16, 8, 2), _config(64, 16, 4, 2)],
+    ("dq", "16-bit", True): [_config(128, 16, 8, 2), _config(64, 16, 4, 2)],
     ("forward", "tf32", False): [_config(64, 64, 4, 3), _config(128, 64, 8, 2),
                                  _config(64, 32, 4, 3)],
     ("forward", "tf32", True): [_config(64, 32, 4, 3)],
     ("backward", "tf32", False): [_config(32, 128, 8, 2)],
-    ("backward", "tf32", True): [_config(16, 64, 8, 1)],  # spills: see above
-    ("dq", "tf32", False): [_config(64, 32, 4, 2), _config(64, 64, 8, 2), _config(128, 32, 8, 2)],
-    ("dq", "tf32", True): [_config(64, 32, 8, 2)],  # spills with a mask: see above
+    ("backward", "tf32", True): [_config(16, 128, 8, 1), _config(16, 64, 4, 1)],  # spills: above
+    ("dq", "tf32", False): [_config(64, 32, 4, 2), _config(128, 32, 8, 2)],
+    ("dq", "tf32", True): [_config(128, 16, 8, 2), _config(64, 16, 4, 1)],  # spills with a mask
     ("forward", "ieee", False): [_config(32, 32, 4, 2)],
     ("forward", "ieee", True): [_config(32, 32, 4, 2)],
     ("backward", "ieee", False): [_config(16, 32, 4, 2)],
