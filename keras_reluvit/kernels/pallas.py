@@ -167,6 +167,21 @@ GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
 }
 
 
+# Warps per CUDA kernel where not 8, by row bytes (as GPU_BLOCKS): the
+# backward's 32 x 64 tiles at 128-byte rows (bfloat16, d = 64) are 64-row
+# dots, which 8 warps lay out on both warpgroups, each computing all 64 rows
+# (1.4x / 1.5x the tensor-core work of the fused / dK-dV backward, read from
+# the SASS); 4 warps compute them once, without spills.
+GPU_WARPS = {128: {"bwd": 4}}
+
+
+def _warps(mode, kernel, row_bytes):
+    if mode != "triton":
+        return 8
+    caps = min((n for n in GPU_BLOCKS if n >= row_bytes), default=max(GPU_BLOCKS))
+    return GPU_WARPS.get(caps, {}).get(kernel, 8)
+
+
 def _blocks(cfg, mode, kernel, row_bytes):
     """The `(block_q, block_k)` of one kernel on one platform: the traced
     blocks, capped on CUDA (`GPU_BLOCKS`) unless the caller chose them."""
@@ -403,7 +418,7 @@ def _vmem_bytes(in_specs, out_specs, args, out_shape):
     return total + 8 * MAX_BLOCK * MAX_BLOCK * 4
 
 
-def _compiler_params(mode, head_dim, vmem_bytes):
+def _compiler_params(mode, head_dim, vmem_bytes, warps=8):
     if mode == "tpu":
         from jax.experimental.pallas import tpu as pltpu
 
@@ -413,10 +428,12 @@ def _compiler_params(mode, head_dim, vmem_bytes):
         return pltpu.CompilerParams(dimension_semantics=("parallel",) * 3,
                                     vmem_limit_bytes=limit)
     if mode == "triton":
-        # 8 warps, as JAX's own Pallas attention uses for such tiles: with
+        # 8 warps, as JAX's own Pallas attention uses for such tiles (with
         # 4, ptxas spilled 68 / 3172 / 920 bytes (fwd / dK-dV / dQ) at bf16,
-        # d = 64 (tests/once/test_accelerator_build.py reads its report).
-        return plgpu.CompilerParams(num_warps=8, num_stages=2)
+        # d = 64 and 128 x 128 tiles), but `GPU_WARPS` where 8 warps would
+        # compute a 64-row dot twice (tests/once/test_accelerator_build.py
+        # reads ptxas' report and the SASS).
+        return plgpu.CompilerParams(num_warps=warps, num_stages=2)
     return None
 
 
@@ -429,12 +446,14 @@ _PADDED = ("tpu", "interpret_padded")
 INTERPRET_MODE = "interpret"
 
 
-def _pallas(kernel, grid, in_specs, out_specs, out_shape, mode, head_dim, name, aliases=None):
+def _pallas(kernel, grid, in_specs, out_specs, out_shape, mode, head_dim, name, aliases=None,
+            warps=8):
     outs = out_shape if isinstance(out_shape, list) else [out_shape]
     out_list = out_specs if isinstance(out_specs, list) else [out_specs]
 
     def call(*args):
-        params = _compiler_params(mode, head_dim, _vmem_bytes(in_specs, out_list, args, outs))
+        params = _compiler_params(mode, head_dim, _vmem_bytes(in_specs, out_list, args, outs),
+                                  warps)
         return pl.pallas_call(
             kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
             compiler_params=params, interpret=mode.startswith("interpret"), name=name,
