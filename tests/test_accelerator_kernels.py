@@ -443,6 +443,45 @@ if BACKEND == "jax":
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-6)
 
 
+    def test_float32_dots_follow_jax_matmul_precision_on_cuda(monkeypatch):
+        """float32 q / k / v: the CUDA lowering's dots are TF32 by default (as
+        XLA's own on a GPU) and full float32 (IEEE) under
+        `jax.default_matmul_precision("highest")`; bfloat16 dots are
+        bfloat16 either way. Read from the Triton IR Pallas hands XLA (a
+        private jax function, as tests/once/test_accelerator_build.py)."""
+        import jax
+        from jax._src.pallas.triton import pallas_call_registration as registration
+
+        from keras_reluvit.kernels import pallas
+
+        modules = []
+        lower = registration.lowering.lower_jaxpr_to_triton_module
+
+        def capture(*args, **kwargs):
+            result = lower(*args, **kwargs)
+            modules.append(result.module.operation.get_asm(enable_debug_info=False))
+            return result
+
+        monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", capture)
+
+        def precisions(dtype, setting=None):
+            del modules[:]
+            q = jax.ShapeDtypeStruct((1, 64, 2, 64), dtype)
+            loss = lambda q, k, v: pallas.attention(q, k, v, "relu").astype("float32").sum()  # noqa
+            with jax.default_matmul_precision(setting):
+                jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
+                    lowering_platforms=("cuda",))
+            found = [re.findall(r"inputPrecision = (\w+)", m) for m in modules]
+            dots = [m.count("tt.dot ") for m in modules]
+            return sorted({p for f in found for p in f}), sum(dots)
+
+        assert precisions("float32") == (["tf32"], 7)  # forward 2, backward 5
+        # IEEE, Triton's default, is printed without the attribute
+        assert precisions("float32", "highest") == ([], 7)
+        assert precisions("float32", "tensorfloat32") == (["tf32"], 7)
+        assert precisions("bfloat16", "highest") == ([], 7)
+
+
 # --- PyTorch only: the Triton kernel on strided views; the CPU guard --------------
 if BACKEND == "torch":
 

@@ -130,8 +130,20 @@ _NN = (((1,), (0,)), ((), ()))  # a @ b
 _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 
+# `jax_default_matmul_precision` values that ask for full float32 products.
+FULL_FLOAT32 = ("highest", "float32", "F32_F32_F32")
+
+
 def _dot(a, b, dims):
-    return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+    """A float32-accumulating dot. float32 inputs take JAX's matmul setting
+    as XLA's own dots do: TF32 tensor cores on CUDA by default (Pallas'
+    Triton lowering of an unspecified precision), full float32 where
+    `jax_default_matmul_precision` (or `jax.default_matmul_precision(...)`
+    around the trace) asks for it."""
+    precision = None
+    if a.dtype == jnp.float32 and jax.config.jax_default_matmul_precision in FULL_FLOAT32:
+        precision = lax.Precision.HIGHEST
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
 def _pow2(n):
