@@ -450,19 +450,11 @@ if BACKEND == "jax":
         bfloat16 either way. Read from the Triton IR Pallas hands XLA (a
         private jax function, as tests/once/test_accelerator_build.py)."""
         import jax
-        from jax._src.pallas.triton import pallas_call_registration as registration
+        from helpers.pallas_ir import capture_triton_modules
 
         from keras_reluvit.kernels import pallas
 
-        modules = []
-        lower = registration.lowering.lower_jaxpr_to_triton_module
-
-        def capture(*args, **kwargs):
-            result = lower(*args, **kwargs)
-            modules.append(result.module.operation.get_asm(enable_debug_info=False))
-            return result
-
-        monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", capture)
+        modules = capture_triton_modules(monkeypatch.setattr)
 
         def precisions(dtype, setting=None):
             del modules[:]

@@ -36,7 +36,6 @@ def test_triton_kernels_compile_for_sm90a_as_launched_without_spills():
 PALLAS_CUDA = r"""
 import contextlib, io, json, os, re
 import jax, jax.numpy as jnp
-from jax._src.pallas.triton import pallas_call_registration as registration
 import sys
 import triton
 from triton import knobs
@@ -44,17 +43,10 @@ from triton.backends.compiler import GPUTarget
 from keras_reluvit.kernels import pallas as pa
 
 sys.path.insert(0, os.environ["HELPERS"])
+from pallas_ir import capture_triton_modules
 from triton_table import mma_work
 
-modules = []
-lower = registration.lowering.lower_jaxpr_to_triton_module
-
-def capture(*args, **kwargs):
-    result = lower(*args, **kwargs)
-    modules.append(result.module.operation.get_asm(enable_debug_info=False))
-    return result
-
-registration.lowering.lower_jaxpr_to_triton_module = capture
+modules = capture_triton_modules()
 out = {}
 VARIANTS = [("bfloat16", 64, None, 197, False), ("bfloat16", 128, "key", 785, False),
             ("float32", 64, "full", 100, False), ("float32", 128, "key", 785, False),
