@@ -821,6 +821,45 @@ def compile_for(target=("cuda", 90, 32), activation="relu", dtype="bf16", mask=N
     return [(c.name, c, reports[c.name].pop(0)) for c in compiled]
 
 
+def sass(kernel):
+    """The SASS of a compiled kernel (`compile_for`'s; its cubin through the
+    cuobjdump Triton ships)."""
+    import os
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def mma_work(kernel):
+    """Tensor-core work the CTA issues over the tile's own: the multiply-adds
+    of every HGMMA (warpgroup: m x n x k, once per 4 warps) and HMMA (warp:
+    16 x 8 x k, once per warp) in the SASS, over those of the `tt.dot`s in
+    the TTGIR (M x N x K each; both count every loop body: the unmasked
+    loop and the masked tail). 1.0: no warp computes rows another warp
+    computes (a 64-row dot laid out on 8 warps is computed by both
+    warpgroups); None without dots or tensor-core instructions (IEEE float32)."""
+    import re
+
+    code = sass(kernel)
+    warps = kernel.metadata.num_warps
+    issued = sum(int(m) * int(n) * int(k) * (warps // 4)
+                 for m, n, k in re.findall(r"HGMMA\.(\d+)x(\d+)x(\d+)", code))
+    issued += sum(16 * 8 * int(k) * warps for k in re.findall(r"HMMA\.168(\d+)", code))
+    nominal = 0
+    for line in kernel.asm["ttgir"].splitlines():
+        if re.search(r"\b(tt\.dot|ttng\.warp_group_dot) ", line):
+            (m, k), (_, n) = re.findall(r"(\d+)x(\d+)x(?:bf16|f16|f32)", line)[:2]
+            nominal += int(m) * int(n) * int(k)
+    return round(issued / nominal, 3) if nominal and issued else None
+
+
 def _ptxas_reports(text):
     """ptxas' `-v` log -> {kernel name: {"registers", "spill_stores",
     "spill_loads", "stack"}} (a list per name, in compile order: each config of a

@@ -4,8 +4,8 @@ Triton kernel variants that launch -- per dtype given on the command line
 autotuning config -- for sm_90a *as launched* (`triton_kernel.compile_for`),
 and prints one JSON list of rows: ptxas' registers and spill bytes, shared
 memory, dots per loop iteration, the tensor-core work the SASS issues over
-the tiles' FLOPs (`mma_work`), and whether every batch / head offset is
-64-bit.
+the tiles' FLOPs (`kernels.triton.mma_work`), and whether every batch /
+head offset is 64-bit.
 
 CI compiles a representative subset (`SUBSET`: head dims 64 and 128, each
 mask kind, so every kernel; bf16 for the 16-bit class and fp32 as TF32);
@@ -39,41 +39,6 @@ def offsets_64bit(ttir):
     base of each tile) is an i64; per-tile offsets are added to that."""
     found = re.findall(r"tt\.addptr %([A-Z][A-Z_]*), %\S+ : !tt\.ptr<\w+>, (i\d+)", ttir)
     return bool(found) and all(bits == "i64" for _, bits in found)
-
-
-def sass(kernel):
-    """The kernel's SASS (its cubin through the cuobjdump Triton ships)."""
-    import tempfile
-
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
-
-
-def mma_work(kernel):
-    """Tensor-core work the CTA issues over the tile's own: the multiply-adds
-    of every HGMMA (warpgroup: m x n x k, once per 4 warps) and HMMA (warp:
-    16 x 8 x k, once per warp) in the SASS, over those of the `tt.dot`s in
-    the TTGIR (M x N x K each; both count every loop body: the unmasked
-    loop and the masked tail). 1.0: no warp computes rows another warp
-    computes (a 64-row dot laid out on 8 warps is computed by both
-    warpgroups); None without dots or tensor-core instructions (IEEE float32)."""
-    code = sass(kernel)
-    warps = kernel.metadata.num_warps
-    issued = sum(int(m) * int(n) * int(k) * (warps // 4)
-                 for m, n, k in re.findall(r"HGMMA\.(\d+)x(\d+)x(\d+)", code))
-    issued += sum(16 * 8 * int(k) * warps for k in re.findall(r"HMMA\.168(\d+)", code))
-    nominal = 0
-    for line in kernel.asm["ttgir"].splitlines():
-        if re.search(r"\b(tt\.dot|ttng\.warp_group_dot) ", line):
-            (m, k), (_, n) = re.findall(r"(\d+)x(\d+)x(?:bf16|f16|f32)", line)[:2]
-            nominal += int(m) * int(n) * int(k)
-    return round(issued / nominal, 3) if nominal and issued else None
 
 
 # (head dim, mask) pairs CI compiles: both head-dim tile families, every mask kind.
@@ -116,7 +81,7 @@ def rows(dtypes, full=False):
                         warps=kernel.metadata.num_warps, stages=kernel.metadata.num_stages,
                         precision=const.get("PRECISION"), shared=kernel.metadata.shared,
                         sm90a=".target sm_90a" in kernel.asm["ptx"],
-                        dots=loop_dots(kernel.asm["ttir"]), mma=mma_work(kernel),
+                        dots=loop_dots(kernel.asm["ttir"]), mma=ta.mma_work(kernel),
                         offsets64=offsets_64bit(kernel.asm["ttir"]), **report))
     return out
 

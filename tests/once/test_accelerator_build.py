@@ -44,7 +44,7 @@ from keras_reluvit.kernels import pallas as pa
 
 sys.path.insert(0, os.environ["HELPERS"])
 from pallas_ir import capture_triton_modules
-from triton_table import mma_work
+from keras_reluvit.kernels.triton import mma_work
 
 modules = capture_triton_modules()
 out = {}
