@@ -26,7 +26,9 @@ What it does:
    tensor-core instructions; its instructions are counted by class --
    tensor core (HGMMA / HMMA), MUFU (exp2, rcp, tanh ...), FP32 ALU, memory
    (global / shared loads and stores, cp.async, TMA, atomics), barriers /
-   syncs, other (integer, address, predicate, moves, branches) -- beside
+   syncs, other (integer, address, predicate, moves, branches; most of it,
+   in these loops, the uniform datapath's warpgroup-MMA descriptor
+   arithmetic: UMOV / UIADD3 / ULEA) -- beside
    ptxas' registers, spills and the shared memory.
 4. **A throughput model per main-loop iteration** on one H100/H200 SM
    (dense peak rates per clock: tensor cores 2048 bf16 multiply-adds, MUFU
@@ -280,10 +282,11 @@ def check():
 CLASSES = (
     ("tensor", ("HGMMA", "HMMA")),
     ("mufu", ("MUFU",)),
-    ("fp32", ("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL", "FCHK", "FSWZADD", "F2F",
-              "F2FP", "FRND", "HADD2", "HMUL2", "HFMA2")),
-    ("memory", ("LDG", "LDGSTS", "LDS", "LDSM", "STS", "STG", "RED", "ATOM", "ATOMG", "ATOMS",
-                "UTMALDG", "UTMASTG", "UBLKCP", "LDGDEPBAR", "UTMAPF", "STSM", "LD", "ST")),
+    ("fp32", ("FADD", "FMUL", "FFMA", "FMNMX", "FSET", "FSETP", "FSEL", "FCHK", "FSWZADD",
+              "F2F", "F2FP", "FRND", "HADD2", "HMUL2", "HFMA2", "HSET2", "HMNMX2")),
+    ("memory", ("LDG", "LDGSTS", "LDS", "LDSM", "STS", "STG", "RED", "REDG", "ATOM", "ATOMG",
+                "ATOMS", "UTMALDG", "UTMASTG", "UBLKCP", "LDGDEPBAR", "UTMAPF", "STSM", "LD",
+                "ST")),
     ("barrier", ("BAR", "DEPBAR", "SYNCS", "WARPGROUP", "WARPSYNC", "MEMBAR", "ARRIVES",
                  "FENCE", "ERRBAR", "CCTL")),
 )
