@@ -179,16 +179,20 @@ GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
 }
 
 
-# Warps per CUDA kernel where not 8, by row bytes (as GPU_BLOCKS): the
-# backward's 32 x 64 tiles at 128-byte rows (bfloat16, d = 64) are 64-row
-# dots, which 8 warps lay out on both warpgroups, each computing all 64 rows
-# (1.4x / 1.5x the tensor-core work of the fused / dK-dV backward, read from
-# the SASS); 4 warps compute them once, without spills.
-GPU_WARPS = {128: {"bwd": 4}}
+# Warps per CUDA kernel where not 8, by row bytes (as GPU_BLOCKS), for head
+# dims up to 128: 64-row dots on 8 warps are laid out on both warpgroups,
+# each computing all 64 rows (read from the SASS: 1.4x / 1.5x the
+# tensor-core work of the fused / dK-dV backward at 128-byte rows, 1.5x the
+# forward's at 512-byte rows); 4 warps compute them once, without spills.
+# Left at 8, duplicating: the backward at 512 / 1024-byte rows (16-row
+# tiles; 4 warps and 64-row tiles spill there) and head dims above 128.
+GPU_WARPS = {128: {"bwd": 4}, 512: {"fwd": 4}}
 
 
-def _warps(mode, kernel, row_bytes):
-    if mode != "triton":
+def _warps(mode, kernel, row_bytes, head_dim):
+    """num_warps of one CUDA kernel ("fwd", "bwd" -- also the dK/dV kernel --
+    or "dq"); 8 unless `GPU_WARPS` says otherwise."""
+    if mode != "triton" or head_dim > 128:
         return 8
     caps = min((n for n in GPU_BLOCKS if n >= row_bytes), default=max(GPU_BLOCKS))
     return GPU_WARPS.get(caps, {}).get(kernel, 8)
@@ -559,7 +563,8 @@ def _padded_inputs(lay, q, k, v, r, mask, do=None):
 
 def _forward(cfg, mode, q, k, v, r, mask):
     act, num_keys, _, _, scale, _, _ = cfg
-    bq, bk = _blocks(cfg, mode, "fwd", _row_bytes(q, v, mask))
+    row_bytes = _row_bytes(q, v, mask)
+    bq, bk = _blocks(cfg, mode, "fwd", row_bytes)
     lay = _Layout(mode, q, k, v, bq, bk)
     b, nh = q.shape[0], q.shape[2]
     if lay.padded:
@@ -572,7 +577,8 @@ def _forward(cfg, mode, q, k, v, r, mask):
                                num_keys=num_keys, has_mask=mask is not None, lim=lay.lim)
     out = _pallas(kernel, lay.grid(b, nh, "t", bq), in_specs, lay.block(bq, lay.dvp),
                   jax.ShapeDtypeStruct(out_shape, q.dtype), mode, lay.dp,
-                  "pointwise_attention_fwd")(*args)
+                  "pointwise_attention_fwd",
+                  warps=_warps(mode, "fwd", row_bytes, max(lay.dp, lay.dvp)))(*args)
     return _from_padded(out, lay.t, lay.dv) if lay.padded else out
 
 
@@ -591,6 +597,7 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
     if lay.padded:
         q, k, v, r, mask, do = _padded_inputs(lay, q, k, v, r, mask, do)
     has_mask = mask is not None
+    warps = _warps(mode, "bwd", row_bytes, max(lay.dp, lay.dvp))  # fused / dK-dV
     # dK, dV: one program per key block, looping over query blocks.
     in_specs = [lay.whole(lay.tp, lay.dp), lay.block(bk, lay.dp), lay.block(bk, lay.dvp),
                 lay.spec((None, None, lay.tp, 1), lambda b_, h_, j: (b_, h_, 0, 0)),
@@ -613,20 +620,21 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
         dk, dv, dqt = _pallas(functools.partial(_dkdv_kernel, fuse_dq=True, **options),
                               lay.grid(b, nh, "s", bk), in_specs, out_specs, out_shape, mode,
                               lay.dp, "pointwise_attention_bwd",
-                              aliases={len(args) - 1: 2})(*args)
+                              aliases={len(args) - 1: 2}, warps=warps)(*args)
         dq = _times(jnp.transpose(dqt[:, :, :lay.d, :lay.t], (0, 3, 1, 2)),
                     _scales(act, scale)[1]).astype(q.dtype)
         return dq, dk, dv
     kernel = functools.partial(_dkdv_kernel, fuse_dq=False, **options)
     dk, dv = _pallas(kernel, lay.grid(b, nh, "s", bk), in_specs, out_specs, out_shape, mode,
-                     lay.dp, "pointwise_attention_dkdv")(*args)
+                     lay.dp, "pointwise_attention_dkdv", warps=warps)(*args)
     # dQ: one program per query block, looping over key blocks.
     in_specs, args = lay.query_block_inputs(bq_dq, q, k, v, r, mask, do)
     kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk_dq,
                                num_keys=num_keys, has_mask=has_mask, lim=lay.lim)
     dq = _pallas(kernel, lay.grid(b, nh, "t", bq_dq), in_specs, lay.block(bq_dq, lay.dp),
                  jax.ShapeDtypeStruct(q.shape, q.dtype), mode, lay.dp,
-                 "pointwise_attention_dq")(*args)
+                 "pointwise_attention_dq",
+                 warps=_warps(mode, "dq", row_bytes, max(lay.dp, lay.dvp)))(*args)
     if lay.padded:
         dq, dk, dv = (_from_padded(dq, lay.t, lay.d), _from_padded(dk, lay.s, lay.d),
                       _from_padded(dv, lay.s, lay.dv))

@@ -51,7 +51,8 @@ out = {}
 VARIANTS = [("bfloat16", 64, None, 197, False), ("bfloat16", 128, "key", 785, False),
             ("float32", 64, "full", 100, False), ("float32", 128, "key", 785, False),
             ("float32", 256, None, 197, False), ("bfloat16", 80, None, 257, False),
-            ("bfloat16", 64, "key", 785, True), ("float32", 128, "full", 197, True)]
+            ("bfloat16", 64, "key", 785, True), ("float32", 128, "full", 197, True),
+            ("bfloat16", 128, "full", 197, False)]
 for dtype, d, mask, t, deterministic in VARIANTS:
     del modules[:]
     q = jax.ShapeDtypeStruct((2, t, 2, d), jnp.dtype(dtype))
@@ -64,14 +65,14 @@ for dtype, d, mask, t, deterministic in VARIANTS:
                          deterministic=deterministic)
         return y.astype(jnp.float32).sum()
 
-    jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).trace(q, q, q, r, *m).lower(
-        lowering_platforms=("cuda",))
-    row_bytes = pa._row_bytes(q, q, m[0] if m else None)
+    hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).trace(
+        q, q, q, r, *m).lower(lowering_platforms=("cuda",)).as_text()
+    # each launch's own stages and warps, as the program hands them to XLA
+    launched = {n: (int(s), int(w)) for n, s, w in re.findall(
+        r'name = "(\w+)", num_stages = (\d+) : i32, num_warps = (\d+)', hlo)}
     for text in modules:
         name = re.search(r"tt.func public @(\w+)", text).group(1)
-        # the launch's own warps (the kernel's GPU_WARPS / GPU_BLOCKS class)
-        kind = {"fwd": "fwd", "bwd": "bwd", "dkdv": "bwd", "dq": "dq"}[name.rsplit("_", 1)[1]]
-        params = pa._compiler_params("triton", pa._pow2(d), 0, pa._warps("triton", kind, row_bytes))
+        stages, warps = launched[name]
         path = os.path.join(os.environ["WORK"], name + ".ttir")
         with open(path, "w") as f:
             f.write(text)
@@ -80,7 +81,7 @@ for dtype, d, mask, t, deterministic in VARIANTS:
             knobs.nvidia.dump_ptxas_log = True
             knobs.compilation.always_compile = True
             k = triton.compile(path, target=GPUTarget("cuda", 90, 32), options=dict(
-                num_warps=params.num_warps, num_stages=params.num_stages))
+                num_warps=warps, num_stages=stages))
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log.getvalue())]
         # Memory ops without a mask operand (tt.load ptr[, mask[, other]];
         # tt.store ptr, value[, mask]): the kernels read and write the
@@ -92,7 +93,7 @@ for dtype, d, mask, t, deterministic in VARIANTS:
             atomics=text.count("tt.atomic_rmw"),
             cubin=len(k.asm["cubin"]), ptx_target=".target sm_90" in k.asm["ptx"],
             shared=k.metadata.shared, memory_ops=len(ops), unmasked=len(unmasked),
-            warps=params.num_warps, mma=mma_work(k), spill_stores=spills[0] if spills else None)
+            warps=warps, mma=mma_work(k), spill_stores=spills[0] if spills else None)
 print(json.dumps(out))
 """
 
@@ -116,8 +117,8 @@ def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    # 6 variants x (fwd, bwd) + 2 deterministic ones x (fwd, dkdv, dq)
-    assert len(result) == 18, sorted(result)
+    # 7 variants x (fwd, bwd) + 2 deterministic ones x (fwd, dkdv, dq)
+    assert len(result) == 20, sorted(result)
     print("\n".join(f"{v}: {k['dots']} dots, {k['warps']} warps, {k['spill_stores']} bytes "
                     f"spilled, {k['shared']} B shared, MMA work x{k['mma']}"
                     for v, k in result.items()))
@@ -134,10 +135,18 @@ def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
         kind = variant.rsplit("_", 1)[1]
         assert k["dots"] == {"fwd": 2, "bwd": 5, "dkdv": 4, "dq": 3}[kind], (variant, k)
         assert (k["atomics"] > 0) == (kind == "bwd"), (variant, k)
-        # bfloat16: the tensor-core work the SASS issues is the tiles' FLOPs
-        # (no 64-row dot on 8 warps: GPU_WARPS). float32 (TF32) tiles, capped
-        # small by shared memory, still issue 1.4-3x: docs/kernels.md.
-        if variant.startswith("bfloat16"):
+        # The tensor-core work the SASS issues is the tiles' FLOPs (no 64-row
+        # dot on 8 warps: GPU_WARPS) -- except, listed in docs/kernels.md, the
+        # backward at 512 / 1024-byte rows (16-row tiles, capped by shared
+        # memory: float32 at d >= 64 with a general mask or d >= 128, bf16 at
+        # d = 128 with a general mask) and float32 at 1024-byte rows.
+        duplicated = ("float32/64/full/pointwise_attention_bwd",
+                      "float32/128/key/pointwise_attention_bwd",
+                      "float32/256/None/", "float32/128/full/",
+                      "bfloat16/128/full/pointwise_attention_bwd")
+        if variant.startswith(duplicated):
+            assert 1.0 < k["mma"] <= 3.0, (variant, k)
+        else:
             assert k["mma"] == 1.0, (variant, k)
     deterministic = [v for v in result if v.endswith(("_dkdv", "_dq"))]
     assert len(deterministic) == 4, deterministic
