@@ -71,13 +71,29 @@ LOG2E = 1.4426950408889634
 
 # --- the softmax reference (FlashAttention-2) -------------------------------------------
 @triton.jit
-def _softmax_fwd_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, rk, S, qk_scale, MASKED: tl.constexpr):
+def _program(s_b, s_h, H, BLOCK: tl.constexpr, D: tl.constexpr):
+    """This program's (batch x head) index, the head's base offset, its
+    block of rows (program axis 0) and the head dim's columns."""
+    bh = tl.program_id(1)
+    base = (bh // H).to(tl.int64) * s_b + (bh % H).to(tl.int64) * s_h
+    return bh, base, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), tl.arange(0, D)
+
+
+@triton.jit
+def _load2(A, B, offsets, rows, n, MASKED: tl.constexpr):
+    """Two `(rows, D)` tiles at the same offsets; rows past `n` read as 0 when MASKED."""
     if MASKED:
-        k = tl.load(k_ptrs, mask=(rk < S)[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=(rk < S)[:, None], other=0.0)
+        a = tl.load(A + offsets, mask=(rows < n)[:, None], other=0.0)
+        b = tl.load(B + offsets, mask=(rows < n)[:, None], other=0.0)
     else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
+        a = tl.load(A + offsets)
+        b = tl.load(B + offsets)
+    return a, b
+
+
+@triton.jit
+def _softmax_fwd_block(acc, m_i, l_i, q, K, V, offsets, rk, S, qk_scale, MASKED: tl.constexpr):
+    k, v = _load2(K, V, offsets, rk, S, MASKED)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if MASKED:
         s = tl.where((rk < S)[None, :], s, float("-inf"))
@@ -92,10 +108,7 @@ def _softmax_fwd_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, rk, S, qk_scale, MASKED
 @triton.jit
 def _softmax_fwd(Q, K, V, O, LSE, s_b, s_t, s_h, H, T, S, qk_scale,
                  D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    bh = tl.program_id(1)
-    base = (bh // H).to(tl.int64) * s_b + (bh % H).to(tl.int64) * s_h
-    rq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    rd = tl.arange(0, D)
+    bh, base, rq, rd = _program(s_b, s_h, H, BLOCK_Q, D)
     q = tl.load(Q + base + rq[:, None] * s_t + rd[None, :], mask=(rq < T)[:, None], other=0.0)
     m_i = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_Q,), tl.float32)
@@ -103,13 +116,13 @@ def _softmax_fwd(Q, K, V, O, LSE, s_b, s_t, s_h, H, T, S, qk_scale,
     full = S - S % BLOCK_K
     for start in range(0, full, BLOCK_K):
         rk = start + tl.arange(0, BLOCK_K)
-        ptrs = base + rk[:, None] * s_t + rd[None, :]
-        acc, m_i, l_i = _softmax_fwd_block(acc, m_i, l_i, q, K + ptrs, V + ptrs, rk, S,
+        acc, m_i, l_i = _softmax_fwd_block(acc, m_i, l_i, q, K, V,
+                                           base + rk[:, None] * s_t + rd[None, :], rk, S,
                                            qk_scale, False)
     if full < S:
         rk = full + tl.arange(0, BLOCK_K)
-        ptrs = base + rk[:, None] * s_t + rd[None, :]
-        acc, m_i, l_i = _softmax_fwd_block(acc, m_i, l_i, q, K + ptrs, V + ptrs, rk, S,
+        acc, m_i, l_i = _softmax_fwd_block(acc, m_i, l_i, q, K, V,
+                                           base + rk[:, None] * s_t + rd[None, :], rk, S,
                                            qk_scale, True)
     acc = acc / l_i[:, None]
     tl.store(O + base + rq[:, None] * s_t + rd[None, :], acc.to(O.dtype.element_ty),
@@ -119,27 +132,20 @@ def _softmax_fwd(Q, K, V, O, LSE, s_b, s_t, s_h, H, T, S, qk_scale,
 
 @triton.jit
 def _softmax_delta(O, DO, DELTA, s_b, s_t, s_h, H, T, D: tl.constexpr, BLOCK_Q: tl.constexpr):
-    bh = tl.program_id(1)
-    base = (bh // H).to(tl.int64) * s_b + (bh % H).to(tl.int64) * s_h
-    rq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    rd = tl.arange(0, D)
-    ptrs = base + rq[:, None] * s_t + rd[None, :]
-    o = tl.load(O + ptrs, mask=(rq < T)[:, None], other=0.0).to(tl.float32)
-    do = tl.load(DO + ptrs, mask=(rq < T)[:, None], other=0.0).to(tl.float32)
-    tl.store(DELTA + bh.to(tl.int64) * T + rq, tl.sum(o * do, 1), mask=rq < T)
+    bh, base, rq, rd = _program(s_b, s_h, H, BLOCK_Q, D)
+    o, do = _load2(O, DO, base + rq[:, None] * s_t + rd[None, :], rq, T, True)
+    tl.store(DELTA + bh.to(tl.int64) * T + rq, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
+             mask=rq < T)
 
 
 @triton.jit
-def _softmax_dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, LSE, DELTA, rq, T, qk_scale,
+def _softmax_dkdv_block(dk, dv, k, v, Q, DO, offsets, LSE, DELTA, rq, T, qk_scale,
                         MASKED: tl.constexpr):
+    q, do = _load2(Q, DO, offsets, rq, T, MASKED)
     if MASKED:
-        q = tl.load(q_ptrs, mask=(rq < T)[:, None], other=0.0)
-        do = tl.load(do_ptrs, mask=(rq < T)[:, None], other=0.0)
         lse = tl.load(LSE + rq, mask=rq < T, other=float("inf"))
         delta = tl.load(DELTA + rq, mask=rq < T, other=0.0)
     else:
-        q = tl.load(q_ptrs)
-        do = tl.load(do_ptrs)
         lse = tl.load(LSE + rq)
         delta = tl.load(DELTA + rq)
     p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])  # keys x queries
@@ -153,40 +159,29 @@ def _softmax_dkdv_block(dk, dv, k, v, q_ptrs, do_ptrs, LSE, DELTA, rq, T, qk_sca
 @triton.jit
 def _softmax_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, s_b, s_t, s_h, H, T, S, sm_scale, qk_scale,
                   D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    bh = tl.program_id(1)
-    base = (bh // H).to(tl.int64) * s_b + (bh % H).to(tl.int64) * s_h
-    rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
-    rd = tl.arange(0, D)
+    bh, base, rk, rd = _program(s_b, s_h, H, BLOCK_K, D)
     kv = base + rk[:, None] * s_t + rd[None, :]
-    k = tl.load(K + kv, mask=(rk < S)[:, None], other=0.0)
-    v = tl.load(V + kv, mask=(rk < S)[:, None], other=0.0)
+    k, v = _load2(K, V, kv, rk, S, True)
     dk = tl.zeros((BLOCK_K, D), tl.float32)
     dv = tl.zeros((BLOCK_K, D), tl.float32)
     lse, delta = LSE + bh.to(tl.int64) * T, DELTA + bh.to(tl.int64) * T
     full = T - T % BLOCK_Q
     for start in range(0, full, BLOCK_Q):
         rq = start + tl.arange(0, BLOCK_Q)
-        ptrs = base + rq[:, None] * s_t + rd[None, :]
-        dk, dv = _softmax_dkdv_block(dk, dv, k, v, Q + ptrs, DO + ptrs, lse, delta, rq, T,
-                                     qk_scale, False)
+        dk, dv = _softmax_dkdv_block(dk, dv, k, v, Q, DO, base + rq[:, None] * s_t + rd[None, :],
+                                     lse, delta, rq, T, qk_scale, False)
     if full < T:
         rq = full + tl.arange(0, BLOCK_Q)
-        ptrs = base + rq[:, None] * s_t + rd[None, :]
-        dk, dv = _softmax_dkdv_block(dk, dv, k, v, Q + ptrs, DO + ptrs, lse, delta, rq, T,
-                                     qk_scale, True)
+        dk, dv = _softmax_dkdv_block(dk, dv, k, v, Q, DO, base + rq[:, None] * s_t + rd[None, :],
+                                     lse, delta, rq, T, qk_scale, True)
     tl.store(DK + kv, (dk * sm_scale).to(DK.dtype.element_ty), mask=(rk < S)[:, None])
     tl.store(DV + kv, dv.to(DV.dtype.element_ty), mask=(rk < S)[:, None])
 
 
 @triton.jit
-def _softmax_dq_block(dq, q, do, lse, delta, k_ptrs, v_ptrs, rk, S, qk_scale,
+def _softmax_dq_block(dq, q, do, lse, delta, K, V, offsets, rk, S, qk_scale,
                       MASKED: tl.constexpr):
-    if MASKED:
-        k = tl.load(k_ptrs, mask=(rk < S)[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=(rk < S)[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
+    k, v = _load2(K, V, offsets, rk, S, MASKED)
     p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
     if MASKED:
         p = tl.where((rk < S)[None, :], p, 0.0)
@@ -198,25 +193,21 @@ def _softmax_dq_block(dq, q, do, lse, delta, k_ptrs, v_ptrs, rk, S, qk_scale,
 @triton.jit
 def _softmax_dq(Q, K, V, DO, LSE, DELTA, DQ, s_b, s_t, s_h, H, T, S, sm_scale, qk_scale,
                 D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    bh = tl.program_id(1)
-    base = (bh // H).to(tl.int64) * s_b + (bh % H).to(tl.int64) * s_h
-    rq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    rd = tl.arange(0, D)
+    bh, base, rq, rd = _program(s_b, s_h, H, BLOCK_Q, D)
     qo = base + rq[:, None] * s_t + rd[None, :]
-    q = tl.load(Q + qo, mask=(rq < T)[:, None], other=0.0)
-    do = tl.load(DO + qo, mask=(rq < T)[:, None], other=0.0)
+    q, do = _load2(Q, DO, qo, rq, T, True)
     lse = tl.load(LSE + bh.to(tl.int64) * T + rq, mask=rq < T, other=float("inf"))
     delta = tl.load(DELTA + bh.to(tl.int64) * T + rq, mask=rq < T, other=0.0)
     dq = tl.zeros((BLOCK_Q, D), tl.float32)
     full = S - S % BLOCK_K
     for start in range(0, full, BLOCK_K):
         rk = start + tl.arange(0, BLOCK_K)
-        ptrs = base + rk[:, None] * s_t + rd[None, :]
-        dq = _softmax_dq_block(dq, q, do, lse, delta, K + ptrs, V + ptrs, rk, S, qk_scale, False)
+        dq = _softmax_dq_block(dq, q, do, lse, delta, K, V, base + rk[:, None] * s_t + rd[None, :],
+                               rk, S, qk_scale, False)
     if full < S:
         rk = full + tl.arange(0, BLOCK_K)
-        ptrs = base + rk[:, None] * s_t + rd[None, :]
-        dq = _softmax_dq_block(dq, q, do, lse, delta, K + ptrs, V + ptrs, rk, S, qk_scale, True)
+        dq = _softmax_dq_block(dq, q, do, lse, delta, K, V, base + rk[:, None] * s_t + rd[None, :],
+                               rk, S, qk_scale, True)
     tl.store(DQ + qo, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rq < T)[:, None])
 
 
