@@ -331,16 +331,10 @@ def mix(body):
 
 
 def issued_macs(body, warps):
-    macs = 0
-    for _, op, _ in body:
-        found = re.match(r"HGMMA\.(\d+)x(\d+)x(\d+)", op)
-        if found:
-            m, n, k = map(int, found.groups())
-            macs += m * n * k * (warps // 4)
-        found = re.match(r"HMMA\.168(\d+)", op)
-        if found:
-            macs += 16 * 8 * int(found.group(1)) * warps
-    return macs
+    """Tensor-core multiply-adds a CTA of `warps` warps issues in `body`."""
+    from keras_reluvit.kernels.triton import tensor_core_macs
+
+    return tensor_core_macs(" ".join(op for _, op, _ in body), warps)
 
 
 # Dense peak rates per SM per clock on an H100 / H200 (sm_90).
@@ -399,12 +393,7 @@ def ours(d, tokens):
 
 def reference(d, tokens):
     """The softmax reference's forward, dK/dV and dQ kernels, every config."""
-    import contextlib
-    import io
-
     import torch
-    from triton import knobs
-    from triton.runtime import driver
 
     from keras_reluvit.kernels import triton as kt
 
@@ -426,18 +415,9 @@ def reference(d, tokens):
     rows = []
     for kernel, (fn, args, dots) in launches.items():
         for bq, bk, warps, stages in SOFTMAX_CONFIGS[(kernel, d > 64)]:
-            previous = driver._active
-            driver.set_active(kt._Target(("cuda", 90, 32)))
-            log = io.StringIO()
-            try:
-                with knobs.nvidia.scope(), knobs.compilation.scope(), \
-                        contextlib.redirect_stdout(log):
-                    knobs.nvidia.dump_ptxas_log = True
-                    knobs.compilation.always_compile = True
-                    compiled = fn.warmup(*args(bq, bk), D=d, BLOCK_Q=bq, BLOCK_K=bk,
-                                         num_warps=warps, num_stages=stages, grid=(1,))
-            finally:
-                driver._active = previous
+            with kt.compiling(("cuda", 90, 32)) as log:
+                compiled = fn.warmup(*args(bq, bk), D=d, BLOCK_Q=bq, BLOCK_K=bk,
+                                     num_warps=warps, num_stages=stages, grid=(1,))
             report = next(iter(kt._ptxas_reports(log.getvalue()).values()))[0]
             rows.append(_row("softmax", kernel, compiled, report, bq, bk, dots * bq * bk * d))
     return rows

@@ -105,7 +105,7 @@ def clear():
 class _Jax:
     differentiating_tracers = ("JVPTracer", "LinearizeTracer")
 
-    def __init__(self, like):
+    def __init__(self):
         import jax
         import jax.numpy as jnp
 
@@ -159,7 +159,7 @@ class _Jax:
 
 
 class _Torch:
-    def __init__(self, like):
+    def __init__(self):
         import torch
 
         self.torch = torch
@@ -213,8 +213,14 @@ class _Torch:
             self.torch.cuda.synchronize()
 
 
-def _ops(backend, like):
-    return (_Jax if backend == "jax" else _Torch)(like)
+_OPS = {}
+
+
+def _ops(backend):
+    """The backend's operations (made once: `trusted` runs on every call)."""
+    if backend not in _OPS:
+        _OPS[backend] = (_Jax if backend == "jax" else _Torch)()
+    return _OPS[backend]
 
 
 # --- the probe ------------------------------------------------------------------
@@ -335,7 +341,7 @@ def trusted(kernel, fallback, call, paths):
     """Whether `call` takes the fused `kernel` (else the `fallback` path):
     measured once per signature as the module says. `paths` is the
     dispatch's table of paths (name -> function of a `Call`)."""
-    ops = _ops(call.backend, call.query)
+    ops = _ops(call.backend)
     training = ops.differentiated(call)
     sig = signature(kernel, call, ops.device(call.query), training)
     if sig in _decisions:

@@ -189,13 +189,17 @@ GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
 GPU_WARPS = {128: {"bwd": 4}, 512: {"fwd": 4}}
 
 
+def _row_class(row_bytes):
+    """The key of `GPU_BLOCKS` / `GPU_WARPS` a row of that many bytes takes."""
+    return min((n for n in GPU_BLOCKS if n >= row_bytes), default=max(GPU_BLOCKS))
+
+
 def _warps(mode, kernel, row_bytes, head_dim):
     """num_warps of one CUDA kernel ("fwd", "bwd" -- also the dK/dV kernel --
     or "dq"); 8 unless `GPU_WARPS` says otherwise."""
     if mode != "triton" or head_dim > 128:
         return 8
-    caps = min((n for n in GPU_BLOCKS if n >= row_bytes), default=max(GPU_BLOCKS))
-    return GPU_WARPS.get(caps, {}).get(kernel, 8)
+    return GPU_WARPS.get(_row_class(row_bytes), {}).get(kernel, 8)
 
 
 def _blocks(cfg, mode, kernel, row_bytes):
@@ -204,8 +208,7 @@ def _blocks(cfg, mode, kernel, row_bytes):
     bq, bk, forced = cfg[2], cfg[3], cfg[5]
     if mode != "triton" or forced:
         return bq, bk
-    caps = GPU_BLOCKS[min((n for n in GPU_BLOCKS if n >= row_bytes), default=max(GPU_BLOCKS))]
-    cq, ck = caps[kernel]
+    cq, ck = GPU_BLOCKS[_row_class(row_bytes)][kernel]
     return min(bq, cq), min(bk, ck)
 
 

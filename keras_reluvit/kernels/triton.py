@@ -48,6 +48,7 @@ time for a CUDA target (e.g. sm_90a), as launched, with Triton's own
 compiler.
 """
 
+import contextlib
 import math
 
 import triton
@@ -785,12 +786,7 @@ def compile_for(target=("cuda", 90, 32), activation="relu", dtype="bf16", mask=N
     Triton's own ptxas invocation printed (`Used N registers`, spill
     bytes). `with_forward=False` leaves the forward kernel out.
     """
-    import contextlib
-    import io
-
     import torch
-    from triton import knobs
-    from triton.runtime import driver
 
     if interpreting():
         raise RuntimeError("compile_for needs Triton's compiler; unset TRITON_INTERPRET.")
@@ -803,22 +799,42 @@ def compile_for(target=("cuda", 90, 32), activation="relu", dtype="bf16", mask=N
         m = torch.ones(batch, 1 if mask == "key" else tokens, tokens, dtype=torch.bool)
         r = torch.full((batch, tokens, heads), 1.0 / tokens)
     out = torch.zeros(batch, tokens, heads, head_dim, dtype=dt)
-    previous = driver._active  # None where there is no GPU driver
-    driver.set_active(_Target(target))
     _CAPTURED.append([])
-    log = io.StringIO()
     try:
-        with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
-            knobs.nvidia.dump_ptxas_log = True
-            knobs.compilation.always_compile = True  # no on-disk cache hits: ptxas reports each
+        with compiling(target) as log:
             if with_forward:
                 forward(q, k, v, r, m, activation)
             backward(q, k, v, r, m, out, out, activation, deterministic=deterministic)
     finally:
         compiled = _CAPTURED.pop()
-        driver._active = previous
     reports = _ptxas_reports(log.getvalue())
     return [(c.name, c, reports[c.name].pop(0)) for c in compiled]
+
+
+@contextlib.contextmanager
+def compiling(target=("cuda", 90, 32)):
+    """Inside: Triton compiles for `target` on a machine without that GPU
+    (its active driver faked; nothing can be launched), every kernel afresh
+    (no on-disk cache hits), and ptxas' `-v` report goes to the yielded
+    StringIO (read it with `_ptxas_reports`). `compile_for` and
+    benchmarks/kernels_static.py compile through it."""
+    import io
+
+    from triton import knobs
+    from triton.runtime import driver
+
+    if interpreting():
+        raise RuntimeError("compiling for a GPU needs Triton's compiler; unset TRITON_INTERPRET.")
+    previous = driver._active  # None where there is no GPU driver
+    driver.set_active(_Target(target))
+    log = io.StringIO()
+    try:
+        with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
+            knobs.nvidia.dump_ptxas_log = True
+            knobs.compilation.always_compile = True  # no on-disk cache hits: ptxas reports each
+            yield log
+    finally:
+        driver._active = previous
 
 
 def sass(kernel):
@@ -837,6 +853,17 @@ def sass(kernel):
                               check=True).stdout
 
 
+def tensor_core_macs(code, warps):
+    """Multiply-adds the tensor-core instructions in SASS text `code` issue
+    in a CTA of `warps` warps: an HGMMA m x n x k once per warpgroup (4
+    warps), an HMMA 16 x 8 x k once per warp."""
+    import re
+
+    macs = sum(int(m) * int(n) * int(k) * (warps // 4)
+               for m, n, k in re.findall(r"HGMMA\.(\d+)x(\d+)x(\d+)", code))
+    return macs + sum(16 * 8 * int(k) * warps for k in re.findall(r"HMMA\.168(\d+)", code))
+
+
 def mma_work(kernel):
     """Tensor-core work the CTA issues over the tile's own: the multiply-adds
     of every HGMMA (warpgroup: m x n x k, once per 4 warps) and HMMA (warp:
@@ -847,11 +874,7 @@ def mma_work(kernel):
     warpgroups); None without dots or tensor-core instructions (IEEE float32)."""
     import re
 
-    code = sass(kernel)
-    warps = kernel.metadata.num_warps
-    issued = sum(int(m) * int(n) * int(k) * (warps // 4)
-                 for m, n, k in re.findall(r"HGMMA\.(\d+)x(\d+)x(\d+)", code))
-    issued += sum(16 * 8 * int(k) * warps for k in re.findall(r"HMMA\.168(\d+)", code))
+    issued = tensor_core_macs(sass(kernel), kernel.metadata.num_warps)
     nominal = 0
     for line in kernel.asm["ttgir"].splitlines():
         if re.search(r"\b(tt\.dot|ttng\.warp_group_dot) ", line):

@@ -34,17 +34,16 @@ def test_triton_kernels_compile_for_sm90a_as_launched_without_spills():
 # captured here as text (through a private jax function: jax 0.10's Pallas
 # Triton lowering) and compiled for sm_90 with the kernel's warps and stages.
 PALLAS_CUDA = r"""
-import contextlib, io, json, os, re
+import json, os, re
 import jax, jax.numpy as jnp
 import sys
 import triton
-from triton import knobs
 from triton.backends.compiler import GPUTarget
 from keras_reluvit.kernels import pallas as pa
 
 sys.path.insert(0, os.environ["HELPERS"])
 from pallas_ir import capture_triton_modules
-from keras_reluvit.kernels.triton import mma_work
+from keras_reluvit.kernels.triton import compiling, mma_work
 
 modules = capture_triton_modules()
 out = {}
@@ -76,10 +75,7 @@ for dtype, d, mask, t, deterministic in VARIANTS:
         path = os.path.join(os.environ["WORK"], name + ".ttir")
         with open(path, "w") as f:
             f.write(text)
-        log = io.StringIO()  # ptxas' own report (Triton's ptxas invocation)
-        with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
-            knobs.nvidia.dump_ptxas_log = True
-            knobs.compilation.always_compile = True
+        with compiling() as log:  # ptxas' own report (Triton's ptxas invocation)
             k = triton.compile(path, target=GPUTarget("cuda", 90, 32), options=dict(
                 num_warps=warps, num_stages=stages))
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log.getvalue())]
