@@ -53,11 +53,11 @@ def _train(args):
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config["dataset"], config["data_dir"], args.manual_dir)
     kr_distribution.barrier("data prepared")
-    if args.mesh or cluster:
-        import keras
+    import keras
 
+    if keras.backend.backend() == "jax" and (args.mesh or cluster):
         mesh = args.mesh or f"batch={len(keras.distribution.list_devices())}"
-        _set_mesh(mesh, args.sharding, args.sequence_axis)
+        _set_mesh(mesh, args.sharding or "fsdp", args.sequence_axis)
     _, metrics = kr_train.train(config, args.output, export=not args.no_export,
                                 verbose=2 if args.quiet else 1)
     final = metrics["final"]
@@ -69,17 +69,46 @@ def _train(args):
 
 
 def _join_cluster(args):
-    """Joins a multi-process cluster when asked to; True if in one."""
+    """Joins a multi-process cluster when asked to (or launched as one:
+    torchrun on torch, TF_CONFIG on TensorFlow); True if in one."""
+    import keras
+
     from keras_reluvit import distribution as kr_distribution
 
+    backend = keras.backend.backend()
+    if backend != "jax":
+        _check_engine_arguments(args, backend)
     explicit = (args.coordinator, args.num_processes, args.process_id)
+    launched = ((backend == "torch" and int(os.environ.get("WORLD_SIZE", "1")) > 1)
+                or (backend == "tensorflow" and os.environ.get("TF_CONFIG")))
     if any(v is not None for v in explicit):
         kr_distribution.initialize(*explicit, timeout=args.init_timeout)
-    elif args.distributed:
-        kr_distribution.initialize()
+    elif args.distributed or launched:
+        kr_distribution.initialize(timeout=args.init_timeout)
     else:
         return False
     return kr_distribution.process_count() > 1
+
+
+def _check_engine_arguments(args, backend):
+    """What torch (DDP) and TensorFlow (MultiWorkerMirroredStrategy) runs
+    cannot do: keras.distribution meshes and layouts are JAX's."""
+    if args.mesh or args.sequence_axis:
+        raise ValueError(f"--mesh / --sequence-axis lay a model out with keras.distribution, "
+                         f"which runs on JAX only; on {backend} a cluster trains data parallel "
+                         "(leave them out, or set KERAS_BACKEND=jax).")
+    if args.sharding not in (None, "data"):
+        why = {"torch": "PyTorch's FSDP2 (fully_shard) swaps each module's parameters for "
+                        "sharded DTensors, but Keras' torch variables keep their own "
+                        "tensors (the layers compute with those and the optimizer updates "
+                        "them), so the model would not see the sharding",
+               "tensorflow": "MultiWorkerMirroredStrategy replicates every variable"}[backend]
+        raise ValueError(f"--sharding {args.sharding} is not available on {backend}: {why}. "
+                         "Use --sharding data (the default there), or KERAS_BACKEND=jax for "
+                         "fsdp / tensor layouts.")
+    if backend == "tensorflow" and args.coordinator:
+        raise ValueError("On TensorFlow the cluster comes from TF_CONFIG (every worker's "
+                         "HOST:PORT and this worker's index), not --coordinator.")
 
 
 def _prepared(dataset, data_dir, manual_dir):
@@ -346,15 +375,20 @@ def parser():
     t.add_argument("--posemb", choices=["learn", "sincos2d"])
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--mesh", help="device mesh, e.g. batch=2,model=4 (JAX)")
-    t.add_argument("--sharding", choices=["data", "fsdp", "tensor"], default="fsdp")
+    t.add_argument("--sharding", choices=["data", "fsdp", "tensor"],
+                   help="weight layout (default: fsdp on JAX; data, the only one, on torch "
+                   "(DistributedDataParallel) and TensorFlow (MultiWorkerMirroredStrategy))")
     t.add_argument("--sequence-axis", help="mesh axis to split the tokens over, e.g. seq "
                    "with --mesh batch=2,seq=4 (sequence parallelism, JAX)")
     t.add_argument("--coordinator", help="multi-process cluster: HOST:PORT of process 0, the "
-                   "same on every process (JAX; with --num-processes and --process-id)")
+                   "same on every process (JAX, or torch without torchrun; with "
+                   "--num-processes and --process-id). torchrun (torch) and TF_CONFIG "
+                   "(TensorFlow) clusters are joined without it")
     t.add_argument("--num-processes", type=int, help="processes in the cluster")
     t.add_argument("--process-id", type=int, help="this process' index, 0 ... N-1")
     t.add_argument("--distributed", action="store_true", help="join the cluster described "
-                   "by the environment (TPU pods; KERAS_DISTRIBUTION_* variables)")
+                   "by the environment (JAX: TPU pods, KERAS_DISTRIBUTION_* variables; torch: "
+                   "torchrun's; TensorFlow: TF_CONFIG)")
     t.add_argument("--data-shards", type=int, help="in one process: read the data as a "
                    "cluster of this many processes would (the same global batches)")
     t.add_argument("--init-timeout", type=int, default=120,

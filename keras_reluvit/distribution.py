@@ -34,6 +34,9 @@ on those backends.
 """
 
 import contextlib
+import json
+import os
+import sys
 
 import keras
 
@@ -182,9 +185,15 @@ def model_parallel(mesh, strategy="fsdp", batch_axis="batch", model_axis="model"
 
 def describe(dist=None):
     """The active (or given) distribution as a JSON-able dict — the mesh's
-    axes and sizes, the strategy and the sequence axis — or None when none is
+    axes and sizes, the strategy and the sequence axis; DDP's or
+    MultiWorkerMirroredStrategy's process count — or None when none is
     set. `train()` records it in `config.json`."""
     dist = dist or keras.distribution.distribution()
+    if dist is None and _torch_distributed() is not None:
+        return {"type": "DistributedDataParallel", "processes": process_count(),
+                "process_group": _torch_distributed().get_backend()}
+    if dist is None and _TF_STRATEGY is not None:
+        return {"type": type(_TF_STRATEGY).__name__, "processes": process_count()}
     if dist is None:
         return None
     mesh = dist.device_mesh
@@ -213,46 +222,69 @@ def data_parallel(devices=None):
 
 # --- multi-process (multi-host) clusters -------------------------------------
 
+_TF_STRATEGY = None  # the MultiWorkerMirroredStrategy `initialize` made (TensorFlow)
+
 
 def initialize(coordinator=None, num_processes=None, process_id=None, timeout=120):
-    """Joins a multi-process JAX cluster (one process per host, or several
-    per machine), before anything else touches JAX.
+    """Joins a multi-process cluster (one process per host or per GPU), on
+    the backend's own engine, before the backend runs anything else.
 
-    With `coordinator="HOST:PORT"`, `num_processes` and `process_id`, joins
-    the cluster whose process 0 listens at HOST:PORT (every process passes
-    the same address; CPU clusters talk over gloo). With no arguments it calls
-    `keras.distribution.initialize()`, which reads the cluster from the
-    environment (TPU pods; `KERAS_DISTRIBUTION_JOB_ADDRESSES`,
-    `KERAS_DISTRIBUTION_NUM_PROCESSES`, `KERAS_DISTRIBUTION_PROCESS_ID`).
+    - **JAX**: with `coordinator="HOST:PORT"`, `num_processes` and
+      `process_id`, joins the cluster whose process 0 listens at HOST:PORT
+      (every process passes the same address; CPU clusters talk over
+      gloo). With no arguments it calls `keras.distribution.initialize()`,
+      which reads the cluster from the environment (TPU pods;
+      `KERAS_DISTRIBUTION_JOB_ADDRESSES`, `..._NUM_PROCESSES`,
+      `..._PROCESS_ID`).
+    - **PyTorch**: `torch.distributed.init_process_group` (NCCL on GPUs,
+      each process on its `LOCAL_RANK`'s GPU; gloo on CPUs). With no
+      arguments the cluster is `torchrun`'s (`RANK`, `WORLD_SIZE`,
+      `MASTER_ADDR`, `MASTER_PORT`); the three arguments start one without
+      torchrun (process 0 hosts the rendezvous at HOST:PORT). Then
+      `ddp(model)` trains data parallel with `DistributedDataParallel`.
+    - **TensorFlow**: a `tf.distribute.MultiWorkerMirroredStrategy` for the
+      cluster in `TF_CONFIG` (no arguments; each worker's own task index);
+      `strategy()` returns it, build and compile the model in its scope.
+      TensorFlow blocks until every worker is up: a worker that is not
+      reachable within `timeout` seconds ends the process (exit status 2)
+      with a message naming it, since the wait cannot be interrupted.
+
     Not joined within `timeout` seconds (a coordinator that is not there, a
     process that never starts), it raises naming the address.
 
-    Example (two processes on one machine, 4 virtual CPU devices each):
+    Example (two processes on one machine, JAX with 4 virtual CPU devices each):
 
     ```python
     kr.distribution.initialize("127.0.0.1:12345", num_processes=2, process_id=0)  # and 1
     mesh = kr.distribution.mesh_from_spec("batch=8")  # all processes' devices
     ```
     """
-    _check_backend()
+    backend = keras.backend.backend()
     given = [coordinator is not None, num_processes is not None, process_id is not None]
+    if backend == "tensorflow":
+        if any(given):
+            raise ValueError("On TensorFlow the cluster is TF_CONFIG's (MultiWorkerMirrored"
+                             "Strategy): set TF_CONFIG on every worker and pass no "
+                             "coordinator / num_processes / process_id.")
+        return _initialize_tensorflow(timeout)
+    if backend not in ("jax", "torch"):
+        _check_backend()
+    if any(given) and not all(given):
+        raise ValueError("A cluster needs all of coordinator (HOST:PORT), num_processes and "
+                         "process_id, or none of them (TPU pods / torchrun / environment "
+                         "variables).")
+    if all(given):
+        host, port, num_processes, process_id = _cluster_arguments(
+            coordinator, num_processes, process_id)
+    if backend == "torch":
+        if not any(given):
+            host, port, num_processes, process_id = _torchrun_environment()
+        return _initialize_torch(host, port, num_processes, process_id, timeout, any(given))
     if not any(given):
         keras.distribution.initialize()
         return
-    if not all(given):
-        raise ValueError("A cluster needs all of coordinator (HOST:PORT), num_processes and "
-                         "process_id, or none of them (TPU pods / environment variables).")
-    host, _, port = str(coordinator).rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"coordinator must be HOST:PORT, e.g. 10.0.0.1:12345; got {coordinator!r}.")
-    num_processes, process_id = int(num_processes), int(process_id)
-    if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1; got {num_processes}.")
-    if not 0 <= process_id < num_processes:
-        raise ValueError(f"process_id {process_id} is out of range for {num_processes} "
-                         f"processes (0 ... {num_processes - 1}).")
     if process_id > 0:  # JAX aborts the process when it cannot connect: look first
-        _wait_for(host, int(port), timeout, f"Process {process_id} of {num_processes}")
+        _wait_for(host, port, timeout, f"Process {process_id} of {num_processes}")
     import jax
 
     try:
@@ -266,13 +298,115 @@ def initialize(coordinator=None, num_processes=None, process_id=None, timeout=12
             f"{str(e).splitlines()[0] if str(e) else ''})") from e
 
 
-def _wait_for(host, port, timeout, who):
+def _cluster_arguments(coordinator, num_processes, process_id):
+    host, _, port = str(coordinator).rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"coordinator must be HOST:PORT, e.g. 10.0.0.1:12345; got {coordinator!r}.")
+    num_processes, process_id = int(num_processes), int(process_id)
+    if num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1; got {num_processes}.")
+    if not 0 <= process_id < num_processes:
+        raise ValueError(f"process_id {process_id} is out of range for {num_processes} "
+                         f"processes (0 ... {num_processes - 1}).")
+    return host, int(port), num_processes, process_id
+
+
+def _torchrun_environment():
+    env = os.environ
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise ValueError(
+            f"No torchrun cluster: {', '.join(missing)} not set. Launch with `torchrun "
+            "--nproc_per_node N -m keras_reluvit.cli train ...`, or pass --coordinator, "
+            "--num-processes and --process-id.")
+    return env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), int(env["RANK"])
+
+
+def _initialize_torch(host, port, world, rank, timeout, explicit):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    who = f"Process {rank} of {world}"
+    if rank > 0 and explicit:  # under torchrun its agent hosts the rendezvous
+        _wait_for(host, port, timeout, who)
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+        torch.cuda.set_device(local)
+    try:
+        dist.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo",
+            init_method="env://" if not explicit else f"tcp://{host}:{port}",
+            world_size=world, rank=rank, timeout=datetime.timedelta(seconds=timeout))
+    except Exception as e:  # DistStoreError, RuntimeError
+        raise RuntimeError(
+            f"{who} could not form the torch.distributed cluster at {host}:{port} within "
+            f"{timeout} s: are all {world} processes started with the same address and size? "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+
+
+def _initialize_tensorflow(timeout):
+    global _TF_STRATEGY
+    if _TF_STRATEGY is not None:
+        return _TF_STRATEGY
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        raise ValueError("No TensorFlow cluster: TF_CONFIG is not set. Set it on every worker, "
+                         'e.g. {"cluster": {"worker": ["host0:port", "host1:port"]}, '
+                         '"task": {"type": "worker", "index": 0}}.')
+    try:
+        config = json.loads(raw)
+        workers = list(config["cluster"]["worker"])
+        task = config["task"]
+        index = int(task["index"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"TF_CONFIG must be JSON with cluster.worker (a list of HOST:PORT) and "
+                         f"task.index; got {raw!r} ({e}).") from None
+    if task.get("type", "worker") != "worker" or not 0 <= index < len(workers):
+        raise ValueError(f"TF_CONFIG's task {task} is not one of the {len(workers)} workers "
+                         "(MultiWorkerMirroredStrategy: task type 'worker', index 0 ... N-1).")
+    import threading
+
+    import tensorflow as tf
+
+    formed = threading.Event()
+    others = [w for i, w in enumerate(workers) if i != index]
+
+    def watchdog():  # the strategy's constructor waits for every worker, uninterruptibly
+        try:
+            for w in others:
+                host, _, port = w.rpartition(":")
+                _wait_for(host, int(port), timeout, f"Worker {index} of {len(workers)}",
+                          stop=formed, hint=f"Start worker {workers.index(w)} (TF_CONFIG "
+                          "task.index) there")
+        except RuntimeError as e:
+            if not formed.is_set():
+                print(f"keras-reluvit: error: {e}", file=sys.stderr, flush=True)
+                os._exit(2)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    _TF_STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
+    formed.set()
+    return _TF_STRATEGY
+
+
+def strategy():
+    """The `tf.distribute` strategy `initialize()` made on TensorFlow (None
+    outside a cluster)."""
+    return _TF_STRATEGY
+
+
+def _wait_for(host, port, timeout, who, stop=None,
+              hint="Start process 0 with the same --coordinator on that host"):
     """Waits until HOST:PORT accepts TCP connections, at most `timeout` s."""
     import socket
     import time
 
     deadline = time.monotonic() + timeout
-    while True:
+    while stop is None or not stop.is_set():
         try:
             with socket.create_connection((host, port), timeout=2):
                 return
@@ -280,27 +414,48 @@ def _wait_for(host, port, timeout, who):
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"{who} could not join the cluster at {host}:{port} within {timeout} s: "
-                    f"nothing accepts connections there ({e}). Start process 0 with the same "
-                    "--coordinator on that host, or check the address and firewall.") from None
+                    f"nothing accepts connections there ({e}). {hint}, or check the address "
+                    "and firewall.") from None
             time.sleep(0.5)
 
 
-def process_index():
-    """This process' index in the cluster (0 without one)."""
-    if keras.backend.backend() != "jax":
-        return 0
-    import jax
+def _torch_distributed():
+    if keras.backend.backend() != "torch":
+        return None
+    import torch.distributed as dist
 
-    return jax.process_index()
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def process_index():
+    """This process' index in the cluster (0 without one): JAX's process
+    index, torch.distributed's rank, or the TensorFlow worker's task index."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.process_index()
+    if backend == "torch":
+        dist = _torch_distributed()
+        return dist.get_rank() if dist else 0
+    if _TF_STRATEGY is not None:
+        return int(_TF_STRATEGY.cluster_resolver.task_id)
+    return 0
 
 
 def process_count():
     """The number of processes in the cluster (1 without one)."""
-    if keras.backend.backend() != "jax":
-        return 1
-    import jax
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
 
-    return jax.process_count()
+        return jax.process_count()
+    if backend == "torch":
+        dist = _torch_distributed()
+        return dist.get_world_size() if dist else 1
+    if _TF_STRATEGY is not None:
+        return int(_TF_STRATEGY.cluster_resolver.cluster_spec().num_tasks("worker"))
+    return 1
 
 
 def check_mesh(mesh, batch_axis="batch"):
@@ -326,10 +481,18 @@ def check_mesh(mesh, batch_axis="batch"):
 
 def barrier(name):
     """Waits until every process of the cluster reaches `name`."""
-    if process_count() > 1:
+    if process_count() == 1:
+        return
+    backend = keras.backend.backend()
+    if backend == "jax":
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+    elif backend == "torch":
+        _torch_distributed().barrier()
+    else:  # one all-reduce over the workers
+        s = _TF_STRATEGY
+        s.reduce("SUM", s.run(lambda: keras.ops.ones(())), axis=None)
 
 
 @contextlib.contextmanager
@@ -345,6 +508,12 @@ def chief_writes(model):
     """
     if process_count() == 1:
         yield True
+        return
+    if keras.backend.backend() != "jax":  # DDP / MultiWorkerMirrored: local full copies
+        try:
+            yield process_index() == 0
+        finally:
+            barrier("chief_writes")
         return
     import jax
     from jax.experimental import multihost_utils
@@ -368,3 +537,244 @@ def chief_writes(model):
         for v, value in swapped:
             v._value = value
         barrier("chief_writes")
+
+
+# --- PyTorch: DistributedDataParallel -----------------------------------------
+
+
+def ddp(model, dataset=None, **ddp_options):
+    """Trains `model` data parallel with PyTorch's `DistributedDataParallel`
+    through `model.fit` (the Keras guide "Multi-GPU distributed training with
+    PyTorch", without a loop of your own). Run under `torchrun` after
+    `kr.distribution.initialize()`.
+
+    The model's training step calls the DDP module, so each backward pass
+    all-reduces the gradients (averaged over the processes, bucketed and
+    overlapped with the backward pass, by DDP's reducer) before the Keras
+    optimizer applies them; the weights start equal (DDP broadcasts process
+    0's). Metric states (the loss tracker's and `compile`'s metrics) are
+    summed over the processes whenever they are read, as tf.distribute
+    does, so the logged loss and accuracy are the global batch's.
+
+    With `dataset`, also returns this process' shard of it: a
+    `tf.data.Dataset` (`shard`, every process the same number of
+    elements), a tuple / list of arrays (rows `rank::world`, cut to equal
+    lengths) or a `torch.utils.data.Dataset` (a `Subset`). Shard the
+    *training* data (for a batched data set: global batch = processes x its
+    batch size); give every process the whole validation set, or shards with
+    equal numbers of batches (each evaluation step reads the metrics, a
+    collective).
+
+    Args:
+        model: a built Keras model on the torch backend (variables created:
+            call it on a batch first), compiled before or after.
+        dataset: optional training data to shard.
+        **ddp_options: passed to `DistributedDataParallel`
+            (e.g. `find_unused_parameters=True`).
+
+    Returns:
+        `model` (the same object, now training through DDP), or
+        `(model, shard)` with `dataset`.
+
+    Example (`torchrun --nproc_per_node 2 train.py`):
+
+    ```python
+    kr.distribution.initialize()                 # torchrun's cluster
+    rank, world = kr.distribution.process_index(), kr.distribution.process_count()
+    train, val, info = kr.data.load("sklearn_digits", 128, image_size=32,
+                                    process_index=rank, process_count=world)
+    model = kr.ViT(variant="Ti/16", image_size=32, num_classes=info.num_classes)
+    model(np.zeros((1, 32, 32, 3), "float32"))   # build
+    model = kr.distribution.ddp(model)
+    model.compile("adamw", "categorical_crossentropy", metrics=["accuracy"])
+    model.fit(train, validation_data=val, epochs=5, verbose=rank == 0)
+    ```
+    """
+    if keras.backend.backend() != "torch":
+        raise RuntimeError(f"ddp() wraps a model in torch's DistributedDataParallel: it needs "
+                           f"KERAS_BACKEND=torch (this is {keras.backend.backend()}).")
+    dist = _torch_distributed()
+    if dist is None:
+        raise RuntimeError("torch.distributed is not initialized: call "
+                           "kr.distribution.initialize() first (under torchrun).")
+    if not model.built or not model.variables:
+        raise ValueError("Build the model before ddp() (call it on a batch, or model.build): "
+                         "DDP registers the variables it finds at wrapping time.")
+    import torch
+
+    device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
+    module = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                       **ddp_options)
+    _route_through(model, module)
+    if dataset is None:
+        return model
+    return model, shard(dataset)
+
+
+def _route_through(model, module):
+    """The model's train step with the forward pass through the DDP
+    `module` (its reducer then all-reduces the gradients in the backward
+    pass), and metrics summed over the processes when read. The step is
+    Keras 3's torch `train_step` with `self(x)` replaced by `module(x)`."""
+    import types
+
+    import torch
+    import torch.distributed as dist
+    from keras.src import tree
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    def train_step(self, data):
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        y_pred = module(x, training=True) if self._call_has_training_arg else module(x)
+        self.zero_grad()
+        loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                  training=True)
+        batch = next(i for i in tree.flatten(x) if i is not None).shape[0]
+        self._loss_tracker.update_state(loss, sample_weight=batch)
+        if self.optimizer is not None:
+            loss = self.optimizer.scale_loss(loss)
+        if self.trainable_weights:
+            loss.backward()  # DDP's hooks average the gradients over the processes
+            weights = self.trainable_weights[:]
+            with torch.no_grad():
+                self.optimizer.apply([v.value.grad for v in weights], weights)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def get_metrics_result(self):
+        variables = list(self.metrics_variables)
+        local = [v.value.detach().clone() for v in variables]
+        if local:
+            flat = torch.cat([t.reshape(-1).to(torch.float64) for t in local])
+            dist.all_reduce(flat)  # SUM: totals and counts of every process
+            for v, t, part in zip(variables, local, flat.split([t.numel() for t in local])):
+                v.assign(part.reshape(t.shape).to(t.dtype))
+        try:
+            return type(self).get_metrics_result(self)
+        finally:
+            for v, t in zip(variables, local):
+                v.assign(t)
+
+    model.train_step = types.MethodType(train_step, model)
+    model.get_metrics_result = types.MethodType(get_metrics_result, model)
+    model.train_function = None  # a compiled model rebuilds its step
+    model._krv_ddp = True
+
+
+def shard(dataset, index=None, count=None):
+    """This process' shard of `dataset` (see `ddp`): every process gets the
+    same number of elements (the remainder is dropped), so that they run the
+    same number of steps."""
+    index = process_index() if index is None else int(index)
+    count = process_count() if count is None else int(count)
+    if count == 1:
+        return dataset
+    import numpy as np
+
+    try:
+        import tensorflow as tf
+    except ImportError:  # pragma: no cover - tensorflow is a dependency of training
+        tf = None
+    if tf is not None and isinstance(dataset, tf.data.Dataset):
+        n = int(dataset.cardinality())
+        ds = dataset.shard(count, index)
+        return ds.take(n // count) if n >= 0 else ds
+    if isinstance(dataset, (tuple, list)):
+        n = min(len(a) for a in dataset) // count * count
+        return type(dataset)(np.asarray(a)[index:n:count] for a in dataset)
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if isinstance(dataset, torch.utils.data.Dataset):
+            n = len(dataset) // count * count
+            return torch.utils.data.Subset(dataset, range(index, n, count))
+    raise TypeError(f"Cannot shard a {type(dataset).__name__}: pass a tf.data.Dataset, a tuple "
+                    "of arrays or a torch Dataset, or shard it yourself (kr.data.load's "
+                    "process_index / process_count).")
+
+
+# --- TensorFlow: MultiWorkerMirroredStrategy ----------------------------------
+
+
+def multi_worker(model, train, val=None):
+    """Distributes this worker's data for `model.fit` under the
+    `MultiWorkerMirroredStrategy` of `initialize()` (TF_CONFIG).
+
+    Each worker reads its own shard of the training data (`kr.data.load(...,
+    process_index=i, process_count=n)`: batches of `batch_size / n`), handed
+    to the strategy as is with `distribute_datasets_from_function` (no
+    re-batching, no auto-sharding); the gradients are all-reduced across
+    the workers by the strategy, and the metrics are the global batch's.
+    `val` is read by every worker as given (the whole validation set: the
+    metrics are then those of one process). On CPUs the steps run without
+    XLA (`jit_compile=False`: XLA has no CPU collectives).
+
+    Build and compile the model inside `kr.distribution.strategy().scope()`
+    first. This also works around two failures of Keras 3.15's `fit` under
+    this strategy: it reduces a nested `(x, y)` batch with `strategy.reduce`
+    to build the model (the state is built here from the data's element
+    spec instead), and it averages the scalar logs over the workers along
+    an axis they do not have ("Invalid reduction dimension 0",
+    tensorflow/tensorflow#72388; averaged here with `axis=None`).
+
+    Returns:
+        `(train, val)`: the distributed data sets for `model.fit`.
+
+    Example (every worker with its TF_CONFIG):
+
+    ```python
+    strategy = kr.distribution.initialize()       # MultiWorkerMirroredStrategy
+    i, n = kr.distribution.process_index(), kr.distribution.process_count()
+    train, val, info = kr.data.load("sklearn_digits", 128, image_size=32,
+                                    process_index=i, process_count=n)
+    with strategy.scope():
+        model = kr.ViT(variant="Ti/16", image_size=32, num_classes=info.num_classes)
+        model.compile("adamw", "categorical_crossentropy", metrics=["accuracy"])
+    dtrain, dval = kr.distribution.multi_worker(model, train.repeat(), val)
+    model.fit(dtrain, steps_per_epoch=len(train), validation_data=dval, epochs=5)
+    ```
+    """
+    s = _TF_STRATEGY
+    if s is None:
+        raise RuntimeError("No TensorFlow cluster: call kr.distribution.initialize() with "
+                           "TF_CONFIG set (KERAS_BACKEND=tensorflow) first.")
+    if getattr(model, "_distribute_strategy", None) is not s:
+        raise ValueError("Create (and compile) the model inside "
+                         "`kr.distribution.strategy().scope()`: its variables must be the "
+                         "strategy's.")
+    import tensorflow as tf
+
+    if model.jit_compile and not tf.config.list_logical_devices("GPU"):
+        model.jit_compile = False  # XLA has no CPU collectives (TensorFlow 2.21)
+    with s.scope():
+        model._symbolic_build(data_batch=train.element_spec)
+    model._maybe_symbolic_build = lambda *args, **kwargs: None
+    _patch_keras_multi_worker_logs()
+
+    def distribute(ds):
+        return s.distribute_datasets_from_function(lambda _: ds)
+
+    return distribute(train), (None if val is None else distribute(val))
+
+
+def _patch_keras_multi_worker_logs():
+    """Keras 3.15's TensorFlow trainer averages each step's logs over a
+    multi-worker strategy's replicas with `strategy.reduce("MEAN", v,
+    axis=0)`, which fails for the scalar loss and metrics
+    (tensorflow/tensorflow#72388): average them with `axis=None` (over the
+    replicas, as Keras means to), leaving every other case to Keras."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.reduce_per_replica
+    if getattr(original, "_keras_reluvit", False):
+        return
+    from keras.src import tree
+
+    def reduce_per_replica(values, strategy, reduction):
+        if (reduction in ("auto", "mean")
+                and tf_trainer._collective_all_reduce_multi_worker(strategy)):
+            return tree.map_structure(
+                lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return original(values, strategy, reduction)
+
+    reduce_per_replica._keras_reluvit = True
+    tf_trainer.reduce_per_replica = reduce_per_replica

@@ -14,6 +14,7 @@
 - `saved_model/` — a TF SavedModel (with `export=True`).
 """
 
+import contextlib
 import json
 import os
 import time
@@ -128,50 +129,38 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     # Seeded after the data is loaded: preparing a data set on the first run
     # draws from Python's RNG, and a rerun must initialise the same model.
     keras.utils.set_random_seed(config["seed"])
-    if config.get("init"):
-        from keras_reluvit import finetune
-        from keras_reluvit.checkpoints import load_checkpoint
-
-        model = load_checkpoint(config["init"], num_classes=d.num_classes,
-                                image_size=config["image_size"],
-                                **dict(config["model"], label_names=d.label_names))
-        model_cfg = {k: v for k, v in model.get_config().items()
-                     if k not in ("name", "trainable")}
-        if (model.preprocessing != check_preprocessing(None)
-                or config["image_size"] is None):
-            # The checkpoint's resolution, value range and evaluation recipe.
-            d = load_data(model.image_size, model.preprocessing)
-        finetune.set_trainable(model, config.get("trainable", "all"), config.get("lora_rank", 8))
+    # TensorFlow multi-worker: variables, optimizer and metrics in the strategy's scope.
+    scope = kr_distribution.strategy()
+    with scope.scope() if scope is not None else contextlib.nullcontext():
+        model, model_cfg, d = _model(config, d, load_data, chief)
+        full = dict(config, model=model_cfg, num_classes=d.num_classes,
+                    label_names=d.label_names, backend=keras.backend.backend(),
+                    steps_per_epoch=d.steps_per_epoch, processes=count,
+                    distribution=kr_distribution.describe())
         if chief:
-            print(f"keras_reluvit: fine-tuning {config.get('trainable', 'all')}: "
-                  f"{finetune.describe_trainable(model)}.", flush=True)
-    else:
-        model_cfg = dict(config["model"], num_classes=d.num_classes,
-                         image_size=config["image_size"], label_names=d.label_names)
-        model = ViT(**model_cfg)
-    full = dict(config, model=model_cfg, num_classes=d.num_classes,
-                label_names=d.label_names, backend=keras.backend.backend(),
-                steps_per_epoch=d.steps_per_epoch, processes=count,
-                distribution=kr_distribution.describe())
-    if chief:
-        with open(os.path.join(output, "config.json"), "w") as f:
-            json.dump(full, f, indent=2, default=list)
-    recipe = recipes.get(config["recipe"], model_cfg.get("variant"))
-    recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
-                    epochs=config["epochs"], lr=config.get("lr"),
-                    layer_decay=config.get("layer_decay"))
+            with open(os.path.join(output, "config.json"), "w") as f:
+                json.dump(full, f, indent=2, default=list)
+        recipe = recipes.get(config["recipe"], model_cfg.get("variant"))
+        recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
+                        epochs=config["epochs"], lr=config.get("lr"),
+                        layer_decay=config.get("layer_decay"))
+    if count > 1 and keras.backend.backend() == "torch":
+        kr_distribution.ddp(model)  # gradients all-reduced by DistributedDataParallel
+    train_data, val_data = d.train.repeat(), d.val
+    if scope is not None:  # each worker its own shard (no re-batching, no auto-sharding)
+        train_data, val_data = kr_distribution.multi_worker(model, train_data, val_data)
     steps = kr_callbacks.StepLosses()
     start = time.time()
     # One iterator for the whole run, one new pass per epoch: a resumed run
     # fast-forwards to the pass of the epoch it resumes (ResumeDataStream).
-    history = model.fit(d.train.repeat(), steps_per_epoch=d.steps_per_epoch,
-                        validation_data=d.val, epochs=config["epochs"],
+    history = model.fit(train_data, steps_per_epoch=d.steps_per_epoch,
+                        validation_data=val_data, epochs=config["epochs"],
                         callbacks=kr_callbacks.default(output, dataset=d.train,
                                                        process=(index, count))
                         + [steps] + list(extra_callbacks),
                         verbose=verbose if chief else 0)
     train_seconds = time.time() - start
-    final = model.evaluate(d.val, return_dict=True, verbose=0) if d.val is not None else {}
+    final = model.evaluate(val_data, return_dict=True, verbose=0) if d.val is not None else {}
     metrics = dict(
         final={k: float(v) for k, v in final.items()},
         history={k: [float(x) for x in v] for k, v in history.history.items()},
@@ -193,6 +182,29 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
                                       activation=recipes.probability(recipe))
     return model, metrics
 
+
+def _model(config, d, load_data, chief):
+    """The run's model (new, or from `config["init"]`), its config, and the
+    data (reloaded at the checkpoint's resolution and preprocessing)."""
+    if not config.get("init"):
+        model_cfg = dict(config["model"], num_classes=d.num_classes,
+                         image_size=config["image_size"], label_names=d.label_names)
+        return ViT(**model_cfg), model_cfg, d
+    from keras_reluvit import finetune
+    from keras_reluvit.checkpoints import load_checkpoint
+
+    model = load_checkpoint(config["init"], num_classes=d.num_classes,
+                            image_size=config["image_size"],
+                            **dict(config["model"], label_names=d.label_names))
+    model_cfg = {k: v for k, v in model.get_config().items() if k not in ("name", "trainable")}
+    if model.preprocessing != check_preprocessing(None) or config["image_size"] is None:
+        # The checkpoint's resolution, value range and evaluation recipe.
+        d = load_data(model.image_size, model.preprocessing)
+    finetune.set_trainable(model, config.get("trainable", "all"), config.get("lora_rank", 8))
+    if chief:
+        print(f"keras_reluvit: fine-tuning {config.get('trainable', 'all')}: "
+              f"{finetune.describe_trainable(model)}.", flush=True)
+    return model, model_cfg, d
 
 
 def plot_curves(history, path):

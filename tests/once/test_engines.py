@@ -1,0 +1,269 @@
+"""Real 2-process clusters on each backend's own engine, on this CPU:
+PyTorch DistributedDataParallel under torchrun (gloo on 127.0.0.1) and
+TensorFlow's MultiWorkerMirroredStrategy from TF_CONFIG (localhost ports).
+
+Each cluster trains the CLI's default run (the embedded digits, 2 epochs of
+11 steps, global batch 128), is SIGKILLed in its second epoch, is rerun with
+the same command and resumes from its backups. Compared with one process
+reading the same global batches (`--data-shards 2`): the per-step losses of
+the first epoch (reported by *both* processes: the metrics are reduced over
+them), of the resumed second epoch, and the saved model's logits. A process
+that reads the wrong shard, or gradients that are not all-reduced, move the
+first epoch's losses by far more than the tolerance (checked below with a
+cluster whose step skips the all-reduce)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import KILL_CALLBACK
+from conftest import subprocess_env
+
+# The CLI, with a callback that writes each step's loss (as Keras reports it:
+# the epoch's running mean) to STEP_LOG/<process>.jsonl and SIGKILLs both
+# processes at (epoch, batch).
+RUN = r"""
+import json, os, sys
+import keras
+from keras_reluvit import cli, train as T
+kill_at = json.loads(os.environ.get("KILL_AT", "null"))
+""" + KILL_CALLBACK + r"""
+class KillTogether(Kill):
+    def on_train_batch_end(self, batch, logs=None):
+        from keras_reluvit import distribution
+        with open(os.path.join(os.environ["STEP_LOG"],
+                               f"{distribution.process_index()}.jsonl"), "a") as f:
+            f.write(json.dumps([self.epoch, batch, float(logs["loss"])]) + "\n")
+        if [self.epoch, batch] == kill_at:
+            distribution.barrier("kill")  # both processes reach the step, then both die
+        super().on_train_batch_end(batch, logs)
+if os.environ.get("NO_ALL_REDUCE"):  # a broken cluster: DDP's gradient sync switched off
+    from keras_reluvit import distribution as D
+    route = D._route_through
+    def local_only(model, module):
+        route(model, module)
+        step = model.train_step
+        def no_sync_step(data):
+            with module.no_sync():
+                return step(data)
+        model.train_step = no_sync_step
+    D._route_through = local_only
+original = T.train
+T.train = lambda *a, **k: original(*a, extra_callbacks=[KillTogether()], **k)
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+# Cluster vs one process: the same global batches summed in another order
+# (two halves, then an all-reduce). Measured on 2026-12-02: the first epoch
+# agrees to 2e-7 (torch) / 2e-7 (TensorFlow); AdamW's normalised steps then
+# amplify the rounding in near-zero gradient coordinates (2e-5 torch; 6e-4
+# TensorFlow, whose workers also run without XLA: no CPU collectives). A wrong
+# shard or a missing all-reduce moves the first epoch by >= 1e-2.
+FIRST_EPOCH = 1e-5
+AMPLIFIED = 5e-3
+TIMEOUT = 300  # seconds, every process
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_args(data_dir, out):
+    return ["train", "--data-dir", str(data_dir), "--epochs", "2", "--batch-size", "128",
+            "--output", str(out), "--quiet"]
+
+
+def launch(backend, script, args, env):
+    """The 2-process cluster's processes: torchrun's, or two TF workers."""
+    if backend == "torch":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", script] + args
+        return [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)]
+    port = free_port()
+    workers = [f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"]
+    procs = []
+    for i in range(2):
+        e = dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": workers},
+                                            "task": {"type": "worker", "index": i}}))
+        procs.append(subprocess.Popen([sys.executable, script] + args, env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def cluster(backend, script, args, log, kill_at=None, extra_env=()):
+    env = subprocess_env(backend)
+    env.update(extra_env, STEP_LOG=str(log))
+    log.mkdir()
+    if kill_at:
+        env["KILL_AT"] = json.dumps(kill_at)
+    procs = launch(backend, script, args, env)
+    try:
+        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+
+
+def steps(log):
+    """{process: [[epoch, batch, loss], ...]} from a STEP_LOG directory."""
+    return {int(f.stem): [json.loads(line) for line in f.read_text().splitlines()]
+            for f in sorted(log.glob("*.jsonl"))}
+
+
+def metrics(out):
+    with open(out / "metrics.json") as f:
+        return json.load(f)
+
+
+def logits(path):
+    import keras
+
+    import keras_reluvit  # noqa: F401
+
+    model = keras.saving.load_model(path, compile=False)
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    return keras.ops.convert_to_numpy(model(x))
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("engines") / "run.py"
+    path.write_text(RUN)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, script):
+    d = tmp_path_factory.mktemp("tfds")
+    proc = subprocess.run([sys.executable, script, "prepare", "sklearn_digits", "--data-dir",
+                           str(d)], env=subprocess_env("torch"), capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, script, data_dir):
+    """One process, the cluster's global batches (process 0's half batch, then
+    process 1's): its run directory and step losses, per backend."""
+    runs = {}
+
+    def run(backend):
+        if backend not in runs:
+            out = tmp_path_factory.mktemp("one") / backend
+            log = tmp_path_factory.mktemp("steps")
+            proc = subprocess.run([sys.executable, script] + train_args(data_dir, out)
+                                  + ["--data-shards", "2", "--no-export"],
+                                  env=dict(subprocess_env(backend), STEP_LOG=str(log)),
+                                  capture_output=True, text=True, timeout=TIMEOUT)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[backend] = out, [s[2] for s in steps(log)[0]]
+        return runs[backend]
+
+    return run
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_killed_cluster_trains_like_one_process_and_resumes(backend, tmp_path, script,
+                                                            data_dir, reference):
+    ref, ref_steps = reference(backend)
+    assert len(ref_steps) == 22  # 2 epochs x 11 steps (718 examples / 64 per process)
+    out = tmp_path / "cluster"
+    killed = cluster(backend, script, train_args(data_dir, out) + ["--no-export"],
+                     tmp_path / "killed", kill_at=[1, 3])
+    codes = [r[0] for r in killed]
+    # torchrun reports its workers' deaths with its own (non-zero) exit status.
+    assert all(c != 0 for c in codes) and (backend == "torch" or -signal.SIGKILL in codes), (
+        codes, [r[2][-2000:] for r in killed])
+    reported = steps(tmp_path / "killed")
+    assert sorted(reported) == [0, 1]
+    for process in reported.values():  # epoch 1's 11 steps, then 4 of epoch 2: killed
+        assert [s[:2] for s in process] == [[0, b] for b in range(11)] + [
+            [1, b] for b in range(4)]
+        np.testing.assert_allclose([s[2] for s in process[:11]], ref_steps[:11],
+                                   rtol=FIRST_EPOCH)
+    for i in range(2):
+        meta = json.loads((out / "backup" / f"process_{i}" / "training_metadata.json")
+                          .read_text())
+        assert meta["epoch"] == 1
+    assert not (out / "model.keras").exists()
+
+    resumed = cluster(backend, script, train_args(data_dir, out), tmp_path / "resumed")
+    for code, stdout, stderr in resumed:
+        assert code == 0, stderr[-3000:]
+    a, b = metrics(out), metrics(ref)
+    # The rerun trained only the 2nd epoch, on that epoch's data stream.
+    assert len(a["history"]["loss"]) == 1 and a["optimizer_steps"] == b["optimizer_steps"] == 22
+    np.testing.assert_allclose(a["step_loss"], b["step_loss"][11:], rtol=AMPLIFIED)
+    np.testing.assert_allclose(a["history"]["val_loss"], b["history"]["val_loss"][1:],
+                               rtol=AMPLIFIED)
+    config = json.loads((out / "config.json").read_text())
+    assert config["processes"] == 2 and config["steps_per_epoch"] == 11
+    assert config["distribution"]["type"] == {
+        "torch": "DistributedDataParallel", "tensorflow": "MultiWorkerMirroredStrategy"}[backend]
+    assert sorted(os.listdir(out / "backup")) == ["process_0", "process_1"]
+    assert (out / "saved_model" / "saved_model.pb").exists()
+    x, y = logits(out / "model.keras"), logits(ref / "model.keras")
+    # 22 AdamW steps from differently ordered sums (see AMPLIFIED); an
+    # untrained or diverged model is off by far more.
+    assert np.abs(x - y).max() < 0.02 * np.abs(y).max(), (x, y)
+
+
+def test_ddp_without_the_all_reduce_is_caught(tmp_path, script, data_dir, reference):
+    """The check above can fail: with DDP's gradient all-reduce switched off
+    (each process steps on its own half batch) the processes' weights drift
+    apart and the reported losses leave the one-process run's."""
+    _, ref_steps = reference("torch")
+    broken = cluster("torch", script, train_args(data_dir, tmp_path / "c") + ["--no-export",
+                     "--epochs", "1"], tmp_path / "log", extra_env={"NO_ALL_REDUCE": "1"})
+    assert broken[0][0] == 0, broken[0][2][-3000:]
+    losses = [s[2] for s in steps(tmp_path / "log")[0]]
+    assert len(losses) == 11
+    assert np.abs(np.array(losses) / ref_steps[:11] - 1).max() > 100 * FIRST_EPOCH
+
+
+def cli_error(backend, args, env=(), timeout=90):
+    e = subprocess_env(backend)
+    e.update(env)
+    proc = subprocess.run([sys.executable, "-m", "keras_reluvit.cli"] + args, env=e,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    return proc.stderr
+
+
+def test_unreachable_peers_and_bad_arguments_fail_fast_with_clear_messages(tmp_path):
+    base = ["train", "--output", str(tmp_path / "x"), "--no-export", "--init-timeout", "5"]
+    port = free_port()
+    # torch without torchrun: process 1 finds nobody at the coordinator.
+    err = cli_error("torch", base + ["--coordinator", f"127.0.0.1:{port}",
+                                     "--num-processes", "2", "--process-id", "1"])
+    assert f"could not join the cluster at 127.0.0.1:{port} within 5 s" in err
+    # process 0 waits for a process 1 that never comes
+    err = cli_error("torch", base + ["--coordinator", f"127.0.0.1:{port}",
+                                     "--num-processes", "2", "--process-id", "0"])
+    assert f"could not form the torch.distributed cluster at 127.0.0.1:{port} within 5 s" in err
+    # TensorFlow: worker 1 of TF_CONFIG never starts; worker 0 gives up, naming it.
+    workers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{port}"]
+    config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker",
+                                                                  "index": 0}})
+    err = cli_error("tensorflow", base, env={"TF_CONFIG": config})
+    assert f"Worker 0 of 2 could not join the cluster at 127.0.0.1:{port} within 5 s" in err
+    assert "Start worker 1" in err
+    err = cli_error("tensorflow", base, env={"TF_CONFIG": "{not json"})
+    assert "TF_CONFIG must be JSON" in err
+    # keras.distribution layouts are JAX's; FSDP2 cannot shard Keras' torch variables.
+    err = cli_error("torch", base + ["--sharding", "fsdp"])
+    assert "--sharding fsdp is not available on torch" in err and "FSDP2" in err
+    err = cli_error("tensorflow", base + ["--mesh", "batch=2"])
+    assert "runs on JAX only" in err
