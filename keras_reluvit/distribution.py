@@ -26,11 +26,18 @@ Strategies (regex rules `fullmatch`ed against `variable.path`):
 A layout that does not divide a dimension is an error naming the variable,
 the dimension and the mesh axis (not a silent replica or a late XLA error).
 
-`keras.distribution` runs on the JAX backend only in Keras 3.15. On
-TensorFlow use `tf.distribute.MirroredStrategy` (data parallel) around model
-building and `compile` (see the README); on PyTorch use torch's own
-`DistributedDataParallel`/`torchrun`. The functions here say so when called
-on those backends.
+`keras.distribution` runs on the JAX backend only in Keras 3.15. The other
+backends scale out data parallel on their own engines, also here:
+
+- PyTorch: `initialize()` joins torchrun's cluster and `ddp(model)` trains
+  through `DistributedDataParallel` in `model.fit`;
+- TensorFlow: `initialize()` makes the `MultiWorkerMirroredStrategy` of
+  `TF_CONFIG` and `multi_worker(model, train, val)` hands each worker's
+  shard to it (one host: `tf.distribute.MirroredStrategy`).
+
+`keras-reluvit train` does either when launched as such a cluster. The
+layout functions (`model_parallel`, `data_parallel`) say so when called on
+those backends.
 """
 
 import contextlib
@@ -67,16 +74,20 @@ def _check_backend():
         return
     if backend == "tensorflow":
         raise RuntimeError(
-            "keras.distribution runs on the JAX backend only (Keras 3.15). On "
-            "TensorFlow, build and compile the model inside "
-            "`with tf.distribute.MirroredStrategy().scope():` for data "
-            "parallelism (see the README, 'Multi-device and TPU'), or set "
-            "KERAS_BACKEND=jax."
+            "keras.distribution layouts run on the JAX backend only (Keras 3.15). On "
+            "TensorFlow, data parallelism runs on tf.distribute: one host, build and "
+            "compile inside `with tf.distribute.MirroredStrategy().scope():`; several "
+            "hosts, set TF_CONFIG and call kr.distribution.initialize() (a "
+            "MultiWorkerMirroredStrategy) and kr.distribution.multi_worker(model, train, "
+            "val), or run `keras-reluvit train` on every worker (docs/distribution.md). "
+            "FSDP / tensor / sequence layouts: KERAS_BACKEND=jax."
         )
     raise RuntimeError(
-        f"keras.distribution does not support the {backend} backend (Keras "
-        "3.15). On PyTorch use torch.nn.parallel.DistributedDataParallel with "
-        "torchrun, or set KERAS_BACKEND=jax for data/FSDP/tensor parallelism."
+        f"keras.distribution layouts do not run on the {backend} backend (Keras 3.15). On "
+        "PyTorch, data parallelism runs on DistributedDataParallel: under torchrun call "
+        "kr.distribution.initialize() and model = kr.distribution.ddp(model), or run "
+        "`torchrun --nproc_per_node N -m keras_reluvit.cli train ...` "
+        "(docs/distribution.md). FSDP / tensor / sequence layouts: KERAS_BACKEND=jax."
     )
 
 
@@ -193,7 +204,7 @@ def describe(dist=None):
         return {"type": "DistributedDataParallel", "processes": process_count(),
                 "process_group": _torch_distributed().get_backend()}
     if dist is None and _TF_STRATEGY is not None:
-        return {"type": type(_TF_STRATEGY).__name__, "processes": process_count()}
+        return {"type": "MultiWorkerMirroredStrategy", "processes": process_count()}
     if dist is None:
         return None
     mesh = dist.device_mesh
@@ -245,9 +256,9 @@ def initialize(coordinator=None, num_processes=None, process_id=None, timeout=12
     - **TensorFlow**: a `tf.distribute.MultiWorkerMirroredStrategy` for the
       cluster in `TF_CONFIG` (no arguments; each worker's own task index);
       `strategy()` returns it, build and compile the model in its scope.
-      TensorFlow blocks until every worker is up: a worker that is not
-      reachable within `timeout` seconds ends the process (exit status 2)
-      with a message naming it, since the wait cannot be interrupted.
+      TensorFlow blocks until every worker is up, uninterruptibly: a worker
+      that is not reachable within `timeout` seconds ends the process
+      (SIGKILL, from a watchdog process) with a message naming it.
 
     Not joined within `timeout` seconds (a coordinator that is not there, a
     process that never starts), it raises naming the address.
@@ -368,29 +379,46 @@ def _initialize_tensorflow(timeout):
     if task.get("type", "worker") != "worker" or not 0 <= index < len(workers):
         raise ValueError(f"TF_CONFIG's task {task} is not one of the {len(workers)} workers "
                          "(MultiWorkerMirroredStrategy: task type 'worker', index 0 ... N-1).")
-    import threading
+    import subprocess
 
     import tensorflow as tf
 
-    formed = threading.Event()
-    others = [w for i, w in enumerate(workers) if i != index]
-
-    def watchdog():  # the strategy's constructor waits for every worker, uninterruptibly
-        try:
-            for w in others:
-                host, _, port = w.rpartition(":")
-                _wait_for(host, int(port), timeout, f"Worker {index} of {len(workers)}",
-                          stop=formed, hint=f"Start worker {workers.index(w)} (TF_CONFIG "
-                          "task.index) there")
-        except RuntimeError as e:
-            if not formed.is_set():
-                print(f"keras-reluvit: error: {e}", file=sys.stderr, flush=True)
-                os._exit(2)
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    _TF_STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
-    formed.set()
+    # The strategy's constructor waits for every worker while holding the GIL:
+    # a watchdog process ends this one (SIGKILL) if a worker stays unreachable.
+    peers = [f"{i}={w}" for i, w in enumerate(workers) if i != index]
+    watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()),
+                                 str(timeout), f"Worker {index} of {len(workers)}"] + peers)
+    try:
+        _TF_STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
+    finally:
+        watchdog.kill()
+        watchdog.wait()
     return _TF_STRATEGY
+
+
+_WATCHDOG = r"""
+import os, signal, socket, sys, time
+pid, timeout, who, peers = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+deadline = time.monotonic() + timeout
+while peers:
+    for peer in list(peers):
+        index, address = peer.split("=", 1)
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            peers.remove(peer)
+        except OSError as e:
+            if time.monotonic() > deadline:
+                sys.stderr.write(
+                    f"keras-reluvit: error: {who} could not join the cluster at {address} "
+                    f"within {timeout:g} s: nothing accepts connections there ({e}). Start "
+                    f"worker {index} (TF_CONFIG task.index) there, or check the address and "
+                    "firewall. TensorFlow cannot stop waiting: ending this worker.\n")
+                sys.stderr.flush()
+                os.kill(pid, signal.SIGKILL)
+                sys.exit(1)
+    time.sleep(0.5)
+"""
 
 
 def strategy():
@@ -399,14 +427,13 @@ def strategy():
     return _TF_STRATEGY
 
 
-def _wait_for(host, port, timeout, who, stop=None,
-              hint="Start process 0 with the same --coordinator on that host"):
+def _wait_for(host, port, timeout, who):
     """Waits until HOST:PORT accepts TCP connections, at most `timeout` s."""
     import socket
     import time
 
     deadline = time.monotonic() + timeout
-    while stop is None or not stop.is_set():
+    while True:
         try:
             with socket.create_connection((host, port), timeout=2):
                 return
@@ -414,8 +441,9 @@ def _wait_for(host, port, timeout, who, stop=None,
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"{who} could not join the cluster at {host}:{port} within {timeout} s: "
-                    f"nothing accepts connections there ({e}). {hint}, or check the address "
-                    "and firewall.") from None
+                    f"nothing accepts connections there ({e}). Start process 0 with the "
+                    "same --coordinator on that host, or check the address and firewall."
+                    ) from None
             time.sleep(0.5)
 
 
