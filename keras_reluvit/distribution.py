@@ -614,7 +614,8 @@ def ddp(model, dataset=None, **ddp_options):
     model = kr.ViT(variant="Ti/16", image_size=32, num_classes=info.num_classes)
     model(np.zeros((1, 32, 32, 3), "float32"))   # build
     model = kr.distribution.ddp(model)
-    model.compile("adamw", "categorical_crossentropy", metrics=["accuracy"])
+    model.compile("adamw", keras.losses.CategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
     model.fit(train, validation_data=val, epochs=5, verbose=rank == 0)
     ```
     """
@@ -756,7 +757,8 @@ def multi_worker(model, train, val=None):
                                     process_index=i, process_count=n)
     with strategy.scope():
         model = kr.ViT(variant="Ti/16", image_size=32, num_classes=info.num_classes)
-        model.compile("adamw", "categorical_crossentropy", metrics=["accuracy"])
+        model.compile("adamw", keras.losses.CategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
     dtrain, dval = kr.distribution.multi_worker(model, train.repeat(), val)
     model.fit(dtrain, steps_per_epoch=len(train), validation_data=dval, epochs=5)
     ```
