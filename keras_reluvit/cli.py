@@ -15,6 +15,7 @@ Examples:
     keras-reluvit prepare imagenet2012 --data-dir ~/tensorflow_datasets --manual-dir ~/ilsvrc
     keras-reluvit recipes s16_i1k_90ep
     keras-reluvit convert vit_small_patch16_224.safetensors vit_s16.keras --attention relu
+    KERAS_BACKEND=torch torchrun --nproc_per_node 8 -m keras_reluvit.cli train ...  # DDP
 
 The backend is Keras' (`KERAS_BACKEND=jax|tensorflow|torch`).
 """

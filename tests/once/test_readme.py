@@ -81,6 +81,18 @@ def test_readme_command_parses(words):
 
         cli.parser().parse_args(args)
         return
+    if program == "export":  # an environment variable (TF_CONFIG: test_engines.py)
+        assert re.fullmatch(r"[A-Z_]+=.*", args[0]), words
+        return
+    if program == "torchrun":  # torch's own parser, then ours (test_engines.py runs these)
+        from torch.distributed.run import get_args_parser
+
+        from keras_reluvit import cli
+
+        launcher = get_args_parser().parse_args(args)
+        assert launcher.module and launcher.training_script == "keras_reluvit.cli", words
+        cli.parser().parse_args(launcher.training_script_args)
+        return
     assert program == "python", f"README command {' '.join(words)!r} is not covered by this test"
     if args[0] == "-m":  # benchmarks: their own parser
         module = importlib.import_module(args[1])
