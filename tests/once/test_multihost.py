@@ -209,21 +209,25 @@ def cli_error(args, devices=4, timeout=90):
     return proc.stderr
 
 
-def test_bad_cluster_arguments_fail_fast_with_clear_messages(tmp_path):
+def test_bad_cluster_arguments_fail_fast_with_clear_messages(tmp_path, capsys):
+    from keras_reluvit import cli
+
     base = ["train", "--output", str(tmp_path / "x"), "--no-export"]
-    err = cli_error(base + ["--coordinator", "127.0.0.1:1234", "--num-processes", "2",
-                            "--process-id", "2"])
-    assert "process_id 2 is out of range for 2 processes" in err
-    err = cli_error(base + ["--coordinator", "127.0.0.1:1234", "--num-processes", "2"])
-    assert "all of coordinator" in err
-    err = cli_error(base + ["--coordinator", "localhost", "--num-processes", "2",
-                            "--process-id", "1"])
-    assert "HOST:PORT" in err
+    for args, message in [
+            (["--num-processes", "2", "--process-id", "2"], "process_id 2 is out of range for 2 "
+                                                            "processes"),
+            (["--num-processes", "2"], "all of coordinator"),
+            (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "1"],
+             "HOST:PORT")]:
+        if "--coordinator" not in args:
+            args = ["--coordinator", "127.0.0.1:1234"] + args
+        assert cli.main(base + args) == 2  # checked before JAX starts: in this process
+        assert message in capsys.readouterr().err
     # Nobody listens there: process 1 gives up after --init-timeout, naming the address.
     port = free_port()
     err = cli_error(base + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-                            "--process-id", "1", "--init-timeout", "5"])
-    assert f"could not join the cluster at 127.0.0.1:{port} within 5 s" in err
+                            "--process-id", "1", "--init-timeout", "2"])
+    assert f"could not join the cluster at 127.0.0.1:{port} within 2 s" in err
 
 
 def test_mesh_must_use_every_device_and_whole_batch_rows(monkeypatch):
