@@ -455,35 +455,33 @@ def _torch_distributed():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def process_index():
-    """This process' index in the cluster (0 without one): JAX's process
-    index, torch.distributed's rank, or the TensorFlow worker's task index."""
+def _cluster_shape():
+    """(this process' index, the number of processes) on the backend's
+    engine: JAX's processes, torch.distributed's ranks or the TensorFlow
+    cluster's workers; (0, 1) without a cluster."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        return jax.process_index()
+        return jax.process_index(), jax.process_count()
     if backend == "torch":
         dist = _torch_distributed()
-        return dist.get_rank() if dist else 0
+        return (dist.get_rank(), dist.get_world_size()) if dist else (0, 1)
     if _TF_STRATEGY is not None:
-        return int(_TF_STRATEGY.cluster_resolver.task_id)
-    return 0
+        resolver = _TF_STRATEGY.cluster_resolver
+        return int(resolver.task_id), int(resolver.cluster_spec().num_tasks("worker"))
+    return 0, 1
+
+
+def process_index():
+    """This process' index in the cluster (0 without one): JAX's process
+    index, torch.distributed's rank, or the TensorFlow worker's task index."""
+    return _cluster_shape()[0]
 
 
 def process_count():
     """The number of processes in the cluster (1 without one)."""
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.process_count()
-    if backend == "torch":
-        dist = _torch_distributed()
-        return dist.get_world_size() if dist else 1
-    if _TF_STRATEGY is not None:
-        return int(_TF_STRATEGY.cluster_resolver.cluster_spec().num_tasks("worker"))
-    return 1
+    return _cluster_shape()[1]
 
 
 def check_mesh(mesh, batch_axis="batch"):

@@ -26,12 +26,13 @@ suite() {  # label, then the command
 # The once lane: tests/once plus the tests marked backend_independent (TensorFlow-
 # only code, the same under every backend; tests/conftest.py), which the three
 # backend suites then leave out.
+# --durations: each lane lists its slowest tests (CI must stay within 30 min).
 once() { suite "backend-independent (torch)" env KERAS_BACKEND=torch KRV_BACKEND_INDEPENDENT=only \
-           python -m pytest tests -q "$@"; }
+           python -m pytest tests -q --durations=15 "$@"; }
 backends() {
   for backend in jax tensorflow torch; do
     suite "$backend" env KERAS_BACKEND="$backend" KRV_BACKEND_INDEPENDENT=skip \
-      python -m pytest tests -q --ignore=tests/once "$@"
+      python -m pytest tests -q --durations=10 --ignore=tests/once "$@"
   done
 }
 if [ "${KRV_SERIAL:-0}" = "1" ]; then

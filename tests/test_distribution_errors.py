@@ -121,11 +121,13 @@ if BACKEND == "torch":
             model = kr.ViT(width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=4,
                            image_size=16, num_classes=5, head_bias_init=0.1)
             model(x[:1])
-            if wrap:
-                model = kr.distribution.ddp(model)
-            model.compile(keras.optimizers.AdamW(1e-3), "categorical_crossentropy",
+            data = (x, y)
+            if wrap:  # the notebook form: the model and this process' shard (all of it)
+                model, data = kr.distribution.ddp(model, data)
+            model.compile(keras.optimizers.AdamW(1e-3),
+                          keras.losses.CategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"])
-            history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+            history = model.fit(*data, batch_size=16, epochs=2, shuffle=False, verbose=0)
             return model, history.history
 
         plain, h0 = run(False)

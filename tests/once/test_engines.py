@@ -21,6 +21,9 @@ import sys
 import numpy as np
 import pytest
 from conftest import KILL_CALLBACK
+from conftest import digits_val_loss
+from conftest import free_port
+from conftest import run_together
 from conftest import subprocess_env
 
 # The CLI, with a callback that writes each step's loss (as Keras reports it:
@@ -74,14 +77,6 @@ AMPLIFIED = 5e-3
 TIMEOUT = 300  # seconds, every process
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train_args(data_dir, out):
     return ["train", "--data-dir", str(data_dir), "--epochs", "2", "--batch-size", "128",
             "--output", str(out), "--quiet"]
@@ -112,13 +107,7 @@ def cluster(backend, script, args, log, kill_at=None, extra_env=()):
     if kill_at:
         env["KILL_AT"] = json.dumps(kill_at)
     procs = launch(backend, script, args, env)
-    try:
-        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+    return run_together(procs, TIMEOUT)
 
 
 def steps(log):
@@ -234,13 +223,9 @@ def check_saved_model(out, ref, data_dir, backend):
 
     model = keras.saving.load_model(out / "model.keras", compile=False)
     reference = keras.saving.load_model(ref / "model.keras", compile=False)
-    val = kr.data.load("sklearn_digits", 128, image_size=32, data_dir=data_dir).val
-    losses, counts = [], []
-    for x, y in val.as_numpy_iterator():
-        p = keras.ops.convert_to_numpy(keras.ops.softmax(model(x)))
-        losses.append(-np.sum(y * np.log(np.clip(p, 1e-7, 1.0))))
-        counts.append(len(x))
-    assert abs(sum(losses) / sum(counts) / metrics(out)["final"]["loss"] - 1) < 1e-4
+    assert abs(digits_val_loss(model, data_dir) / metrics(out)["final"]["loss"] - 1) < 1e-4
+    x, _ = next(kr.data.load("sklearn_digits", 128, image_size=32, data_dir=data_dir)
+                .val.as_numpy_iterator())
     a, b = (keras.ops.convert_to_numpy(m(x)) for m in (model, reference))
     assert np.abs(a - b).max() < LOGIT_DRIFT[backend] * np.abs(b).max(), (a, b)
 

@@ -6,13 +6,15 @@ fast with clear messages."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from conftest import KILL_CALLBACK
+from conftest import digits_val_loss
+from conftest import free_port
+from conftest import run_together
 from conftest import subprocess_env
 
 # The CLI, optionally with a callback that SIGKILLs the process at (epoch, batch).
@@ -38,12 +40,6 @@ sys.exit(cli.main(sys.argv[1:]))
 AMPLIFIED = 5e-3
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train_args(data_dir, out, sharding):
     return ["train", "--data-dir", str(data_dir), "--epochs", "2", "--batch-size", "128",
             "--output", str(out), "--no-export", "--quiet", "--sharding", sharding]
@@ -65,13 +61,7 @@ def cluster(args, kill_at=None, timeout=420):
                                               "--num-processes", "2", "--process-id", str(i)],
         env=env(4, kill_at), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)]
-    try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+    return run_together(procs, timeout)
 
 
 def one_process(args):
@@ -103,16 +93,8 @@ def check_saved_model(out, ref, data_dir):
     while every step loss agrees to 2e-5)."""
     import keras
 
-    import keras_reluvit as kr
-
     model = keras.saving.load_model(out / "model.keras", compile=False)
-    val = kr.data.load("sklearn_digits", 128, image_size=32, data_dir=data_dir).val
-    losses, counts = [], []
-    for x, y in val.as_numpy_iterator():
-        p = keras.ops.convert_to_numpy(keras.ops.softmax(model(x)))
-        losses.append(-np.sum(y * np.log(np.clip(p, 1e-7, 1.0))))
-        counts.append(len(x))
-    assert abs(sum(losses) / sum(counts) / metrics(out)["final"]["loss"] - 1) < 1e-4
+    assert abs(digits_val_loss(model, data_dir) / metrics(out)["final"]["loss"] - 1) < 1e-4
     a, b = logits(out / "model.keras"), logits(ref / "model.keras")
     # After 22 AdamW steps the summation-order differences have grown (see
     # test_fsdp_cluster_trains_like_one_process): 2.8 % of the largest logit
