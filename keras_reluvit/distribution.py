@@ -736,12 +736,15 @@ def multi_worker(model, train, val=None):
     XLA (`jit_compile=False`: XLA has no CPU collectives).
 
     Build and compile the model inside `kr.distribution.strategy().scope()`
-    first. This also works around two failures of Keras 3.15's `fit` under
+    first. This also works around three failures of Keras 3.15's `fit` under
     this strategy: it reduces a nested `(x, y)` batch with `strategy.reduce`
     to build the model (the state is built here from the data's element
-    spec instead), and it averages the scalar logs over the workers along
-    an axis they do not have ("Invalid reduction dimension 0",
-    tensorflow/tensorflow#72388; averaged here with `axis=None`).
+    spec instead); it averages the scalar logs over the workers along an
+    axis they do not have ("Invalid reduction dimension 0",
+    tensorflow/tensorflow#72388; averaged here with `axis=None`); and its
+    optimizer clips each worker's *local* gradients (`global_clipnorm`,
+    `clipnorm`, `clipvalue`) before summing them, which is not the clipping
+    of the global gradient (here the optimizer clips after the all-reduce).
 
     Returns:
         `(train, val)`: the distributed data sets for `model.fit`.
@@ -777,6 +780,8 @@ def multi_worker(model, train, val=None):
         model._symbolic_build(data_batch=train.element_spec)
     model._maybe_symbolic_build = lambda *args, **kwargs: None
     _patch_keras_multi_worker_logs()
+    if model.optimizer is not None:
+        _clip_after_all_reduce(model.optimizer)
 
     def distribute(ds):
         return s.distribute_datasets_from_function(lambda _: ds)
@@ -806,3 +811,35 @@ def _patch_keras_multi_worker_logs():
 
     reduce_per_replica._keras_reluvit = True
     tf_trainer.reduce_per_replica = reduce_per_replica
+
+
+CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
+
+
+def _clip_after_all_reduce(optimizer):
+    """Keras 3.15's TensorFlow optimizer clips the gradients in each replica,
+    then all-reduces them: under a multi-worker strategy the global-norm
+    clip then sees each worker's half-batch gradient, not the global one
+    (a different update whenever the clip is active). Move the clipping
+    after the all-reduce, where it sees what one process would."""
+    clipping = {name: getattr(optimizer, name, None) for name in CLIPPING}
+    if getattr(optimizer, "_keras_reluvit_clip", None) is not None or not any(
+            clipping.values()):
+        return
+    for name in CLIPPING:
+        setattr(optimizer, name, None)
+    reduce = optimizer._all_reduce_sum_gradients
+
+    def reduce_then_clip(grads_and_vars):
+        grads_and_vars = list(reduce(grads_and_vars))
+        for name, value in clipping.items():
+            setattr(optimizer, name, value)
+        try:
+            grads = optimizer._clip_gradients([g for g, _ in grads_and_vars])
+        finally:
+            for name in CLIPPING:
+                setattr(optimizer, name, None)
+        return list(zip(grads, [v for _, v in grads_and_vars]))
+
+    optimizer._all_reduce_sum_gradients = reduce_then_clip
+    optimizer._keras_reluvit_clip = clipping
