@@ -99,14 +99,15 @@ def _check_engine_arguments(args, backend):
                          f"which runs on JAX only; on {backend} a cluster trains data parallel "
                          "(leave them out, or set KERAS_BACKEND=jax).")
     if args.sharding not in (None, "data"):
-        why = ("PyTorch's FSDP2 (fully_shard) swaps each module's parameters for sharded "
-               "DTensors, but Keras' torch variables keep their own tensors (the layers "
-               "compute with those and the optimizer updates them), so the model would not "
-               "see the sharding" if backend == "torch" and args.sharding == "fsdp" else
-               "DistributedDataParallel" if backend == "torch" else
-               "MultiWorkerMirroredStrategy")
-        if not why.startswith("PyTorch"):
-            why += " replicates every weight; sharded layouts are keras.distribution's (JAX)"
+        if backend == "torch" and args.sharding == "fsdp":
+            why = ("PyTorch's FSDP2 (fully_shard) swaps each module's parameters for sharded "
+                   "DTensors, but Keras' torch variables keep their own tensors (the layers "
+                   "compute with those and the optimizer updates them), so the model would "
+                   "not see the sharding")
+        else:
+            engine = ("DistributedDataParallel" if backend == "torch"
+                      else "MultiWorkerMirroredStrategy")
+            why = f"{engine} replicates every weight; sharded layouts are keras.distribution's (JAX)"
         raise ValueError(f"--sharding {args.sharding} is not available on {backend}: {why}. "
                          "Use --sharding data (the default there), or KERAS_BACKEND=jax for "
                          "fsdp / tensor layouts.")

@@ -200,12 +200,13 @@ def describe(dist=None):
     MultiWorkerMirroredStrategy's process count — or None when none is
     set. `train()` records it in `config.json`."""
     dist = dist or keras.distribution.distribution()
-    if dist is None and _torch_distributed() is not None:
-        return {"type": "DistributedDataParallel", "processes": process_count(),
-                "process_group": _torch_distributed().get_backend()}
-    if dist is None and _TF_STRATEGY is not None:
-        return {"type": "MultiWorkerMirroredStrategy", "processes": process_count()}
     if dist is None:
+        torch_group = _torch_distributed()
+        if torch_group is not None:
+            return {"type": "DistributedDataParallel", "processes": process_count(),
+                    "process_group": torch_group.get_backend()}
+        if _TF_STRATEGY is not None:
+            return {"type": "MultiWorkerMirroredStrategy", "processes": process_count()}
         return None
     mesh = dist.device_mesh
     return {"type": type(dist).__name__,
@@ -684,7 +685,6 @@ def _route_through(model, module):
     model.train_step = types.MethodType(train_step, model)
     model.get_metrics_result = types.MethodType(get_metrics_result, model)
     model.train_function = None  # a compiled model rebuilds its step
-    model._krv_ddp = True
 
 
 def shard(dataset, index=None, count=None):
@@ -823,8 +823,7 @@ def _clip_after_all_reduce(optimizer):
     (a different update whenever the clip is active). Move the clipping
     after the all-reduce, where it sees what one process would."""
     clipping = {name: getattr(optimizer, name, None) for name in CLIPPING}
-    if getattr(optimizer, "_keras_reluvit_clip", None) is not None or not any(
-            clipping.values()):
+    if not any(clipping.values()):  # no clipping, or moved already (all unset then)
         return
     for name in CLIPPING:
         setattr(optimizer, name, None)
@@ -842,4 +841,3 @@ def _clip_after_all_reduce(optimizer):
         return list(zip(grads, [v for _, v in grads_and_vars]))
 
     optimizer._all_reduce_sum_gradients = reduce_then_clip
-    optimizer._keras_reluvit_clip = clipping
