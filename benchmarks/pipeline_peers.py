@@ -41,6 +41,10 @@ memory, cumulative stage chains) and the peak RSS of our training pipeline
 at its default shuffle buffer (10,000 examples: the set read repeatedly),
 beside the same pipeline shuffling decoded images (the order tfds'
 default decoding gives).
+
+A third TensorFlow row, crop + flip only, is the ceiling both TensorFlow
+pipelines share: the JPEG decoder alone (`ceiling_pipeline`: each image's
+crop window decoded and resized, from memory, in the same parallel map).
 """
 
 import argparse
@@ -233,6 +237,33 @@ def ours_pipeline(b, batch, randaug=False, cache=None):
     return data.pipeline(raw.repeat(), len(PHOTOS), 224, batch, True, aug)
 
 
+CEILING = "decoder alone (crop window + resize, from memory)"
+
+
+def ceiling_pipeline(b, batch):
+    """The decoder alone, the ceiling of both TensorFlow pipelines: the
+    encoded JPEGs from memory (no reading, no shuffle), each one's random
+    crop window decoded (`decode_and_crop_jpeg`) and resized to 224 in a
+    parallel map, batched -- no flip, no normalisation, no labels."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    from keras_reluvit import data
+
+    raw = b.as_dataset(split="train", decoders={"image": tfds.decode.SkipDecoding()})
+    blobs = [ex["image"].numpy() for ex in raw]
+    ds = tf.data.Dataset.zip((tf.data.Dataset.from_tensor_slices(blobs).repeat(),
+                              tf.data.Dataset.range(2**62)))
+
+    def decode(d, i):
+        seed = tf.stack([i, tf.constant(0, tf.int64)])
+        return tf.ensure_shape(data.decode_inception_crop(d, (224, 224), (0.05, 1.0), (0.75, 1.33), seed),
+                               (224, 224, 3))
+
+    ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
 TIMM_CHILD = r"""
 import json, sys, time
 import torch
@@ -277,13 +308,14 @@ def throughput(args, b, files):
     makers = {"ours": lambda ra: iter(ours_pipeline(b, args.batch, ra, args.cache))}
     randaug = bv_randaug(args.big_vision) if args.big_vision else None
     makers["big_vision"] = lambda ra: iter(bv_pipeline(b, args.batch, randaug if ra else None))
+    makers[CEILING] = lambda ra: iter(ceiling_pipeline(b, args.batch))
     timm = importlib.util.find_spec("timm") is not None
     if not timm:
         print("timm is not installed here: its rows are left out (source benchmarks/env-peers.sh)")
     results = {}
     for ra in (False, True):
         label = "+ RandAugment(2, 10)" if ra else "crop + flip"
-        names = [k for k in makers if not (ra and k == "big_vision" and randaug is None)]
+        names = [k for k in makers if not (ra and (k == CEILING or k == "big_vision" and randaug is None))]
         rounds = {k: [] for k in names + (["timm"] if timm else [])}
         for r in range(args.rounds):
             for k in names:  # a fresh iterator each time: an idle one would prefetch meanwhile
@@ -400,12 +432,12 @@ def table(args, results, stages, rss):
     for k in names:
         cells = [results[label].get(k) for label in ("crop + flip", "+ RandAugment(2, 10)")]
         lines.append(f"| {k} | " + " | ".join("-" if c is None else f"{c:,.0f}" for c in cells) + " |")
-    for peer in ("big_vision", "timm"):
+    for peer in ("big_vision", "timm", CEILING):
         if peer in names:
             cells = [results[label]["ours"] / results[label][peer] if peer in results[label] else None
                      for label in ("crop + flip", "+ RandAugment(2, 10)")]
-            lines.append(f"| ours / {peer} | " + " | ".join("-" if c is None else f"{c:.2f}x" for c in cells)
-                         + " |")
+            cells = ["-" if c is None else f"{c:.2f}x" for c in cells]
+            lines.append(f"| ours / {peer.split(' (')[0]} | " + " | ".join(cells) + " |")
     if stages:
         lines += ["", "Per image on one thread (cumulative chains; a stage's cost is the "
                   "difference to the line above):", "", "| stages | ms / image |", "|---|---|"]
