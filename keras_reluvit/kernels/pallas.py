@@ -183,10 +183,12 @@ GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
 # dims up to 128: 64-row dots on 8 warps are laid out on both warpgroups,
 # each computing all 64 rows (read from the SASS: 1.4x / 1.5x the
 # tensor-core work of the fused / dK-dV backward at 128-byte rows, 1.5x the
-# forward's at 512-byte rows); 4 warps compute them once, without spills.
+# forward's at 512-byte rows, 1.67x the dQ kernel's at 256-byte rows); 4
+# warps compute them once, without spills (the 256-byte backward stays at 8:
+# 4 warps spill 24 bytes there, and its 64 x 32 tiles are not duplicated).
 # Left at 8, duplicating: the backward at 512 / 1024-byte rows (16-row
 # tiles; 4 warps and 64-row tiles spill there) and head dims above 128.
-GPU_WARPS = {128: {"bwd": 4}, 512: {"fwd": 4}}
+GPU_WARPS = {128: {"bwd": 4}, 256: {"dq": 4}, 512: {"fwd": 4}}
 
 
 def _row_class(row_bytes):
@@ -333,14 +335,14 @@ def _weights_and_grads(s, valid, act):
     return w, g
 
 
-def _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, dtype):
-    """`r dO` for the query rows `rows`, in the inputs' dtype (a dot operand)."""
-    do = _ld(do_ref, lim, rows, row0=start, n_rows=t, n_cols=dv_dim)
-    r = _ld(r_ref, lim, rows, row0=start, n_rows=t)
-    return (do.astype(jnp.float32) * r).astype(dtype)
+def _scaled_do(do, r):
+    """`r dO` in dO's dtype (a dot operand of both backward kernels): the row
+    factor `r` (B, H, T, 1) applied once, outside the kernels, not per tile."""
+    r = jnp.transpose(r, (0, 2, 1, 3))  # like dO: (B, T, H, 1)
+    return (do.astype(jnp.float32) * r).astype(do.dtype)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q, num_keys,
+def _dkdv_kernel(q_ref, k_ref, v_ref, dor_ref, *refs, act, scale, block_q, num_keys,
                  padded_keys, has_mask, lim, keys_first, fuse_dq):
     """dK and dV of one key block over every query block and, with
     `fuse_dq`, each query block's share of dQ added atomically (relaxed)
@@ -375,7 +377,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q,
         valid = _key_block_valid(key_valid, mask_ref, lim, rows, start, t, start_k, s_,
                                  keys_first)
         w, g = _weights_and_grads(s, valid, act)
-        dor = _scaled_do(do_ref, r_ref, lim, rows, start, t, dv_dim, q.dtype)
+        dor = _ld(dor_ref, lim, rows, row0=start, n_rows=t, n_cols=dv_dim)
         w = w.astype(q.dtype)
         dv = dv + _dot(w if keys_first else w.T, dor, _NN)                       # 2
         dp = _dot(v, dor, _NT) if keys_first else _dot(dor, v, _NT)              # 3
@@ -392,7 +394,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_q,
     _st(dv_ref, _times(dv, post), lim, row0=start_k, n_rows=s_, n_cols=dv_dim)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_k, num_keys,
+def _dq_kernel(q_ref, k_ref, v_ref, dor_ref, *refs, act, scale, block_k, num_keys,
                has_mask, lim):
     mask_ref, dq_ref = refs if has_mask else (None, refs[0])
     t, s_, d, dv = _dims(lim)
@@ -400,9 +402,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, r_ref, do_ref, *refs, act, scale, block_k, n
     dh = ACTIVATIONS[act][1]
     row0 = _block_id(lim) * q_ref.shape[0]
     q = _ld(q_ref, lim, row0=row0, n_rows=t, n_cols=d)
-    do = _ld(do_ref, lim, row0=row0, n_rows=t, n_cols=dv)
-    r = _ld(r_ref, lim, row0=row0, n_rows=t)
-    dor = (do.astype(jnp.float32) * r).astype(q.dtype)
+    dor = _ld(dor_ref, lim, row0=row0, n_rows=t, n_cols=dv)
     padded_keys = k_ref.shape[0]
 
     def body(j, dq):
@@ -526,12 +526,14 @@ class _Layout:
 
     def query_block_inputs(self, bq, q, k, v, r, mask, do=None):
         """`(in_specs, args)` of a program that owns one query block and
-        reads every key (the forward; dQ, which also reads that block of
-        dO): q, k, v, r[, do][, mask]."""
+        reads every key: the forward's q, k, v, r[, mask]; dQ's q, k, v,
+        r dO[, mask] (`do`, scaled already; `r` None)."""
         in_specs = [self.block(bq, self.dp), self.whole(self.sp, self.dp),
-                    self.whole(self.sp, self.dvp),
-                    self.spec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0))]
-        args = [q, k, v, r]
+                    self.whole(self.sp, self.dvp)]
+        args = [q, k, v]
+        if r is not None:
+            in_specs.append(self.spec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0)))
+            args.append(r)
         if do is not None:
             in_specs.append(self.block(bq, self.dvp))
             args.append(do)
@@ -557,7 +559,7 @@ def _padded_inputs(lay, q, k, v, r, mask, do=None):
     """The TPU layout's operands: transposed and padded to the blocks."""
     q, k, v = (_to_padded(q, lay.tp, lay.dp), _to_padded(k, lay.sp, lay.dp),
                _to_padded(v, lay.sp, lay.dvp))
-    r = _pad_to(r, 2, lay.tp)
+    r = None if r is None else _pad_to(r, 2, lay.tp)
     if mask is not None:
         mask = _pad_to(_pad_to(mask, 1, lay.tp if mask.shape[1] > 1 else 1), 2, lay.sp)
     do = None if do is None else _to_padded(do, lay.tp, lay.dvp)
@@ -597,15 +599,15 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
     # One padding for both kernels: to the larger blocks (all powers of two).
     lay = _Layout(mode, q, k, v, max(bq, bq_dq), max(bk, bk_dq))
     b, nh = q.shape[0], q.shape[2]
+    dor = _scaled_do(do, r)  # both kernels read r dO
     if lay.padded:
-        q, k, v, r, mask, do = _padded_inputs(lay, q, k, v, r, mask, do)
+        q, k, v, _, mask, dor = _padded_inputs(lay, q, k, v, None, mask, dor)
     has_mask = mask is not None
     warps = _warps(mode, "bwd", row_bytes, max(lay.dp, lay.dvp))  # fused / dK-dV
     # dK, dV: one program per key block, looping over query blocks.
     in_specs = [lay.whole(lay.tp, lay.dp), lay.block(bk, lay.dp), lay.block(bk, lay.dvp),
-                lay.spec((None, None, lay.tp, 1), lambda b_, h_, j: (b_, h_, 0, 0)),
                 lay.whole(lay.tp, lay.dvp)]
-    args = [q, k, v, r, do]
+    args = [q, k, v, dor]
     if has_mask:
         rows = mask.shape[1] if mask.shape[1] == 1 else lay.tp
         in_specs.append(lay.spec((None, rows, bk), lambda b_, h_, j: (b_, 0, j)))
@@ -631,7 +633,7 @@ def _backward(cfg, mode, q, k, v, r, mask, do):
     dk, dv = _pallas(kernel, lay.grid(b, nh, "s", bk), in_specs, out_specs, out_shape, mode,
                      lay.dp, "pointwise_attention_dkdv", warps=warps)(*args)
     # dQ: one program per query block, looping over key blocks.
-    in_specs, args = lay.query_block_inputs(bq_dq, q, k, v, r, mask, do)
+    in_specs, args = lay.query_block_inputs(bq_dq, q, k, v, None, mask, dor)
     kernel = functools.partial(_dq_kernel, act=act, scale=scale, block_k=bk_dq,
                                num_keys=num_keys, has_mask=has_mask, lim=lay.lim)
     dq = _pallas(kernel, lay.grid(b, nh, "t", bq_dq), in_specs, lay.block(bq_dq, lay.dp),

@@ -51,7 +51,7 @@ VARIANTS = [("bfloat16", 64, None, 197, False), ("bfloat16", 128, "key", 785, Fa
             ("float32", 64, "full", 100, False), ("float32", 128, "key", 785, False),
             ("float32", 256, None, 197, False), ("bfloat16", 80, None, 257, False),
             ("bfloat16", 64, "key", 785, True), ("float32", 128, "full", 197, True),
-            ("bfloat16", 128, "full", 197, False)]
+            ("bfloat16", 128, "full", 197, False), ("bfloat16", 128, None, 197, True)]
 for dtype, d, mask, t, deterministic in VARIANTS:
     del modules[:]
     q = jax.ShapeDtypeStruct((2, t, 2, d), jnp.dtype(dtype))
@@ -113,8 +113,8 @@ def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    # 7 variants x (fwd, bwd) + 2 deterministic ones x (fwd, dkdv, dq)
-    assert len(result) == 20, sorted(result)
+    # 7 variants x (fwd, bwd) + 3 deterministic ones x (fwd, dkdv, dq)
+    assert len(result) == 23, sorted(result)
     print("\n".join(f"{v}: {k['dots']} dots, {k['warps']} warps, {k['spill_stores']} bytes "
                     f"spilled, {k['shared']} B shared, MMA work x{k['mma']}"
                     for v, k in result.items()))
@@ -145,7 +145,7 @@ def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
         else:
             assert k["mma"] == 1.0, (variant, k)
     deterministic = [v for v in result if v.endswith(("_dkdv", "_dq"))]
-    assert len(deterministic) == 4, deterministic
+    assert len(deterministic) == 6, deterministic
 
 
 GUARD = r"""
