@@ -39,17 +39,25 @@ What it does:
    CTA). Two bounds: **overlap** = max of the four (warpgroup MMA runs
    asynchronously beside the rest, the best case), **serial** = tensor +
    max(mufu, fp32, issue of the non-tensor instructions) (nothing overlaps
-   the MMAs). Per kernel the config with the fewest cycles per tile
-   multiply-add is taken (as the autotuner would pick the fastest); a
-   pass over L tokens costs `ceil(L / BQ) x ceil(L / BK)` iterations per
+   the MMAs). Per kernel and L the spill-free config with the fewest
+   cycles for the pass is taken (the autotuner's key holds T and S: at 197
+   tokens a 32-row tile pads less than a 64-row one); a pass over L tokens
+   costs `ceil(L / BQ) x ceil(L / BK)` iterations per
    head (ours: forward, one fused backward; the reference: forward, dK/dV
    and dQ kernels; the backward's row pass and tails are left out, alike
    for both). Not modelled: latency, occupancy, memory bandwidth, L2, the
    prologue / epilogue. The GPU benchmark (`benchmarks/accelerator.py`) is
    the judge where a GPU is lent; these are modelled numbers.
 
-The Pallas kernels are not in this table (their sm_90 compile check, with
-the same tensor-core work count, is `tests/once/test_accelerator_build.py`).
+5. **The Pallas kernels on CUDA** (JAX; `--skip-pallas` leaves them out):
+   ours and JAX's own Pallas softmax attention
+   (`jax.experimental.pallas.ops.gpu.attention.mha`, FlashAttention-2 with
+   a backward of one kernel: a dK/dV loop, then a dQ loop), each lowered for
+   CUDA at 4096 tokens, bfloat16, and its Triton IR compiled for sm_90a at
+   the warps and stages the launch hands XLA (XLA compiles it with its own
+   bundled Triton). Ours at its fixed `GPU_BLOCKS` tiles; JAX's at its
+   default `BlockSizes` and three others, the best per L. A kernel of two
+   loops costs both per pass. Same model, same tables.
 """
 
 import argparse
@@ -306,6 +314,15 @@ def main_loop(code):
     """The instructions of the innermost loop (a backward branch: its target
     to the branch) whose body holds the most tensor-core instructions; the
     whole kernel where no loop has any."""
+    loops = tensor_loops(code)
+    if not loops:
+        return instructions(code)
+    return max(loops, key=lambda body: sum(op_class(x[1]) == "tensor" for x in body))
+
+
+def tensor_loops(code):
+    """The innermost loops holding tensor-core instructions, in program order
+    (JAX's Pallas softmax backward runs two in one kernel: dK/dV, then dQ)."""
     ins = instructions(code)
     loops = []
     for addr, op, text in ins:
@@ -316,9 +333,7 @@ def main_loop(code):
             loops.append((lo, addr, body, sum(op_class(x[1]) == "tensor" for x in body)))
     inner = [loop for loop in loops if loop[3] and not any(
         o is not loop and loop[0] <= o[0] and o[1] <= loop[1] and o[3] for o in loops)]
-    if not inner:
-        return ins
-    return max(inner, key=lambda loop: loop[3])[2]
+    return [loop[2] for loop in sorted(inner)]
 
 
 def mix(body):
@@ -355,11 +370,11 @@ def model(counts, macs, warps):
 
 
 # --- compiling ----------------------------------------------------------------------------
-def _row(kind, kernel, compiled, report, bq, bk, tile_macs):
+def _row(kind, kernel, compiled, report, bq, bk, tile_macs, body=None):
     from keras_reluvit.kernels.triton import sass
 
     warps = compiled.metadata.num_warps
-    body = main_loop(sass(compiled))
+    body = main_loop(sass(compiled)) if body is None else body
     counts = mix(body)
     macs = issued_macs(body, warps)
     return dict(kind=kind, kernel=kernel, block_q=bq, block_k=bk, warps=warps,
@@ -423,66 +438,211 @@ def reference(d, tokens):
     return rows
 
 
-def best(rows, kind, kernel):
-    """The config with the fewest modelled cycles per tile multiply-add (overlap bound)."""
-    found = [r for r in rows if r["kind"] == kind and r["kernel"] == kernel and r["spill_stores"] == 0]
-    return min(found, key=lambda r: r["model"]["overlap"] / r["tile_macs"])
-
-
 def pass_cycles(row, t, s, bound):
-    """Main-loop cycles of one pass over (t queries, s keys) of one head."""
-    return math.ceil(t / row["block_q"]) * math.ceil(s / row["block_k"]) * row["model"][bound]
+    """Main-loop cycles of one pass over (t queries, s keys) of one head (a
+    kernel of several loops, JAX's Pallas softmax backward: their sum)."""
+    return sum(math.ceil(t / p["block_q"]) * math.ceil(s / p["block_k"]) * p["model"][bound]
+               for p in row.get("loops", [row]))
 
 
-def ratios(rows, lengths):
+def best(rows, kind, kernel, t, s, bound):
+    """The spill-free config with the fewest modelled cycles for a pass over
+    (t, s): the autotuner's choice (its key holds T and S), so a tile that
+    fits 197 tokens with less padding wins there."""
+    found = [r for r in rows if r["kind"] == kind and r["kernel"] == kernel and r["spill_stores"] == 0]
+    return min(found, key=lambda r: (pass_cycles(r, t, s, bound), r["warps"]))
+
+
+def ratios(rows, lengths, relu="relu", softmax="softmax", softmax_bwd=("dkdv", "dq")):
+    """Per L: the modelled softmax / ReLU-L time of the forward, forward +
+    our fused backward, forward + our deterministic backward (dK/dV + dQ);
+    the softmax backward is the sum of its `softmax_bwd` kernels."""
     out = []
     for n in lengths:
         entry = dict(L=n)
         for bound in ("overlap", "serial"):
-            relu_f = pass_cycles(best(rows, "relu", "fwd"), n, n, bound)
-            relu_b = pass_cycles(best(rows, "relu", "bwd"), n, n, bound)
-            soft_f = pass_cycles(best(rows, "softmax", "fwd"), n, n, bound)
-            soft_b = (pass_cycles(best(rows, "softmax", "dkdv"), n, n, bound)
-                      + pass_cycles(best(rows, "softmax", "dq"), n, n, bound))
-            relu_det = (pass_cycles(best(rows, "relu", "dkdv"), n, n, bound)
-                        + pass_cycles(best(rows, "relu", "dq"), n, n, bound))
-            entry[bound] = dict(fwd=soft_f / relu_f, fwd_bwd=(soft_f + soft_b) / (relu_f + relu_b),
-                                fwd_bwd_deterministic=(soft_f + soft_b) / (relu_f + relu_det))
+            picked = {(kind, kernel): best(rows, kind, kernel, n, n, bound)
+                      for kind, kernel in [(relu, "fwd"), (relu, "bwd"), (relu, "dkdv"), (relu, "dq"),
+                                           (softmax, "fwd")] + [(softmax, k) for k in softmax_bwd]}
+            c = {key: pass_cycles(row, n, n, bound) for key, row in picked.items()}
+            soft = c[softmax, "fwd"] + sum(c[softmax, k] for k in softmax_bwd)
+            entry[bound] = dict(
+                fwd=c[softmax, "fwd"] / c[relu, "fwd"],
+                fwd_bwd=soft / (c[relu, "fwd"] + c[relu, "bwd"]),
+                fwd_bwd_deterministic=soft / (c[relu, "fwd"] + c[relu, "dkdv"] + c[relu, "dq"]),
+                tiles={f"{kind} {kernel}": tile_name(row) for (kind, kernel), row in picked.items()})
         out.append(entry)
     return out
+
+
+def tile_name(row):
+    return " + ".join(f"{p['block_q']}x{p['block_k']}" for p in row.get("loops", [row])) + \
+        f"/{row['warps']}w"
+
+
+# --- the Pallas kernels (JAX on CUDA) -------------------------------------------------------
+# Lowered for CUDA by Pallas' Triton backend, its Triton IR compiled here with Triton's own
+# compiler (XLA compiles it with the Triton it bundles) at the warps and stages the launch
+# hands XLA. Our kernel's blocks are not autotuned (`GPU_BLOCKS` / `GPU_WARPS`); JAX's
+# softmax (`jax.experimental.pallas.ops.gpu.attention.mha`) takes `BlockSizes`: its
+# defaults first, then a few others, the best per L taken as for the Triton kernels.
+PALLAS_TOKENS = 4096  # a multiple of every block (JAX's kernel needs it); loops stay loops
+JAX_FWD_BLOCKS = [(128, 128), (64, 64), (128, 64), (64, 128)]
+JAX_BWD_BLOCKS = [(32, 32, 32, 32), (64, 64, 64, 64), (32, 64, 64, 32), (64, 32, 32, 64)]
+_PALLAS_MODULES = []
+
+
+def pallas_compiled(loss, args):
+    """`[(kernel name, compiled, ptxas report)]`: the Triton modules Pallas
+    hands XLA when `loss(q, k, v)` and its gradient are lowered for CUDA,
+    each compiled for sm_90a with its launch's warps and stages."""
+    import tempfile
+
+    import jax
+    from triton.backends.compiler import GPUTarget
+
+    from keras_reluvit.kernels import triton as kt
+
+    if not _PALLAS_MODULES:
+        sys.path.insert(0, os.path.join(ROOT, "tests", "helpers"))
+        from pallas_ir import capture_triton_modules
+
+        _PALLAS_MODULES.append(capture_triton_modules())
+    modules = _PALLAS_MODULES[0]
+    del modules[:]
+    hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+    launched = {n: (int(st), int(w)) for n, st, w in re.findall(
+        r'name = "(\w+)", num_stages = (\d+) : i32, num_warps = (\d+)', hlo)}
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for text in modules:
+            name = re.search(r"tt.func public @(\w+)", text).group(1)
+            stages, warps = launched[name]
+            path = os.path.join(tmp, name + ".ttir")
+            with open(path, "w") as f:
+                f.write(text)
+            with kt.compiling(("cuda", 90, 32)) as log:
+                compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32),
+                                          options=dict(num_warps=warps, num_stages=stages))
+            report = next(iter(kt._ptxas_reports(log.getvalue()).values()))[0]
+            out.append((name, compiled, report))
+    return out
+
+
+def _pallas_args(d):
+    import jax
+    import jax.numpy as jnp
+
+    q = jax.ShapeDtypeStruct((1, PALLAS_TOKENS, 2, d), jnp.bfloat16)
+    return q, q, q
+
+
+def pallas_ours(d):
+    """Our Pallas kernels on CUDA, bfloat16, no mask: forward, the fused
+    backward, the deterministic dK/dV and dQ; their `GPU_BLOCKS` tiles."""
+    import jax.numpy as jnp
+
+    from keras_reluvit.kernels import pallas as pa
+
+    blocks = pa.GPU_BLOCKS[pa._row_class(2 * d)]
+    rows = []
+    for deterministic in (False, True):
+        def loss(q, k, v):
+            y = pa.attention(q, k, v, "relu", 1.0 / PALLAS_TOKENS, deterministic=deterministic)
+            return y.astype(jnp.float32).sum()
+
+        for name, compiled, report in pallas_compiled(loss, _pallas_args(d)):
+            kernel = name.rsplit("_", 1)[1]
+            if deterministic and kernel == "fwd":
+                continue
+            bq, bk = blocks["dq" if kernel == "dq" else "bwd" if kernel in ("bwd", "dkdv") else "fwd"]
+            dots = {"fwd": 2, "bwd": 5, "dkdv": 4, "dq": 3}[kernel]
+            rows.append(_row("pallas relu", kernel, compiled, report, bq, bk, dots * bq * bk * d))
+    return rows
+
+
+def pallas_softmax(d):
+    """JAX's Pallas softmax attention (`ops.gpu.attention.mha`), bfloat16:
+    its forward, and its backward (one kernel: a dK/dV loop over query
+    blocks, then a dQ loop over key blocks; 4 + 3 dots), per `BlockSizes`."""
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import attention as ja
+
+    rows = []
+    for (bq, bk), bwd in zip(JAX_FWD_BLOCKS, JAX_BWD_BLOCKS):
+        sizes = ja.BlockSizes(bq, bk, *bwd)
+
+        def loss(q, k, v):
+            return ja.mha(q, k, v, None, sm_scale=d ** -0.5, block_sizes=sizes).astype(jnp.float32).sum()
+
+        for name, compiled, report in pallas_compiled(loss, _pallas_args(d)):
+            if "preprocess" in name:
+                continue  # the backward's row pass (delta), not modelled for either
+            if "backward" not in name:
+                rows.append(_row("pallas softmax", "fwd", compiled, report, bq, bk, 2 * bq * bk * d))
+                continue
+            from keras_reluvit.kernels.triton import sass
+
+            loops = tensor_loops(sass(compiled))
+            assert len(loops) == 2, f"{name}: {len(loops)} tensor-core loops, expected dK/dV and dQ"
+            parts = [_row("pallas softmax", f"bwd: {k} loop", compiled, report, a, b, dots * a * b * d,
+                          body=body)
+                     for (k, a, b, dots), body in zip(
+                         (("dkdv", bwd[0], bwd[1], 4), ("dq", bwd[2], bwd[3], 3)), loops)]
+            rows += parts
+            rows.append(dict(parts[0], kernel="bwd", loops=parts, hidden=True))
+    return rows
 
 
 def markdown(result):
     lines = [f"Triton {result['triton']}, target sm_90a (H100 / H200), bfloat16, no mask; "
              "modelled, not measured (benchmarks/kernels_static.py says how).", ""]
     for d, part in result["head_dims"].items():
-        lines += [f"### Head dim {d}", "",
-                  "| kind | kernel | tile | warps | regs | spill | smem KB | MMA issued / tile "
-                  "| tensor | MUFU | FP32 | memory | barrier | other | cycles/iter overlap | serial "
-                  "| cycles per 1k tile MACs |",
-                  "|" + "---|" * 17]
-        for r in part["rows"]:
-            m, c = r["model"], r["mix"]
-            lines.append(
-                f"| {r['kind']} | {r['kernel']} | {r['block_q']}x{r['block_k']} | {r['warps']} "
-                f"| {r['registers']} | {r['spill_stores']} | {r['shared'] / 1024:.0f} "
-                f"| {r['issued_macs'] / r['tile_macs']:.2f} | {c['tensor']} | {c['mufu']} "
-                f"| {c['fp32']} | {c['memory']} | {c['barrier']} | {c['other']} "
-                f"| {m['overlap']:.0f} | {m['serial']:.0f} "
-                f"| {1000 * m['overlap'] / r['tile_macs']:.2f} |")
-        lines += ["", "Modelled softmax / ReLU-L time (above 1: ReLU/L faster), the best "
-                  "spill-free config per kernel; fwd+bwd with our fused backward (5 dots, "
-                  "atomic dQ) and with our deterministic one (4 + 3 dots, as the reference):",
-                  "", "| L | fwd (overlap) | fwd+bwd (overlap) | deterministic (overlap) "
-                  "| fwd (serial) | fwd+bwd (serial) | deterministic (serial) |",
-                  "|---|---|---|---|---|---|---|"]
-        for e in part["ratios"]:
-            o, r = e["overlap"], e["serial"]
-            lines.append(f"| {e['L']} | {o['fwd']:.2f} | {o['fwd_bwd']:.2f} "
-                         f"| {o['fwd_bwd_deterministic']:.2f} | {r['fwd']:.2f} "
-                         f"| {r['fwd_bwd']:.2f} | {r['fwd_bwd_deterministic']:.2f} |")
-        lines.append("")
+        lines += _section(f"### Head dim {d}", part, "the Triton kernels")
+    for d, part in result.get("pallas", {}).items():
+        lines += _section(f"### Pallas on CUDA, head dim {d}", part,
+                          f"the Pallas kernels (lowered for CUDA, compiled at {PALLAS_TOKENS} tokens; "
+                          "the softmax side is JAX's `ops.gpu.attention.mha`)")
     return "\n".join(lines)
+
+
+def _section(title, part, what):
+    lines = [title, "",
+              "| kind | kernel | tile | warps | regs | spill | smem KB | MMA issued / tile "
+              "| tensor | MUFU | FP32 | memory | barrier | other | cycles/iter overlap | serial "
+              "| cycles per 1k tile MACs |",
+              "|" + "---|" * 17]
+    for r in part["rows"]:
+        if r.get("hidden"):
+            continue
+        m, c = r["model"], r["mix"]
+        lines.append(
+            f"| {r['kind']} | {r['kernel']} | {r['block_q']}x{r['block_k']} | {r['warps']} "
+            f"| {r['registers']} | {r['spill_stores']} | {r['shared'] / 1024:.0f} "
+            f"| {r['issued_macs'] / r['tile_macs']:.2f} | {c['tensor']} | {c['mufu']} "
+            f"| {c['fp32']} | {c['memory']} | {c['barrier']} | {c['other']} "
+            f"| {m['overlap']:.0f} | {m['serial']:.0f} "
+            f"| {1000 * m['overlap'] / r['tile_macs']:.2f} |")
+    lines += ["", f"Modelled softmax / ReLU-L time of {what} (above 1: ReLU/L faster), per kernel the "
+              "spill-free config with the fewest modelled cycles at that L (the autotuner's "
+              "key holds T and S); fwd+bwd with our fused backward (5 dots, "
+              "atomic dQ) and with our deterministic one (4 + 3 dots, as the reference):",
+              "", "| L | fwd (overlap) | fwd+bwd (overlap) | deterministic (overlap) "
+              "| fwd (serial) | fwd+bwd (serial) | deterministic (serial) |",
+              "|---|---|---|---|---|---|---|"]
+    for e in part["ratios"]:
+        o, r = e["overlap"], e["serial"]
+        lines.append(f"| {e['L']} | {o['fwd']:.2f} | {o['fwd_bwd']:.2f} "
+                     f"| {o['fwd_bwd_deterministic']:.2f} | {r['fwd']:.2f} "
+                     f"| {r['fwd_bwd']:.2f} | {r['fwd_bwd_deterministic']:.2f} |")
+    names = list(part["ratios"][0]["overlap"]["tiles"])
+    lines += ["", "The configs picked (overlap bound; block_q x block_k / warps):", "",
+              "| L | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for e in part["ratios"]:
+        lines.append(f"| {e['L']} | " + " | ".join(e["overlap"]["tiles"][k] for k in names) + " |")
+    lines.append("")
+    return lines
 
 
 def main():
@@ -491,6 +651,7 @@ def main():
                         help="only check the softmax reference's numerics (interpreter)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     parser.add_argument("--lengths", default="197,785,1024,3137,4096")
+    parser.add_argument("--skip-pallas", action="store_true", help="leave out the Pallas kernels (JAX)")
     args = parser.parse_args()
     if args.check:
         sys.exit(0 if check() else 1)
@@ -507,6 +668,12 @@ def main():
     for d in (64, 128):
         rows = ours(d, 197) + reference(d, 197)
         result["head_dims"][d] = dict(rows=rows, ratios=ratios(rows, lengths))
+    if not args.skip_pallas:
+        result["pallas"] = {}
+        for d in (64, 128):
+            rows = pallas_ours(d) + pallas_softmax(d)
+            result["pallas"][d] = dict(rows=rows, ratios=ratios(
+                rows, lengths, "pallas relu", "pallas softmax", ("bwd",)))
     text = markdown(result)
     print(text)
     from benchmarks.common import write

@@ -68,3 +68,47 @@ def test_the_softmax_reference_equals_sdpa_in_the_interpreter():
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     errors = json.loads(proc.stdout.strip().splitlines()[-1])["errors"]
     assert len(errors) == 4 and max(errors) < 1e-4, errors  # output, dq, dk, dv
+
+
+def test_the_model_picks_each_lengths_config_as_the_autotuner_would():
+    from benchmarks import kernels_static as ks
+
+    def row(kind, kernel, bq, bk, cycles, spill=0):
+        return dict(kind=kind, kernel=kernel, block_q=bq, block_k=bk, warps=8, spill_stores=spill,
+                    model=dict(overlap=cycles, serial=2 * cycles))
+
+    # Equal cycles per tile element; at 197 tokens a 32-row tile pads 197 to 224, a 64-row one
+    # to 256; a faster config that spills is never taken.
+    rows = [row("relu", "bwd", 64, 128, 1280), row("relu", "bwd", 32, 128, 640),
+            row("relu", "bwd", 128, 128, 1000, spill=8)]
+    assert ks.best(rows, "relu", "bwd", 197, 197, "overlap")["block_q"] == 32
+    assert ks.pass_cycles(rows[1], 197, 197, "overlap") == 7 * 2 * 640
+    assert ks.best(rows, "relu", "bwd", 1024, 1024, "overlap")["block_q"] in (32, 64)
+    rows += [row(k, n, 64, 64, 100) for k, n in (("relu", "fwd"), ("relu", "dkdv"), ("relu", "dq"))]
+    rows += [row("softmax", n, 64, 64, c) for n, c in (("fwd", 150), ("dkdv", 100), ("dq", 100))]
+    (e,) = ks.ratios(rows, [197])
+    relu_bwd = 7 * 2 * 640
+    assert e["overlap"]["fwd"] == 1.5
+    assert e["overlap"]["fwd_bwd"] == (16 * 350) / (16 * 100 + relu_bwd)
+    assert e["overlap"]["fwd_bwd_deterministic"] == 350 / 300
+    assert e["overlap"]["tiles"]["relu bwd"] == "32x128/8w"
+
+
+def test_a_kernel_of_two_loops_is_modelled_as_their_sum():
+    """JAX's Pallas softmax backward runs a dK/dV loop, then a dQ loop, in one
+    kernel: both are found, in program order, and a pass costs both."""
+    from benchmarks import kernels_static as ks
+
+    two = ("        /*0010*/   HGMMA.64x64x16.F32.BF16 R4, gdesc[UR4], R4 ;\n"
+           "        /*0020*/   HGMMA.64x64x16.F32.BF16 R4, gdesc[UR4], R4 ;\n"
+           "        /*0030*/   @P0 BRA 0x10 ;\n"
+           "        /*0040*/   IADD3 R2, R2, 0x1, RZ ;\n"
+           "        /*0050*/   HGMMA.64x32x16.F32.BF16 R8, gdesc[UR4], R8 ;\n"
+           "        /*0060*/   @P1 BRA 0x50 ;\n")
+    loops = ks.tensor_loops(two)
+    assert [[addr for addr, _, _ in body] for body in loops] == [[0x10, 0x20, 0x30], [0x50, 0x60]]
+    assert ks.main_loop(two) == loops[0]  # the one with the most MMAs
+    parts = [dict(block_q=32, block_k=64, model=dict(overlap=10.0)),
+             dict(block_q=64, block_k=16, model=dict(overlap=3.0))]
+    row = dict(parts[0], loops=parts)
+    assert ks.pass_cycles(row, 128, 128, "overlap") == 4 * 2 * 10 + 2 * 8 * 3
