@@ -362,7 +362,20 @@ if BACKEND == "jax":
         cfg = ("relu", 197, 128, 128, 0.125, False)
         assert pa._blocks(cfg, "triton", "fwd", 512) == (64, 32)
         assert pa._blocks(cfg, "triton", "dq", 128) == (128, 128)
-        assert pa._blocks(cfg, "triton", "bwd", 2048) == (16, 16)  # wider: the last row
+        assert pa._blocks(cfg, "triton", "bwd", 2048) == (16, 16)
+        assert pa._blocks(cfg, "triton", "bwd", 4096) == (16, 16)  # wider: the last row
+        import jax
+        import jax.numpy as jnp
+
+        def row(d, dtype=jnp.float32):
+            return jax.ShapeDtypeStruct((1, 8, 1, d), dtype)
+
+        general, key = jax.ShapeDtypeStruct((1, 8, 8), bool), jax.ShapeDtypeStruct((1, 1, 8), bool)
+        assert pa._row_bytes(row(128), row(128), None) == 512
+        assert pa._row_bytes(row(128), row(128), key) == 512
+        assert pa._row_bytes(row(128), row(128), general) == 1024  # its int32 tiles
+        assert pa._row_bytes(row(64, jnp.bfloat16), row(80, jnp.bfloat16), None) == 160
+        assert pa._row_bytes(row(256), row(256), None) == 2048  # above 128: 8 warps, next class
         assert pa._blocks(cfg, "tpu", "fwd", 512) == (128, 128)
         assert pa._blocks(cfg, "interpret", "fwd", 512) == (128, 128)
         assert pa._blocks(("relu", 20, 32, 16, 0.125, False), "triton", "fwd", 512) == (32, 16)

@@ -171,11 +171,24 @@ def _block(n):
 # K, V, dK and dV tiles for its whole loop; at bfloat16, d = 64, (64, 128)
 # spilled 36 bytes, (64, 64) 8, (32, 64) none. TPU blocks stay 128 x 128
 # (VMEM is MiBs).
+#
+# At 512 and 1024-byte rows the tiles are the largest that 4 warps
+# (`GPU_WARPS`) compute without spilling for every activation (gelu, with
+# a row-factor array, is the heaviest; ptxas' report), read from the SASS
+# (benchmarks/kernels_static.py's counts): on 8 warps the 16-row backward
+# tiles and the 1024-byte forward / dQ tiles issued 1.4-3x the tiles'
+# tensor-core work; now 1.0x, except the 1024-byte backward's 16 x 16
+# tiles (1.4x fused, 1.5x dK/dV: 32 x 16 spills 24 bytes there). E.g. the backward of bf16,
+# d = 128 with a general mask models ~1.5x faster per pass. Head dims
+# above 128 take the next class (`_row_bytes`): there the 1024-byte tiles
+# need 150-160 KB of shared memory at 8 warps, so float32 d = 256 keeps
+# the 2048-byte caps.
 GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
     128: {"fwd": (128, 128), "bwd": (32, 64), "dq": (128, 128)},
     256: {"fwd": (128, 64), "bwd": (64, 32), "dq": (64, 64)},
-    512: {"fwd": (64, 32), "bwd": (16, 32), "dq": (32, 32)},
-    1024: {"fwd": (32, 16), "bwd": (16, 16), "dq": (16, 16)},
+    512: {"fwd": (64, 32), "bwd": (32, 16), "dq": (32, 32)},
+    1024: {"fwd": (16, 32), "bwd": (16, 16), "dq": (32, 32)},
+    2048: {"fwd": (32, 16), "bwd": (16, 16), "dq": (16, 16)},
 }
 
 
@@ -186,9 +199,10 @@ GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
 # forward's at 512-byte rows, 1.67x the dQ kernel's at 256-byte rows); 4
 # warps compute them once, without spills (the 256-byte backward stays at 8:
 # 4 warps spill 24 bytes there, and its 64 x 32 tiles are not duplicated).
-# Left at 8, duplicating: the backward at 512 / 1024-byte rows (16-row
-# tiles; 4 warps and 64-row tiles spill there) and head dims above 128.
-GPU_WARPS = {128: {"bwd": 4}, 256: {"dq": 4}, 512: {"fwd": 4}}
+# Left at 8: head dims above 128 (the 2048-byte class, and bf16 d = 256 at
+# 1024 bytes: 1.4-2.5x the work). The 1024-byte backward: 1.4-1.5x on 4 warps.
+GPU_WARPS = {128: {"bwd": 4}, 256: {"dq": 4}, 512: {"fwd": 4, "bwd": 4},
+             1024: {"fwd": 4, "bwd": 4, "dq": 4}}
 
 
 def _row_class(row_bytes):
@@ -216,9 +230,11 @@ def _blocks(cfg, mode, kernel, row_bytes):
 
 def _row_bytes(q, v, mask):
     """`GPU_BLOCKS`' key: the widest q / v row in bytes, doubled when a
-    general `(B, T, S)` mask is read as tiles."""
+    general `(B, T, S)` mask is read as tiles and when the head dim is
+    above 128 (8 warps there: `_warps`)."""
     widest = max(jnp.dtype(x.dtype).itemsize * x.shape[-1] for x in (q, v))
-    return widest * (2 if mask is not None and mask.shape[1] > 1 else 1)
+    wide = max(q.shape[-1], v.shape[-1]) > 128
+    return widest * (2 if mask is not None and mask.shape[1] > 1 else 1) * (2 if wide else 1)
 
 
 def _valid(start, size, num_keys, padded_keys, mask):
