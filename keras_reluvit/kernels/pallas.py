@@ -196,12 +196,12 @@ GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
 # dims up to 128: 64-row dots on 8 warps are laid out on both warpgroups,
 # each computing all 64 rows (read from the SASS: 1.4x / 1.5x the
 # tensor-core work of the fused / dK-dV backward at 128-byte rows, 1.5x the
-# forward's at 512-byte rows, 1.67x the dQ kernel's at 256-byte rows); 4
+# forward's at 512-byte rows, 1.67x the dQ kernel's at 256 / 512-byte rows); 4
 # warps compute them once, without spills (the 256-byte backward stays at 8:
 # 4 warps spill 24 bytes there, and its 64 x 32 tiles are not duplicated).
 # Left at 8: head dims above 128 (the 2048-byte class, and bf16 d = 256 at
 # 1024 bytes: 1.4-2.5x the work). The 1024-byte backward: 1.4-1.5x on 4 warps.
-GPU_WARPS = {128: {"bwd": 4}, 256: {"dq": 4}, 512: {"fwd": 4, "bwd": 4},
+GPU_WARPS = {128: {"bwd": 4}, 256: {"dq": 4}, 512: {"fwd": 4, "bwd": 4, "dq": 4},
              1024: {"fwd": 4, "bwd": 4, "dq": 4}}
 
 
