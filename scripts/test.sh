@@ -17,6 +17,11 @@ LOGS="$(mktemp -d)"
 # depend on the backend under test: computed once per run, shared by the suites.
 export KRV_REFERENCE_CACHE="$LOGS/references"
 mkdir -p "$KRV_REFERENCE_CACHE"
+# JAX's persistent compilation cache, shared by the run's processes: the many
+# subprocesses that train the same tiny digits ViT (CLI runs, clusters,
+# resumes, the notebook) compile each program once (test_resume: 68 s -> 57 s).
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$LOGS/jax-cache}"
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0.2}"
 suite() {  # label, then the command
   local label="$1"; shift
   if "$@" > "$LOGS/$label.log" 2>&1; then echo passed > "$LOGS/$label.status"
