@@ -489,45 +489,20 @@ def tile_name(row):
 PALLAS_TOKENS = 4096  # a multiple of every block (JAX's kernel needs it); loops stay loops
 JAX_FWD_BLOCKS = [(128, 128), (64, 64), (128, 64), (64, 128)]
 JAX_BWD_BLOCKS = [(32, 32, 32, 32), (64, 64, 64, 64), (32, 64, 64, 32), (64, 32, 32, 64)]
-_PALLAS_MODULES = []
 
 
 def pallas_compiled(loss, args):
     """`[(kernel name, compiled, ptxas report)]`: the Triton modules Pallas
     hands XLA when `loss(q, k, v)` and its gradient are lowered for CUDA,
-    each compiled for sm_90a with its launch's warps and stages."""
-    import tempfile
-
+    each compiled for sm_90a with its launch's warps and stages
+    (tests/helpers/pallas_ir.py, which the Pallas build test shares)."""
     import jax
-    from triton.backends.compiler import GPUTarget
 
-    from keras_reluvit.kernels import triton as kt
+    sys.path.insert(0, os.path.join(ROOT, "tests", "helpers"))
+    from pallas_ir import compile_for_sm90
 
-    if not _PALLAS_MODULES:
-        sys.path.insert(0, os.path.join(ROOT, "tests", "helpers"))
-        from pallas_ir import capture_triton_modules
-
-        _PALLAS_MODULES.append(capture_triton_modules())
-    modules = _PALLAS_MODULES[0]
-    del modules[:]
-    hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
-        lowering_platforms=("cuda",)).as_text()
-    launched = {n: (int(st), int(w)) for n, st, w in re.findall(
-        r'name = "(\w+)", num_stages = (\d+) : i32, num_warps = (\d+)', hlo)}
-    out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for text in modules:
-            name = re.search(r"tt.func public @(\w+)", text).group(1)
-            stages, warps = launched[name]
-            path = os.path.join(tmp, name + ".ttir")
-            with open(path, "w") as f:
-                f.write(text)
-            with kt.compiling(("cuda", 90, 32)) as log:
-                compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32),
-                                          options=dict(num_warps=warps, num_stages=stages))
-            report = next(iter(kt._ptxas_reports(log.getvalue()).values()))[0]
-            out.append((name, compiled, report))
-    return out
+    return [(name, compiled, report) for name, _, compiled, report in
+            compile_for_sm90(jax.value_and_grad(loss, argnums=(0, 1, 2)), *args)]
 
 
 def _pallas_args(d):
@@ -545,7 +520,8 @@ def pallas_ours(d):
 
     from keras_reluvit.kernels import pallas as pa
 
-    blocks = pa.GPU_BLOCKS[pa._row_class(2 * d)]
+    q = _pallas_args(d)[0]
+    blocks = pa.GPU_BLOCKS[pa._row_class(pa._row_bytes(q, q, None))]
     rows = []
     for deterministic in (False, True):
         def loss(q, k, v):
@@ -569,6 +545,8 @@ def pallas_softmax(d):
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.gpu import attention as ja
 
+    from keras_reluvit.kernels.triton import sass
+
     rows = []
     for (bq, bk), bwd in zip(JAX_FWD_BLOCKS, JAX_BWD_BLOCKS):
         sizes = ja.BlockSizes(bq, bk, *bwd)
@@ -582,8 +560,6 @@ def pallas_softmax(d):
             if "backward" not in name:
                 rows.append(_row("pallas softmax", "fwd", compiled, report, bq, bk, 2 * bq * bk * d))
                 continue
-            from keras_reluvit.kernels.triton import sass
-
             loops = tensor_loops(sass(compiled))
             assert len(loops) == 2, f"{name}: {len(loops)} tensor-core loops, expected dK/dV and dQ"
             parts = [_row("pallas softmax", f"bwd: {k} loop", compiled, report, a, b, dots * a * b * d,

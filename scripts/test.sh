@@ -32,8 +32,8 @@ suite() {  # label, then the command
 # only code, the same under every backend; tests/conftest.py), which the three
 # backend suites then leave out.
 # --durations: each lane lists its slowest tests (CI must stay within 30 min).
-# The once lane is the longer one (~24 min against ~22): its wheel test runs
-# at the end of the backend lane instead, still once, under torch.
+# The once lane is the longer one (without this ~24 min against ~22): its
+# wheel test runs at the end of the backend lane instead, still once, under torch.
 SECOND_LANE_ONCE=tests/once/test_wheel.py
 once() { suite "backend-independent (torch)" env KERAS_BACKEND=torch KRV_BACKEND_INDEPENDENT=only \
            python -m pytest tests -q --durations=15 --ignore="$SECOND_LANE_ONCE" "$@"; }

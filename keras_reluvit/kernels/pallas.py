@@ -178,11 +178,11 @@ def _block(n):
 # (benchmarks/kernels_static.py's counts): on 8 warps the 16-row backward
 # tiles and the 1024-byte forward / dQ tiles issued 1.4-3x the tiles'
 # tensor-core work; now 1.0x, except the 1024-byte backward's 16 x 16
-# tiles (1.4x fused, 1.5x dK/dV: 32 x 16 spills 24 bytes there). E.g. the backward of bf16,
-# d = 128 with a general mask models ~1.5x faster per pass. Head dims
-# above 128 take the next class (`_row_bytes`): there the 1024-byte tiles
-# need 150-160 KB of shared memory at 8 warps, so float32 d = 256 keeps
-# the 2048-byte caps.
+# tiles (1.4x fused, 1.5x dK/dV: 32 x 16 spills 24 bytes there). E.g. the
+# backward of bf16, d = 128 with a general mask models ~1.5x faster per
+# pass. Head dims above 128 take the next class (`_row_bytes`): there the
+# 1024-byte tiles need 150-160 KB of shared memory at 8 warps, so float32
+# d = 256 keeps the 2048-byte caps.
 GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
     128: {"fwd": (128, 128), "bwd": (32, 64), "dq": (128, 128)},
     256: {"fwd": (128, 64), "bwd": (64, 32), "dq": (64, 64)},

@@ -18,3 +18,46 @@ def capture_triton_modules(setattr_=setattr):
 
     setattr_(registration.lowering, "lower_jaxpr_to_triton_module", capture)
     return modules
+
+
+_MODULES = []  # this process' capture list (one capture: wrapping twice would keep each twice)
+
+
+def compile_for_sm90(fn, *args):
+    """`[(kernel name, Triton IR text, compiled kernel, ptxas' report)]`: each
+    Triton module Pallas hands XLA when `jax.jit(fn)` is lowered for CUDA on
+    `args`, compiled for sm_90 by Triton's own compiler with the warps and
+    stages its launch hands XLA (read from the lowered program). Used by
+    tests/once/test_accelerator_build.py and benchmarks/kernels_static.py."""
+    import os
+    import re
+    import tempfile
+
+    import jax
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from keras_reluvit.kernels.triton import _ptxas_reports
+    from keras_reluvit.kernels.triton import compiling
+
+    if not _MODULES:
+        _MODULES.append(capture_triton_modules())
+    modules = _MODULES[0]
+    del modules[:]
+    hlo = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    launched = {n: (int(s), int(w)) for n, s, w in re.findall(
+        r'name = "(\w+)", num_stages = (\d+) : i32, num_warps = (\d+)', hlo)}
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for text in modules:
+            name = re.search(r"tt.func public @(\w+)", text).group(1)
+            stages, warps = launched[name]
+            path = os.path.join(tmp, name + ".ttir")
+            with open(path, "w") as f:
+                f.write(text)
+            with compiling(("cuda", 90, 32)) as log:  # ptxas' own report
+                compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32),
+                                          options=dict(num_warps=warps, num_stages=stages))
+            report = next(iter(_ptxas_reports(log.getvalue()).values()))[0]
+            out.append((name, text, compiled, report))
+    return out

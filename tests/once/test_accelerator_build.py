@@ -31,21 +31,18 @@ def test_triton_kernels_compile_for_sm90a_as_launched_without_spills():
 
 
 # The Pallas kernel on CUDA: Pallas hands XLA a Triton IR module per kernel;
-# captured here as text (through a private jax function: jax 0.10's Pallas
-# Triton lowering) and compiled for sm_90 with the kernel's warps and stages.
+# captured as text (through a private jax function: jax 0.10's Pallas Triton
+# lowering) and compiled for sm_90 with the kernel's warps and stages
+# (tests/helpers/pallas_ir.py).
 PALLAS_CUDA = r"""
-import json, os, re
+import json, os, sys
 import jax, jax.numpy as jnp
-import sys
-import triton
-from triton.backends.compiler import GPUTarget
 from keras_reluvit.kernels import pallas as pa
 
 sys.path.insert(0, os.environ["HELPERS"])
-from pallas_ir import capture_triton_modules
-from keras_reluvit.kernels.triton import compiling, mma_work
+from pallas_ir import compile_for_sm90
+from keras_reluvit.kernels.triton import mma_work
 
-modules = capture_triton_modules()
 out = {}
 VARIANTS = [("bfloat16", 64, None, 197, False), ("bfloat16", 128, "key", 785, False),
             ("float32", 64, "full", 100, False), ("float32", 128, "key", 785, True),
@@ -54,7 +51,6 @@ VARIANTS = [("bfloat16", 64, None, 197, False), ("bfloat16", 128, "key", 785, Fa
             ("bfloat16", 128, "full", 197, False), ("bfloat16", 128, None, 197, True),
             ("float32", 128, "full", 197, False)]
 for dtype, d, mask, t, deterministic in VARIANTS:
-    del modules[:]
     q = jax.ShapeDtypeStruct((2, t, 2, d), jnp.dtype(dtype))
     r = jax.ShapeDtypeStruct((2, t, 2, 1), jnp.float32)
     m = {None: (), "key": (jax.ShapeDtypeStruct((2, 1, t), jnp.bool_),),
@@ -65,21 +61,8 @@ for dtype, d, mask, t, deterministic in VARIANTS:
                          deterministic=deterministic)
         return y.astype(jnp.float32).sum()
 
-    hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).trace(
-        q, q, q, r, *m).lower(lowering_platforms=("cuda",)).as_text()
-    # each launch's own stages and warps, as the program hands them to XLA
-    launched = {n: (int(s), int(w)) for n, s, w in re.findall(
-        r'name = "(\w+)", num_stages = (\d+) : i32, num_warps = (\d+)', hlo)}
-    for text in modules:
-        name = re.search(r"tt.func public @(\w+)", text).group(1)
-        stages, warps = launched[name]
-        path = os.path.join(os.environ["WORK"], name + ".ttir")
-        with open(path, "w") as f:
-            f.write(text)
-        with compiling() as log:  # ptxas' own report (Triton's ptxas invocation)
-            k = triton.compile(path, target=GPUTarget("cuda", 90, 32), options=dict(
-                num_warps=warps, num_stages=stages))
-        spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log.getvalue())]
+    for name, text, k, report in compile_for_sm90(
+            jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), q, q, q, r, *m):
         # Memory ops without a mask operand (tt.load ptr[, mask[, other]];
         # tt.store ptr, value[, mask]): the kernels read and write the
         # layer's arrays in place, so every access must be masked.
@@ -90,12 +73,12 @@ for dtype, d, mask, t, deterministic in VARIANTS:
             atomics=text.count("tt.atomic_rmw"),
             cubin=len(k.asm["cubin"]), ptx_target=".target sm_90" in k.asm["ptx"],
             shared=k.metadata.shared, memory_ops=len(ops), unmasked=len(unmasked),
-            warps=warps, mma=mma_work(k), spill_stores=spills[0] if spills else None)
+            warps=k.metadata.num_warps, mma=mma_work(k), spill_stores=report["spill_stores"])
 print(json.dumps(out))
 """
 
 
-def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
+def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory():
     """What the CUDA lowering check (tests/test_accelerator_kernels.py)
     leaves to the GPU: the Pallas kernels' Triton IR through Triton's own
     pipeline to an sm_90 cubin. Shared memory within an A100's 164 KB (an
@@ -108,7 +91,7 @@ def test_pallas_kernels_compile_for_sm90_and_fit_shared_memory(tmp_path):
     the IR with the Triton it bundles, not this one: a strong check, not
     the same binary."""
     proc = subprocess.run([sys.executable, "-c", PALLAS_CUDA],
-                          env=env(KERAS_BACKEND="jax", WORK=str(tmp_path),
+                          env=env(KERAS_BACKEND="jax",
                                   HELPERS=os.path.join(os.path.dirname(__file__), "..",
                                                        "helpers")),
                           capture_output=True, text=True, timeout=600)
