@@ -10,6 +10,7 @@ through the same probe in its interpreter. TensorFlow has no fused kernel:
 """
 
 import json
+import re
 import time
 import warnings
 
@@ -180,6 +181,114 @@ def test_a_slower_kernel_is_not_used_and_a_faster_one_is(monkeypatch):
     np.testing.assert_allclose(got, out, rtol=1e-5, atol=1e-6)
 
 
+class Variants(Fake):
+    """A stand-in whose backward variants differ: `hows` maps the option
+    `deterministic` (None: the kernel's default) to a `Fake` behaviour;
+    keeps the options of every call."""
+
+    def __init__(self, hows):
+        super().__init__(None)
+        self.hows, self.seen = hows, []
+
+    def __call__(self, c):
+        options = dict(c.options or {})
+        self.seen.append(options)
+        self.how = self.hows[options.get("deterministic")]
+        return super().__call__(c)
+
+
+def loss_grads(q, k, v):
+    return grads(lambda a, b, c: keras.ops.sum(attention(a, b, c) ** 2), [], [q, k, v])[0]
+
+
+@pytest.mark.parametrize("faster", ["deterministic", "fused"])
+def test_training_times_both_backward_passes_and_keeps_the_faster(monkeypatch, tmp_path,
+                                                                  faster):
+    """Differentiated calls time the fused backward (atomic dQ) and the
+    deterministic one against each other: the faster variant's options go
+    with the calls. Forward-only calls measure the kernel's defaults."""
+    slow = "fused" if faster == "deterministic" else "deterministic"
+    fake = Variants({True: "slow" if slow == "deterministic" else "as_generic",
+                     False: "slow" if slow == "fused" else "as_generic", None: "as_generic"})
+    monkeypatch.setitem(kernels.PATHS, KERNEL, fake)
+    generic = kernels.PATHS["generic"]
+
+    def slower_generic(c):  # the fallback: slower than the fast variant, faster than the slow
+        pause(PAUSE / 2)
+        return generic(c)
+
+    for name in ("generic", "torch_fused", "torch_tiled"):
+        monkeypatch.setitem(kernels.PATHS, name, slower_generic)
+    monkeypatch.setenv(measured.CACHE_ENV, str(tmp_path / "decisions.json"))
+    q, k, v = inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        got = loss_grads(q, k, v)
+    (decision,) = kr.kernels.report()
+    assert decision.differentiated and decision.path == KERNEL and decision.reason == "faster"
+    assert decision.variant == faster and "variants[fused,deterministic]" in decision.signature
+    assert f"{slow} " in decision.detail and f"{faster} " in decision.detail
+    assert {o.get("deterministic") for o in fake.seen} == {True, False}
+    assert f"{KERNEL} ({faster})" in str(kr.kernels.report())
+    fake.seen.clear()
+    again = loss_grads(q, k, v)  # decided: the call runs the faster variant only
+    assert fake.seen and all(o == {"deterministic": faster == "deterministic"} for o in fake.seen)
+    for a, b in zip(again, got):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    eps, i = 1e-3, (1, 5, 0, 3)
+    qp, qm = q.copy(), q.copy()
+    qp[i] += eps
+    qm[i] -= eps
+    fd = ((naive(qp, k, v) ** 2).sum() - (naive(qm, k, v) ** 2).sum()) / (2 * eps)
+    assert abs(got[0][i] - fd) < 2e-3 * max(1.0, abs(fd))
+
+    measured.clear()  # a new process: the variant comes back from the disk cache
+    fake.seen.clear()
+    loss_grads(q, k, v)
+    (decision,) = kr.kernels.report()
+    assert decision.source == "disk" and decision.variant == faster
+    assert fake.seen and all(o == {"deterministic": faster == "deterministic"} for o in fake.seen)
+
+    monkeypatch.delenv(measured.CACHE_ENV)
+    measured.clear()
+    fake.seen.clear()
+    attention(q, k, v)  # forward only: no variants
+    (decision,) = kr.kernels.report()
+    assert not decision.differentiated and decision.variant is None
+    assert "variants" not in decision.signature and all(o == {} for o in fake.seen)
+
+
+def test_a_failing_backward_variant_is_left_out_without_a_warning(monkeypatch):
+    fake = Variants({True: "as_generic", False: "wrong_gradient", None: "as_generic"})
+    monkeypatch.setitem(kernels.PATHS, KERNEL, fake)
+    q, k, v = inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        loss_grads(q, k, v)
+    (decision,) = kr.kernels.report()
+    assert decision.reason in ("faster", "slower") and decision.max_error < 1e-5
+    assert "fused: mismatch, its probe differs" in decision.detail
+    assert decision.variant == ("deterministic" if decision.path == KERNEL else None)
+
+
+def test_asking_for_determinism_leaves_the_backward_to_the_kernel(monkeypatch):
+    """Under the framework's deterministic switch the fused backward is
+    never a candidate: the kernel's own (deterministic) choice is measured."""
+    fake = Variants({True: "as_generic", False: "as_generic", None: "as_generic"})
+    monkeypatch.setitem(kernels.PATHS, KERNEL, fake)
+    if BACKEND == "jax":
+        monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
+    else:
+        import torch
+
+        monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert kernels.backward_variants(KERNEL) is None
+    loss_grads(*inputs())
+    (decision,) = kr.kernels.report()
+    assert decision.differentiated and decision.variant is None
+    assert "variants" not in decision.signature and all(o == {} for o in fake.seen)
+
+
 def test_forced_kernels_are_not_measured(monkeypatch):
     fake = install(monkeypatch, "wrong")
     q, k, v = inputs()
@@ -260,7 +369,7 @@ def test_under_jit_and_grad_the_decision_is_made_at_trace_time(monkeypatch):
 
 def test_the_real_pallas_kernel_passes_its_probe_in_the_interpreter():
     """The Pallas kernel itself (Pallas' interpreter on a CPU), forward and
-    gradients, masked: it matches XLA's path and is slower here."""
+    both backward passes, masked: each matches XLA's path and is slower here."""
     import jax
 
     q, k, v = inputs(t=40)
@@ -270,6 +379,8 @@ def test_the_real_pallas_kernel_passes_its_probe_in_the_interpreter():
     (decision,) = kr.kernels.report()
     assert decision.differentiated and decision.reason == "slower"
     assert decision.max_error < 1e-5
+    # both variants ran and passed: each has a time, neither a failure
+    assert re.fullmatch(r"fused \S+ ms; deterministic \S+ ms", decision.detail), decision.detail
 
 
 def test_tensorflow_auto_measures_nothing():

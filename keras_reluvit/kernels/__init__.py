@@ -245,6 +245,33 @@ def choose(backend, activation_name, mask, want_weights, dropout, t, s, chunk_si
     return "generic"
 
 
+def backward_variants(kernel):
+    """The fused kernel's two backward passes, which `auto` times against
+    each other when a call is differentiated (`kernels.measured`): "fused"
+    (one kernel, dQ added atomically: 5 dots per tile) and "deterministic"
+    (dK/dV, then dQ: 4 + 3 dots, no atomics). On CUDA only (a TPU has no
+    atomics), and not when the framework asks for deterministic algorithms
+    (`torch.use_deterministic_algorithms`, XLA's
+    `--xla_gpu_deterministic_ops`): then the kernel's own choice. None: no
+    variants. Why both: our Pallas backward's atomic adds carry GPU-scope
+    fences (Pallas lowers `atomic_add` with acquire-release semantics), whose
+    cost only a GPU can tell."""
+    if kernel == "triton":
+        import torch
+
+        if torch.are_deterministic_algorithms_enabled():
+            return None
+    elif kernel != "pallas" or jax_accelerator() != "cuda" or pallas_deterministic_flag():
+        return None
+    return {"fused": {"deterministic": False}, "deterministic": {"deterministic": True}}
+
+
+def pallas_deterministic_flag():
+    """XLA's `--xla_gpu_deterministic_ops=true` (in `XLA_FLAGS`): the Pallas
+    kernel's backward is then the deterministic one."""
+    return "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "")
+
+
 # --- the paths: one table, each name once ------------------------------------------
 def is_symbolic(x):
     """True in Keras' symbolic pass on torch (building a functional model
@@ -257,7 +284,8 @@ class Call:
     """One pointwise-attention call as the paths receive it: `(B, T, H, D)`
     tensors, the activation's name (None for a callable) and function `h`,
     the broadcast `(B, T, S)` mask and the kernels' `kernel_mask` (a key
-    mask stays `(B, 1, S)`), the row factor, and what the dispatch found."""
+    mask stays `(B, 1, S)`), the row factor, and what the dispatch found
+    (`options`: the fused kernel's, a variant `auto` measured)."""
     query: object
     key: object
     value: object
@@ -273,6 +301,7 @@ class Call:
     sp: object
     kernel: object
     backend: str
+    options: object = None
 
 
 def _generic(c):
@@ -327,7 +356,8 @@ def _pallas(c):
     if c.name not in pallas.ACTIVATIONS:
         raise ValueError(f"implementation='pallas' computes {sorted(pallas.ACTIVATIONS)}, "
                          f"not {c.name or 'a callable'!r}.")
-    return pallas_sharded(c.query, c.key, c.value, c.name, c.factor, c.kernel_mask), None
+    return pallas_sharded(c.query, c.key, c.value, c.name, c.factor, c.kernel_mask,
+                          **(c.options or {})), None
 
 
 def _triton(c):
@@ -335,7 +365,8 @@ def _triton(c):
     if module is None or c.name not in module.ACTIVATIONS:
         raise ValueError("implementation='triton' needs the PyTorch backend and an "
                          "activation of the Triton kernel.")
-    return module.attention(c.query, c.key, c.value, c.name, c.factor, c.kernel_mask), None
+    return module.attention(c.query, c.key, c.value, c.name, c.factor, c.kernel_mask,
+                            **(c.options or {})), None
 
 
 # name -> what computes it: the only place the names are written.
@@ -381,8 +412,12 @@ def attend(query, key, value, activation_name, h, mask, kernel_mask, factor, dro
         # path taken without it, on this call's signature (kernels.measured).
         if switch == "auto" and kernel is not None and path in (kernel, "sequence_parallel"):
             fallback = rule(None)
-            if not measured.trusted(kernel, fallback, call, PATHS):
+            options = measured.trusted(kernel, fallback, call, PATHS,
+                                       backward_variants(kernel) if path == kernel else None)
+            if options is None:
                 call.kernel, path = None, fallback
+            else:
+                call.options = options
     if path not in PATHS:
         raise ValueError(f"Unknown implementation {path!r}; valid: {', '.join(PATHS)}.")
     if path != "generic" and (want_weights or dropout_fn is not None):

@@ -18,6 +18,14 @@ row factor:
    records it; JAX: traced under `jax.grad` / `value_and_grad`). Slower is
    the fallback, without a warning: `report()` says so.
 
+A kernel may come in *variants* (`trusted`'s `variants`: name -> the
+kernel's options) that differ only in how they compute: the CUDA kernels'
+two backward passes -- fused, dQ added atomically, or deterministic, two
+kernels -- when the call is differentiated. Each variant goes through 1 and
+2; the fastest that passed is timed against the fallback and, when faster,
+its options go with the calls (`Decision.variant`). A variant that fails
+is left out, without a warning, unless all fail.
+
 The decision is made once per signature (kernel, device, activation, shapes,
 dtype, mask shape, row-factor kind, differentiated or not) and process --
 under `jax.jit` when the function is traced, on concrete probe arrays (in
@@ -56,7 +64,8 @@ class Decision:
     """One signature's decision: `path` is what its calls take (`kernel`
     or `fallback`), `reason` one of "faster", "slower", "error",
     "mismatch" (`detail` says more), the median times in ms and the probe's
-    largest relative error; `source` "measured" or "disk"."""
+    largest relative error; `source` "measured" or "disk"; `variant` the
+    kernel variant chosen (None: the kernel's defaults, or the fallback)."""
     kernel: str
     fallback: str
     path: str
@@ -69,6 +78,7 @@ class Decision:
     probe_batch: int
     signature: str
     source: str = "measured"
+    variant: object = None
 
 
 class Report(list):
@@ -81,7 +91,8 @@ class Report(list):
         for d in self:
             ms = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
             err = "-" if d.max_error is None else f"{d.max_error:.1e}"
-            lines.append(f"{d.path:<11} | {ms(d.kernel_ms):>9} | {ms(d.fallback_ms):>11} | "
+            path = d.path if d.variant is None else f"{d.path} ({d.variant})"
+            lines.append(f"{path:<11} | {ms(d.kernel_ms):>9} | {ms(d.fallback_ms):>11} | "
                          f"{err:<7} | {d.reason:<8} | {d.signature}"
                          + (f"  ({d.detail})" if d.detail else ""))
         return "\n".join(lines)
@@ -238,12 +249,14 @@ def _factor_kind(factor):
     return ("array", _shape(factor), _dtype_name(factor))
 
 
-def signature(kernel, call, device, differentiated):
-    """The key of a decision, as a readable string."""
+def signature(kernel, call, device, differentiated, variants=()):
+    """The key of a decision, as a readable string (with the names of the
+    variants measured, when more than one)."""
     mask = None if call.kernel_mask is None else _shape(call.kernel_mask)
+    among = f" variants[{','.join(variants)}]" if len(variants) > 1 else ""
     return (f"{kernel} {device} {call.name} q{_shape(call.query)} k{_shape(call.key)} "
             f"v{_shape(call.value)} {_dtype_name(call.query)} mask{mask} "
-            f"factor{_factor_kind(call.factor)} {'fwd+bwd' if differentiated else 'fwd'}")
+            f"factor{_factor_kind(call.factor)} {'fwd+bwd' if differentiated else 'fwd'}{among}")
 
 
 def _probe_batch(call):
@@ -337,74 +350,90 @@ def _write_cache(path, key, decision):
 
 
 # --- the decision ----------------------------------------------------------------------
-def trusted(kernel, fallback, call, paths):
-    """Whether `call` takes the fused `kernel` (else the `fallback` path):
-    measured once per signature as the module says. `paths` is the
-    dispatch's table of paths (name -> function of a `Call`)."""
+def trusted(kernel, fallback, call, paths, variants=None):
+    """The options with which `call` takes the fused `kernel` (a dict, {}
+    for its defaults), or None: the `fallback` path. Measured once per
+    signature as the module says. `paths` is the dispatch's table of paths
+    (name -> function of a `Call`); `variants` (name -> options), measured
+    against each other when the call is differentiated."""
     ops = _ops(call.backend)
     training = ops.differentiated(call)
-    sig = signature(kernel, call, ops.device(call.query), training)
-    if sig in _decisions:
-        return _decisions[sig].path == kernel
+    variants = variants if training and variants else {None: {}}
+    sig = signature(kernel, call, ops.device(call.query), training,
+                    [name for name in variants if name is not None])
+    decision = _decisions.get(sig)
     cache = os.environ.get(CACHE_ENV)
-    if cache:
+    if decision is None and cache:
         stored = _read_cache(cache).get(_disk_key(ops, sig))
-        if stored is not None and stored.get("fallback") == fallback:
-            decision = Decision(**{**stored, "source": "disk"})
-            _decisions[sig] = decision
-            return decision.path == kernel
-    decision = ops.isolated(lambda: _measure(kernel, fallback, call, paths, ops, training, sig))
-    _decisions[sig] = decision
-    if decision.reason in ("error", "mismatch"):
-        warnings.warn(
-            f"The fused {kernel} kernel is not used for {sig}: {decision.detail}. These calls "
-            f"take the {fallback} path (KERAS_RELUVIT_KERNEL={kernel} forces the kernel; "
-            "keras_reluvit.kernels.report() lists every decision).", stacklevel=4)
-    if cache:
-        _write_cache(cache, _disk_key(ops, sig), decision)
-    return decision.path == kernel
+        if (stored is not None and stored.get("fallback") == fallback
+                and (stored.get("path") != kernel or stored.get("variant") in variants)):
+            decision = _decisions[sig] = Decision(**{**stored, "source": "disk"})
+    if decision is None:
+        decision = ops.isolated(
+            lambda: _measure(kernel, fallback, call, paths, ops, training, sig, variants))
+        _decisions[sig] = decision
+        if decision.reason in ("error", "mismatch"):
+            warnings.warn(
+                f"The fused {kernel} kernel is not used for {sig}: {decision.detail}. These "
+                f"calls take the {fallback} path (KERAS_RELUVIT_KERNEL={kernel} forces the "
+                "kernel; keras_reluvit.kernels.report() lists every decision).", stacklevel=4)
+        if cache:
+            _write_cache(cache, _disk_key(ops, sig), decision)
+    return dict(variants[decision.variant]) if decision.path == kernel else None
 
 
-def _measure(kernel, fallback, call, paths, ops, training, sig):
+def _measure(kernel, fallback, call, paths, ops, training, sig, variants):
     batch = _probe_batch(call)
     arrays, names, ct = _probe(call, ops, batch, training)
     record = dict(kernel=kernel, fallback=fallback, differentiated=training, probe_batch=batch,
                   signature=sig)
 
-    def runner(path):
+    def runner(path, options=None):
         def run(a):
             probe = dataclasses.replace(
                 call, query=a["query"], key=a["key"], value=a["value"],
                 mask=a.get("mask"), kernel_mask=a.get("kernel_mask"),
                 factor=a.get("factor", call.factor), sp=None, recording=training,
-                kernel=kernel if path == kernel else None)
+                kernel=kernel if path == kernel else None, options=options)
             return paths[path](probe)[0]
 
         return ops.program(run, names, training)
 
-    def done(path, reason, detail, kernel_ms=None, fallback_ms=None, error=None):
+    def done(path, reason, detail, kernel_ms=None, fallback_ms=None, error=None, variant=None):
         return Decision(path=path, reason=reason, detail=detail, kernel_ms=kernel_ms,
-                        fallback_ms=fallback_ms, max_error=error, **record)
+                        fallback_ms=fallback_ms, max_error=error, variant=variant, **record)
 
     reference = runner(fallback)
     want = reference(arrays, ct)
     ops.sync(want)
-    fused = runner(kernel)
-    try:
-        got = fused(arrays, ct)
-        ops.sync(got)
-    except Exception as error:  # noqa: BLE001 -- any failure of the kernel means: not this kernel
-        text = " ".join(str(error).split())
-        return done(fallback, "error", f"{type(error).__name__}: {text[:300]}")
-    error = _max_error([got[0], *got[1]], [want[0], *want[1]], ops)
     tolerance = TOLERANCE.get(_dtype_name(call.query), 1e-2)
-    if not error <= tolerance:
-        return done(fallback, "mismatch",
-                    f"its probe differs from the {fallback} path by {error:.2e} "
-                    f"(relative; tolerance {tolerance:.0e})", error=error)
+    passed, failed = [], []  # (variant, program, error); (variant, reason, detail, error)
+    for variant, options in variants.items():
+        fused = runner(kernel, options)
+        try:
+            got = fused(arrays, ct)
+            ops.sync(got)
+        except Exception as error:  # noqa: BLE001 -- any failure of the kernel means: not this kernel
+            text = " ".join(str(error).split())
+            failed.append((variant, "error", f"{type(error).__name__}: {text[:300]}", None))
+            continue
+        error = _max_error([got[0], *got[1]], [want[0], *want[1]], ops)
+        if not error <= tolerance:
+            failed.append((variant, "mismatch", f"its probe differs from the {fallback} path by "
+                           f"{error:.2e} (relative; tolerance {tolerance:.0e})", error))
+            continue
+        passed.append((variant, fused, error))
+    named = lambda variant, text: text if variant is None else f"{variant}: {text}"  # noqa: E731
+    if not passed:
+        _, reason, _, error = failed[0]
+        return done(fallback, reason, "; ".join(named(v, d) for v, _, d, _ in failed), error=error)
     fallback_s = _seconds(reference, (arrays, ct), ops)
-    kernel_s = _seconds(fused, (arrays, ct), ops)
+    times = [(_seconds(fused, (arrays, ct), ops), variant, error) for variant, fused, error in passed]
     fallback_s = min(fallback_s, _seconds(reference, (arrays, ct), ops))  # warm-up drift
+    kernel_s, variant, error = min(times, key=lambda x: x[0])
+    notes = [f"{v} {1e3 * t:.3f} ms" for t, v, _ in times if v is not None]
+    notes += [named(v, f"{r}, {d}") for v, r, d, _ in failed]
     faster = kernel_s < fallback_s
-    return done(kernel if faster else fallback, "faster" if faster else "slower", "",
-                kernel_s * 1e3, fallback_s * 1e3, error)
+    return done(kernel if faster else fallback, "faster" if faster else "slower",
+                "; ".join(notes), kernel_s * 1e3, fallback_s * 1e3, error,
+                variant if faster else None)

@@ -66,7 +66,6 @@ binary, nor XLA's own Triton, which need the device.
 
 import functools
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -752,6 +751,8 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
         mask = jnp.broadcast_to(mask, (b, rows, s)).astype(jnp.int32)
     forced = block_q is not None or block_k is not None
     if deterministic is None:
-        deterministic = "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "")
+        from keras_reluvit.kernels import pallas_deterministic_flag
+
+        deterministic = pallas_deterministic_flag()
     cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d), forced, bool(deterministic))
     return _fused(cfg, bool(interpret), query, key, value, r, mask)

@@ -54,7 +54,7 @@ def _axis_if_divides(sizes, axis, size, taken=()):
     return axis if axis in sizes and axis not in taken and size % sizes[axis] == 0 else None
 
 
-def pallas_sharded(query, key, value, activation, factor, mask):
+def pallas_sharded(query, key, value, activation, factor, mask, deterministic=None):
     """The Pallas kernel under the current `keras.distribution` (JAX): XLA
     cannot split a kernel's custom call, so on a multi-device mesh it would
     gather the batch onto every device and compute all of it there. Here
@@ -62,7 +62,8 @@ def pallas_sharded(query, key, value, activation, factor, mask):
     the distribution's batch axis, and its head axis where tensor
     parallelism splits the heads), which is exact: attention never mixes
     batch elements or heads. Without such a mesh, or when neither axis
-    divides, the kernel runs on the whole arrays."""
+    divides, the kernel runs on the whole arrays. `deterministic`: the
+    kernel's (None: its default)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec
@@ -71,14 +72,16 @@ def pallas_sharded(query, key, value, activation, factor, mask):
 
     found = _distribution_mesh()
     if found is None:
-        return pallas.attention(query, key, value, activation, factor, mask)
+        return pallas.attention(query, key, value, activation, factor, mask,
+                                deterministic=deterministic)
     dist, mesh, sizes = found
     b, t, nh, _ = query.shape
 
     batch = _axis_if_divides(sizes, getattr(dist, "batch_dim_name", None), b)
     heads = _axis_if_divides(sizes, getattr(dist, "head_axis", None), nh, (batch,))
     if batch is None and heads is None:
-        return pallas.attention(query, key, value, activation, factor, mask)
+        return pallas.attention(query, key, value, activation, factor, mask,
+                                deterministic=deterministic)
     spec = PartitionSpec(batch, None, heads, None)
     args, specs = [query, key, value], [spec, spec, spec]
     per_row = factor is not None and not isinstance(factor, float)
@@ -93,7 +96,8 @@ def pallas_sharded(query, key, value, activation, factor, mask):
     def local(q, k, v, *rest):
         rest = list(rest)
         f = rest.pop(0) if per_row else factor
-        return pallas.attention(q, k, v, activation, f, rest[0] if rest else None)
+        return pallas.attention(q, k, v, activation, f, rest[0] if rest else None,
+                                deterministic=deterministic)
 
     return jax.shard_map(local, mesh=mesh.backend_mesh, in_specs=tuple(specs), out_specs=spec,
                          check_vma=False)(*args)
