@@ -382,6 +382,15 @@ def model(counts, macs, warps):
 
 
 # --- compiling ----------------------------------------------------------------------------
+def loop_facts(body, warps):
+    """Two things the model does not cost, shown beside it: the share of the
+    loop's tensor-core work issued as warp-level HMMA (`mma.sync`) rather
+    than warpgroup HGMMA, and its CTA barriers (`BAR.SYNC`)."""
+    macs = issued_macs(body, warps)
+    hmma = issued_macs([x for x in body if x[1].startswith("HMMA")], warps)
+    return (hmma / macs if macs else 0.0), sum(op.startswith("BAR.SYNC") for _, op, _ in body)
+
+
 def _row(kind, kernel, compiled, report, bq, bk, tile_macs, body=None):
     from keras_reluvit.kernels.triton import sass
 
@@ -389,12 +398,12 @@ def _row(kind, kernel, compiled, report, bq, bk, tile_macs, body=None):
     body = main_loop(sass(compiled)) if body is None else body
     counts = mix(body)
     macs = issued_macs(body, warps)
-    hmma = issued_macs([x for x in body if x[1].startswith("HMMA")], warps)
+    hmma_share, cta_barriers = loop_facts(body, warps)
     return dict(kind=kind, kernel=kernel, block_q=bq, block_k=bk, warps=warps,
                 stages=compiled.metadata.num_stages, registers=report.get("registers"),
                 spill_stores=report.get("spill_stores"), shared=compiled.metadata.shared,
-                tile_macs=tile_macs, issued_macs=macs, hmma_share=hmma / macs if macs else 0.0,
-                mix=counts,
+                tile_macs=tile_macs, issued_macs=macs, hmma_share=hmma_share,
+                cta_barriers=cta_barriers, mix=counts,
                 model=model(counts, macs, warps))
 
 
@@ -600,7 +609,7 @@ def markdown(result):
 def _section(title, part, what):
     lines = [title, "",
               "| kind | kernel | tile | warps | regs | spill | smem KB | MMA issued / tile "
-              "| of it on HMMA | tensor | MUFU | FP32 | memory | barrier | other "
+              "| of it on HMMA | tensor | MUFU | FP32 | memory | barrier (of it BAR.SYNC) | other "
               "| cycles/iter overlap | serial | cycles per 1k tile MACs |",
               "|" + "---|" * 18]
     for r in part["rows"]:
@@ -612,7 +621,7 @@ def _section(title, part, what):
             f"| {r['registers']} | {r['spill_stores']} | {r['shared'] / 1024:.0f} "
             f"| {r['issued_macs'] / r['tile_macs']:.2f} | {r['hmma_share']:.0%} "
             f"| {c['tensor']} | {c['mufu']} "
-            f"| {c['fp32']} | {c['memory']} | {c['barrier']} | {c['other']} "
+            f"| {c['fp32']} | {c['memory']} | {c['barrier']} ({r['cta_barriers']}) | {c['other']} "
             f"| {m['overlap']:.0f} | {m['serial']:.0f} "
             f"| {1000 * m['overlap'] / r['tile_macs']:.2f} |")
     lines += ["", f"Modelled softmax / ReLU-L time of {what} (above 1: ReLU/L faster), per kernel the "

@@ -19,6 +19,13 @@ spills, side by side, into `benchmarks/results/kernels_tma_sm90a.md`.
 The TMA variants are checked against the shipped kernels in Triton's
 interpreter first (`--check`, run automatically), so the comparison is
 between two kernels that compute the same thing.
+
+A third column, "TMA + warp_specialize": the same TMA loops as
+`tl.range(..., warp_specialize=True)`, the one way Triton offers to split
+loads from MMAs into producer / consumer warps (FlashAttention-3's
+structure, which needs no CTA barrier between them). A config Triton fails
+to compile that way is listed with its error. Each row counts the loop's
+CTA barriers (`BAR.SYNC`) beside all its barrier-class instructions.
 """
 
 import argparse
@@ -45,14 +52,14 @@ from keras_reluvit.kernels.triton import _store  # noqa: E402
 @triton.jit
 def _forward_tma(Q, KD, VD, OUT, sq_b, sq_t, sq_h, so_b, so_t, so_h, H, T, S, D, DV, o_fold,
                  ACT: tl.constexpr, UPCAST: tl.constexpr, BLOCK_Q: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+                 BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, WS: tl.constexpr = False):
     # relu (positively homogeneous: the score scale is in o_fold), no mask.
     b, h = _batch_head(H)
     rq = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     rd = tl.arange(0, BLOCK_D)
     q = _load(Q, b * sq_b + h * sq_h, rq, T, sq_t, rd, D, True, False)
     acc = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)
-    for start in range(0, S, BLOCK_K):
+    for start in tl.range(0, S, BLOCK_K, warp_specialize=WS):
         k = KD.load([b.to(tl.int32), start, h.to(tl.int32), 0]).reshape(BLOCK_K, BLOCK_D)
         v = VD.load([b.to(tl.int32), start, h.to(tl.int32), 0]).reshape(BLOCK_K, BLOCK_D)
         w = _act(_mm(q, tl.trans(k), None, "tf32", UPCAST), ACT)
@@ -63,7 +70,7 @@ def _forward_tma(Q, KD, VD, OUT, sq_b, sq_t, sq_h, so_b, so_t, so_h, H, T, S, D,
 @triton.jit
 def _backward_tma(QD, K, V, DOD, DQ, DK, DV_, sk_b, sk_s, sk_h, sdk_b, sdk_s, sdk_h, H, T, S, D,
                   o_fold, g_fold, ACT: tl.constexpr, UPCAST: tl.constexpr, BLOCK_Q: tl.constexpr,
-                  BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, WS: tl.constexpr = False):
     # The fused backward (5 dots, dQ^T added atomically), relu, no mask,
     # T a multiple of BLOCK_Q; k / v / dk / dv share strides here.
     b, h = _batch_head(H)
@@ -74,7 +81,7 @@ def _backward_tma(QD, K, V, DOD, DQ, DK, DV_, sk_b, sk_s, sk_h, sdk_b, sdk_s, sd
     dq_base = (b * H + h) * BLOCK_D * T
     dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
-    for start in range(0, T, BLOCK_Q):
+    for start in tl.range(0, T, BLOCK_Q, warp_specialize=WS):
         q = QD.load([b.to(tl.int32), start, h.to(tl.int32), 0]).reshape(BLOCK_Q, BLOCK_D)
         do = DOD.load([b.to(tl.int32), start, h.to(tl.int32), 0]).reshape(BLOCK_Q, BLOCK_D)
         s = _mm(k, tl.trans(q), None, "tf32", UPCAST)
@@ -99,9 +106,10 @@ def _descriptor(x, rows):
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, rows, 1, x.shape[-1]])
 
 
-def tma_launch(fn, d, tokens, bq, bk, q, k, v, do, warmup=None):
+def tma_launch(fn, d, tokens, bq, bk, q, k, v, do, warmup=None, ws=False):
     """Runs (or with `warmup=dict(num_warps, num_stages)` compiles) one TMA
-    variant: the forward's output, or the backward's (dQ^T, dK, dV)."""
+    variant: the forward's output, or the backward's (dQ^T, dK, dV); `ws`:
+    its loop warp-specialised."""
     import torch
 
     b, t, h, _ = q.shape
@@ -113,14 +121,14 @@ def tma_launch(fn, d, tokens, bq, bk, q, k, v, do, warmup=None):
         out = launch(_forward_tma, (triton.cdiv(t, bq), b * h))(
             q, _descriptor(k, bk), _descriptor(v, bk), o, *q.stride()[:3], *o.stride()[:3], h, t, t,
             d, d, scale / t, ACT=0, UPCAST=q.dtype == torch.bfloat16 and not warmup,
-            BLOCK_Q=bq, BLOCK_K=bk, BLOCK_D=d)
+            BLOCK_Q=bq, BLOCK_K=bk, BLOCK_D=d, WS=ws)
         return out if warmup else o
     dqt = torch.zeros(b, h, d, t)
     dk, dv = torch.zeros(b, t, h, d, dtype=q.dtype), torch.zeros(b, t, h, d, dtype=q.dtype)
     out = launch(_backward_tma, (triton.cdiv(t, bk), b * h))(
         _descriptor(q, bq), k, v, _descriptor(do, bq), dqt, dk, dv, *k.stride()[:3],
         *dk.stride()[:3], h, t, t, d, scale / t, scale / t, ACT=0,
-        UPCAST=q.dtype == torch.bfloat16 and not warmup, BLOCK_Q=bq, BLOCK_K=bk, BLOCK_D=d)
+        UPCAST=q.dtype == torch.bfloat16 and not warmup, BLOCK_Q=bq, BLOCK_K=bk, BLOCK_D=d, WS=ws)
     return out if warmup else (dqt * scale / t, dk, dv)
 
 
@@ -152,6 +160,7 @@ def compare():
 
     from benchmarks import kernels_static as ks
     from keras_reluvit.kernels import triton as kt
+    from keras_reluvit.kernels.triton import sass
 
     rows = []
     for d in (64, 128):
@@ -165,26 +174,47 @@ def compare():
             bq, bk = const["BLOCK_Q"], const["BLOCK_K"]
             dots = 2 if kind == "fwd" else 5
             meta = dict(num_warps=compiled.metadata.num_warps, num_stages=compiled.metadata.num_stages)
-            with kt.compiling(("cuda", 90, 32)) as log:
-                tma = tma_launch(kind, d, 256, bq, bk, q, k, v, do, warmup=meta)
-            tma_report = next(iter(kt._ptxas_reports(log.getvalue()).values()))[0]
-            for label, c, rep in (("shipped (cp.async)", compiled, report), ("TMA", tma, tma_report)):
-                row = ks._row(label, kind, c, rep, bq, bk, dots * bq * bk * d)
-                rows.append(dict(row, head_dim=d))
+            code = sass(compiled)
+            rows.append(dict(ks._row("shipped (cp.async)", kind, compiled, report, bq, bk,
+                                     dots * bq * bk * d), head_dim=d,
+                             mma_loops=len(ks.tensor_loops(code)), setmaxnreg="USETMAXREG" in code))
+            for label, ws in (("TMA", False), ("TMA + warp_specialize", True)):
+                try:
+                    with kt.compiling(("cuda", 90, 32)) as log:
+                        tma = tma_launch(kind, d, 256, bq, bk, q, k, v, do, warmup=meta, ws=ws)
+                except Exception as error:  # noqa: BLE001 -- Triton's pass failures: reported
+                    rows.append(dict(kind=label, kernel=kind, block_q=bq, block_k=bk, head_dim=d,
+                                     warps=meta["num_warps"],
+                                     error=f"{type(error).__name__}: {str(error).splitlines()[0]}"))
+                    continue
+                tma_report = next(iter(kt._ptxas_reports(log.getvalue()).values()))[0]
+                code = sass(tma)
+                # warp specialisation shows as producer / consumer register
+                # reallocation (setmaxnreg: USETMAXREG) and its own loops
+                rows.append(dict(ks._row(label, kind, tma, tma_report, bq, bk, dots * bq * bk * d),
+                                 head_dim=d, mma_loops=len(ks.tensor_loops(code)),
+                                 setmaxnreg="USETMAXREG" in code))
     return rows
 
 
 def markdown(rows):
     lines = [f"Triton {triton.__version__}, sm_90a, bfloat16, relu, no mask, 256 tokens; each main "
              "loop's SASS counted as in `kernels_static.py` (modelled, not measured).", "",
-             "| d | kernel | tile / warps | loads | regs | spill | tensor | FP32 | memory | barrier "
-             "| other | total | cycles/iter overlap | serial |", "|" + "---|" * 14]
+             "| d | kernel | tile / warps | loads | regs | spill | tensor | FP32 | memory "
+             "| barrier (of it BAR.SYNC) | other | total | cycles/iter overlap | serial "
+             "| loops with MMAs | setmaxnreg |", "|" + "---|" * 16]
     for r in rows:
+        head = (f"| {r['head_dim']} | {r['kernel']} | {r['block_q']}x{r['block_k']} / "
+                f"{r['warps']} | {r['kind']} ")
+        if "error" in r:
+            lines.append(head + f"| not compiled: {r['error'][:120]} |" + " |" * 11)
+            continue
         m, c = r["model"], r["mix"]
-        lines.append(f"| {r['head_dim']} | {r['kernel']} | {r['block_q']}x{r['block_k']} / "
-                     f"{r['warps']} | {r['kind']} | {r['registers']} | {r['spill_stores']} "
-                     f"| {c['tensor']} | {c['fp32']} | {c['memory']} | {c['barrier']} | {c['other']} "
-                     f"| {c['total']} | {m['overlap']:.0f} | {m['serial']:.0f} |")
+        lines.append(head + f"| {r['registers']} | {r['spill_stores']} "
+                     f"| {c['tensor']} | {c['fp32']} | {c['memory']} "
+                     f"| {c['barrier']} ({r['cta_barriers']}) | {c['other']} "
+                     f"| {c['total']} | {m['overlap']:.0f} | {m['serial']:.0f} "
+                     f"| {r['mma_loops']} | {'yes' if r['setmaxnreg'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 

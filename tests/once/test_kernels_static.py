@@ -59,6 +59,16 @@ def test_main_loop_mix_and_model_of_a_listing():
     hmma = "        /*0010*/   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n" \
            "        /*0020*/   @P0 BRA 0x10 ;\n"
     assert ks.issued_macs(ks.main_loop(hmma), warps=4) == 16 * 8 * 16 * 4
+    assert ks.loop_facts(body, warps=8) == (0.0, 1)  # no HMMA, one BAR.SYNC
+    mixed = "        /*0010*/   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], RZ, gsb0 ;\n" \
+            "        /*0020*/   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n" \
+            "        /*0030*/   BAR.SYNC.DEFER_BLOCKING 0x0 ;\n" \
+            "        /*0040*/   BAR.SYNC.DEFER_BLOCKING 0x0 ;\n" \
+            "        /*0050*/   MEMBAR.ALL.GPU ;\n" \
+            "        /*0060*/   @P0 BRA 0x10 ;\n"
+    # 4 warps: one warpgroup issues the HGMMA once (32768 MACs), each warp the HMMA (4 x 2048)
+    share, barriers = ks.loop_facts(ks.main_loop(mixed), warps=4)
+    assert share == 4 * 2048 / (64 * 32 * 16 + 4 * 2048) and barriers == 2  # a fence is not one
 
 
 def test_the_softmax_reference_equals_sdpa_in_the_interpreter():
