@@ -780,8 +780,7 @@ def multi_worker(model, train, val=None):
         model._symbolic_build(data_batch=train.element_spec)
     model._maybe_symbolic_build = lambda *args, **kwargs: None
     _patch_keras_multi_worker_logs()
-    if model.optimizer is not None:
-        _clip_after_all_reduce(model.optimizer)
+    clip_after_all_reduce(model)  # done by kr.ViT's compile; other models need it here
 
     def distribute(ds):
         return s.distribute_datasets_from_function(lambda _: ds)
@@ -814,6 +813,25 @@ def _patch_keras_multi_worker_logs():
 
 
 CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
+
+
+def clip_after_all_reduce(model):
+    """Makes `model`'s optimizer clip the all-reduced gradient when the
+    model was built and compiled under a TensorFlow `tf.distribute`
+    strategy of several replicas (one host's `MirroredStrategy` or a
+    cluster's `MultiWorkerMirroredStrategy`): Keras 3.15 clips each
+    replica's own gradient (`global_clipnorm`, `clipnorm`, `clipvalue`)
+    before summing them, not the gradient one device would clip. `kr.ViT`'s
+    `compile` calls it; call it after compiling another model. Does nothing
+    on other backends, without a strategy or clipping, or twice."""
+    if keras.backend.backend() != "tensorflow" or getattr(model, "optimizer", None) is None:
+        return
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None or strategy.num_replicas_in_sync <= 1:
+        return
+    optimizer = model.optimizer
+    # a LossScaleOptimizer applies its inner optimizer, which clips and reduces
+    _clip_after_all_reduce(getattr(optimizer, "inner_optimizer", optimizer))
 
 
 def _clip_after_all_reduce(optimizer):

@@ -1,8 +1,12 @@
 """TensorFlow backend, 2 logical CPUs: the README's MirroredStrategy recipe
-gives the same 3 training losses as one device. Prints one JSON line."""
+gives the same 3 training losses as one device -- also with an active
+`global_clipnorm`, which `kr.ViT.compile` makes clip the all-reduced
+gradient; Keras' own `compile` on the same model clips each replica's
+gradient (a different update: "per_replica"). Prints one JSON line."""
 
 import json
 import os
+from functools import partial
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 import tensorflow as tf  # noqa: E402
@@ -22,19 +26,25 @@ X = rng.uniform(-1, 1, (24, 32, 32, 3)).astype("float32")
 Y = np.eye(4, dtype="float32")[rng.integers(0, 4, 24)]
 
 
-def run(strategy=None):
+def run(strategy=None, clip=None, compile_=None):
     scope = strategy.scope() if strategy else tf.device("/cpu:0")
     with scope:
         model = kr.ViT(**CONFIG)
         r = np.random.default_rng(1)
         model.set_weights([(r.normal(0, 0.2, v.shape) + ("gamma" in v.path)).astype("float32")
                            for v in model.weights])
-        model.compile(optimizer=keras.optimizers.SGD(0.1),
-                      loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+        # kr.ViT's compile, or (compile_="keras") Keras' own on the same model
+        compile_fn = model.compile if compile_ is None else partial(keras.Model.compile, model)
+        compile_fn(optimizer=keras.optimizers.SGD(0.1, global_clipnorm=clip),
+                   loss=keras.losses.CategoricalCrossentropy(from_logits=True))
     ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
     hist = model.fit(ds, epochs=1, verbose=0, steps_per_epoch=3)
     return [float(model.evaluate(X[:8], Y[:8], verbose=0))], hist.history["loss"]
 
 
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-print(json.dumps(dict(replicas=strategy.num_replicas_in_sync, mirrored=run(strategy), single=run())))
+CLIP = 0.05  # below these gradients' norms: every step clips
+print(json.dumps(dict(
+    replicas=strategy.num_replicas_in_sync, mirrored=run(strategy), single=run(),
+    mirrored_clipped=run(strategy, CLIP), single_clipped=run(clip=CLIP),
+    per_replica=run(strategy, CLIP, compile_="keras"))))
