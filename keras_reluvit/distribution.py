@@ -780,7 +780,7 @@ def multi_worker(model, train, val=None):
         model._symbolic_build(data_batch=train.element_spec)
     model._maybe_symbolic_build = lambda *args, **kwargs: None
     _patch_keras_multi_worker_logs()
-    clip_after_all_reduce(model)  # done by kr.ViT's compile; other models need it here
+    clip_after_all_reduce(model)  # a kr.ViT does it before training; other models need it
 
     def distribute(ds):
         return s.distribute_datasets_from_function(lambda _: ds)
@@ -821,9 +821,10 @@ def clip_after_all_reduce(model):
     strategy of several replicas (one host's `MirroredStrategy` or a
     cluster's `MultiWorkerMirroredStrategy`): Keras 3.15 clips each
     replica's own gradient (`global_clipnorm`, `clipnorm`, `clipvalue`)
-    before summing them, not the gradient one device would clip. `kr.ViT`'s
-    `compile` calls it; call it after compiling another model. Does nothing
-    on other backends, without a strategy or clipping, or twice."""
+    before summing them, not the gradient one device would clip. A `kr.ViT`
+    calls it before training (`make_train_function`); call it after
+    compiling another model. Does nothing on other backends, without a
+    strategy or clipping, or twice."""
     if keras.backend.backend() != "tensorflow" or getattr(model, "optimizer", None) is None:
         return
     strategy = getattr(model, "_distribute_strategy", None)

@@ -266,17 +266,20 @@ class ViT(keras.Model):
         self._check_images(inputs)
         return super().call(inputs, training=training, mask=mask)
 
-    def compile(self, *args, **kwargs):
-        """`keras.Model.compile`; under a TensorFlow `tf.distribute` strategy
-        of several replicas (`MirroredStrategy`, `MultiWorkerMirroredStrategy`)
-        the optimizer's `global_clipnorm` / `clipnorm` / `clipvalue` then
-        clip the all-reduced gradient, as on one device: Keras 3.15 clips
-        each replica's gradient before summing them, a different update
-        whenever the clip is active (`kr.distribution.clip_after_all_reduce`)."""
-        super().compile(*args, **kwargs)
+    def make_train_function(self, force=False):
+        """Keras' train function; first, under a TensorFlow `tf.distribute`
+        strategy of several replicas (`MirroredStrategy`,
+        `MultiWorkerMirroredStrategy`), makes the optimizer's
+        `global_clipnorm` / `clipnorm` / `clipvalue` clip the all-reduced
+        gradient, as on one device: Keras 3.15 clips each replica's gradient
+        before summing them, a different update whenever the clip is active
+        (`kr.distribution.clip_after_all_reduce`). Here rather than in
+        `compile`, which Keras must see unchanged to recompile a loaded
+        `.keras` model."""
         from keras_reluvit.distribution import clip_after_all_reduce
 
         clip_after_all_reduce(self)
+        return super().make_train_function(force)
 
     def intermediates_model(self, attention_weights=True):
         """A `keras.Model` sharing this model's weights with dict outputs.

@@ -118,7 +118,7 @@ def test_tensorflow_mirrored_strategy_recipe_matches_one_device():
     for a, b in zip(r["mirrored_clipped"], r["single_clipped"]):
         assert a == pytest.approx(b, rel=1e-4)
     assert r["single_clipped"] != r["single"]  # the clip is active
-    # Keras 3.15's own compile clips each replica's gradient: another update
+    # Keras 3.15's own train function clips each replica's gradient: another update
     assert r["per_replica"][0][0] != pytest.approx(r["single_clipped"][0][0], rel=1e-3)
 
 
