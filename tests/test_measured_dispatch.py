@@ -94,6 +94,8 @@ class Fake:
             out = out + 0.5 * (out - keras.ops.stop_gradient(out))
         elif self.how == "slow":
             pause()
+        elif self.how == "slower":
+            pause(3 * PAUSE)
         return out, None
 
 
@@ -208,13 +210,13 @@ def test_training_times_both_backward_passes_and_keeps_the_faster(monkeypatch, t
     deterministic one against each other: the faster variant's options go
     with the calls. Forward-only calls measure the kernel's defaults."""
     slow = "fused" if faster == "deterministic" else "deterministic"
-    fake = Variants({True: "slow" if slow == "deterministic" else "as_generic",
-                     False: "slow" if slow == "fused" else "as_generic", None: "as_generic"})
+    fake = Variants({True: "slower" if slow == "deterministic" else "as_generic",
+                     False: "slower" if slow == "fused" else "as_generic", None: "as_generic"})
     monkeypatch.setitem(kernels.PATHS, KERNEL, fake)
     generic = kernels.PATHS["generic"]
 
-    def slower_generic(c):  # the fallback: slower than the fast variant, faster than the slow
-        pause(PAUSE / 2)
+    def slower_generic(c):  # the fallback: a pause behind the fast variant, 2 before the slow
+        pause()
         return generic(c)
 
     for name in ("generic", "torch_fused", "torch_tiled"):
