@@ -174,10 +174,18 @@ def compare():
             bq, bk = const["BLOCK_Q"], const["BLOCK_K"]
             dots = 2 if kind == "fwd" else 5
             meta = dict(num_warps=compiled.metadata.num_warps, num_stages=compiled.metadata.num_stages)
-            code = sass(compiled)
-            rows.append(dict(ks._row("shipped (cp.async)", kind, compiled, report, bq, bk,
-                                     dots * bq * bk * d), head_dim=d,
-                             mma_loops=len(ks.tensor_loops(code)), setmaxnreg="USETMAXREG" in code))
+
+            def row(label, kernel, ptxas):
+                # one cuobjdump per kernel; warp specialisation shows as
+                # producer / consumer register reallocation (setmaxnreg:
+                # USETMAXREG) and loops of its own
+                code = sass(kernel)
+                return dict(ks._row(label, kind, kernel, ptxas, bq, bk, dots * bq * bk * d,
+                                    body=ks.main_loop(code)),
+                            head_dim=d, mma_loops=len(ks.tensor_loops(code)),
+                            setmaxnreg="USETMAXREG" in code)
+
+            rows.append(row("shipped (cp.async)", compiled, report))
             for label, ws in (("TMA", False), ("TMA + warp_specialize", True)):
                 try:
                     with kt.compiling(("cuda", 90, 32)) as log:
@@ -187,13 +195,7 @@ def compare():
                                      warps=meta["num_warps"],
                                      error=f"{type(error).__name__}: {str(error).splitlines()[0]}"))
                     continue
-                tma_report = next(iter(kt._ptxas_reports(log.getvalue()).values()))[0]
-                code = sass(tma)
-                # warp specialisation shows as producer / consumer register
-                # reallocation (setmaxnreg: USETMAXREG) and its own loops
-                rows.append(dict(ks._row(label, kind, tma, tma_report, bq, bk, dots * bq * bk * d),
-                                 head_dim=d, mma_loops=len(ks.tensor_loops(code)),
-                                 setmaxnreg="USETMAXREG" in code))
+                rows.append(row(label, tma, next(iter(kt._ptxas_reports(log.getvalue()).values()))[0]))
     return rows
 
 
