@@ -77,6 +77,16 @@ def _join_cluster(args):
     from keras_reluvit import distribution as kr_distribution
 
     backend = keras.backend.backend()
+    world = os.environ.get("WORLD_SIZE", "1")
+    if backend != "torch" and world.isdigit() and int(world) > 1:
+        # torchrun (or another launcher) started WORLD_SIZE processes; off the
+        # torch backend each would train alone into the same --output.
+        raise ValueError(
+            f"WORLD_SIZE={world}: launched as one of {world} processes (torchrun?), but the "
+            f"Keras backend is {backend}, which cannot join a torch.distributed cluster: "
+            f"each process would train a separate model into the same --output. Set "
+            f"KERAS_BACKEND=torch (KERAS_BACKEND=torch torchrun ... -m keras_reluvit.cli "
+            f"train ...), or launch {backend} clusters as docs/distribution.md shows.")
     if backend != "jax":
         _check_engine_arguments(args, backend)
     explicit = (args.coordinator, args.num_processes, args.process_id)
@@ -148,22 +158,95 @@ def _set_mesh(spec, strategy, sequence_axis=None):
 
 def _eval(args):
     from keras_reluvit import data as kr_data
+    from keras_reluvit import image_folder
     from keras_reluvit import recipes
 
-    model = _load_any(args.model)
-    _prepared(args.dataset, args.data_dir, args.manual_dir)
-    d = kr_data.load(args.dataset, args.batch_size, image_size=model.image_size,
-                     data_dir=args.data_dir, train_split=False, val_split=args.split,
+    directory, run = _run_of(args.model)
+    source = args.model
+    if directory is not None and os.path.isdir(args.model):
+        source = os.path.join(directory, "model.keras")
+        if not os.path.isfile(source):
+            raise FileNotFoundError(f"{args.model} has no model.keras: the run has not finished "
+                                    "(last.keras holds its last epoch: eval that file).")
+    run = run or {}
+    dataset = args.dataset or run.get("dataset")
+    if dataset is None:
+        raise ValueError(f"{args.model} is not in a run directory (no config.json of "
+                         "`keras-reluvit train` beside it): pass --dataset.")
+    same = run.get("dataset") is not None and _same_dataset(dataset, run["dataset"])
+    defaults = run if same else {}
+    seed = args.seed if args.seed is not None else defaults.get("seed", 0)
+    val_fraction = (args.val_fraction if args.val_fraction is not None
+                    else defaults.get("val_fraction", 0.1))
+    data_dir = args.data_dir or defaults.get("data_dir")
+    recipe = args.recipe or run.get("recipe") or "digits"
+    model = _load_any(source)
+    _prepared(dataset, data_dir, args.manual_dir)
+    d = kr_data.load(dataset, args.batch_size, image_size=model.image_size,
+                     data_dir=data_dir, train_split=False, val_split=args.split,
                      preprocessing=getattr(model, "preprocessing", None),
-                     val_fraction=args.val_fraction)
+                     val_fraction=val_fraction, seed=seed)
+    if d.val is None:
+        raise ValueError(f"{dataset} has no validation split: pass --split.")
     names = getattr(model, "label_names", None)
     if names is not None and list(names) != list(d.label_names):
         raise ValueError(f"{args.model} names its classes {list(names)[:5]}..., "
-                         f"{args.dataset} {list(d.label_names)[:5]}...: the labels would not "
+                         f"{dataset} {list(d.label_names)[:5]}...: the labels would not "
                          "match (another data set, or a folder with other class folders).")
-    recipes.compile(model, "digits", steps_per_epoch=1)
+    if isinstance(d.info, image_folder.ImageFolder):
+        split = args.split or next(s for s in ("validation", "test") if s in d.info.splits)
+        print(f"keras-reluvit: evaluating on {d.info.describe_split(split)}"
+              + ("" if same else " (no training run of this folder given: pass the run "
+                 "directory to evaluate on the split it held out)"), file=sys.stderr)
+        if same:
+            _check_held_out(d.info, split, directory, run)
+    loss, metrics = recipes.loss_and_metrics(model, recipe)
+    model.compile(loss=loss, metrics=metrics)
     result = model.evaluate(d.val, return_dict=True, verbose=0)
     print(json.dumps({k: float(v) for k, v in result.items()}))
+
+
+def _run_of(source):
+    """(the run directory, its config.json) when `source` is the directory of
+    a `keras-reluvit train` run or a file in one; (None, None) otherwise."""
+    path = os.path.abspath(os.path.expanduser(source))
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    config = os.path.join(directory, "config.json")
+    if not os.path.isfile(config):
+        return None, None
+    with open(config) as f:
+        run = json.load(f)
+    if not (isinstance(run, dict) and "recipe" in run and "dataset" in run):
+        return None, None  # a preset's or a transformers directory's config.json
+    return directory, run
+
+
+def _same_dataset(a, b):
+    if os.path.isdir(os.path.expanduser(a)) and os.path.isdir(os.path.expanduser(b)):
+        return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))
+    return a == b
+
+
+def _check_held_out(folder, split, directory, run):
+    """An evaluation on the images a run trained on is an error, not a number."""
+    from keras_reluvit import image_folder
+
+    if split == "train":  # asked for by name
+        return
+    path = os.path.join(directory, image_folder.SPLIT_FILE)
+    if os.path.isfile(path):
+        with open(path) as f:
+            record = json.load(f)
+    else:  # a run from before split.json: its split drawn again from its config
+        record = image_folder.ImageFolder(folder.root, run.get("val_fraction", 0.1),
+                                          run.get("seed", 0)).split_record()
+    trained = folder.trained_on(split, record)
+    if trained:
+        raise ValueError(
+            f"{len(trained)} of the {folder.num_examples(split)} images this evaluation would "
+            f"score were training images of {directory} (e.g. {trained[0]}): "
+            f"--seed {folder.seed} / --val-fraction {folder.val_fraction:g} hold out another "
+            "subset than the run did. Leave them out to use the run's own split.")
 
 
 def _load_any(source):
@@ -352,7 +435,8 @@ def parser():
 
     t = sub.add_parser("train", help="train a ViT (default: the embedded digits data set)")
     t.add_argument("--model", help="vit_s16, vit_b32, ... (default: the recipe's)")
-    t.add_argument("--attention", default="relu", help="attention preset (default relu)")
+    t.add_argument("--attention", help="attention kind (see `attention`; default relu, or "
+                   "with --init the checkpoint's own)")
     t.add_argument("--dataset", help="tfds name, or a folder of images with one sub-folder "
                    "per class (and optionally train/ + val/ splits); default: the recipe's")
     t.add_argument("--manual-dir", help="archives to prepare the data set from "
@@ -397,18 +481,28 @@ def parser():
     t.add_argument("--data-shards", type=int, help="in one process: read the data as a "
                    "cluster of this many processes would (the same global batches)")
     t.add_argument("--init-timeout", type=int, default=120,
-                   help="seconds to wait for the cluster to form (default 120)")
+                   help="seconds to wait for the cluster to form (default 120); under torchrun "
+                   "its own rendezvous waits first: pass torchrun --rdzv-conf timeout=SECONDS "
+                   "(static, --master-addr) or join_timeout=SECONDS (c10d)")
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
     t.add_argument("--quiet", action="store_true", help="one line per epoch")
     t.set_defaults(func=_train)
 
-    e = sub.add_parser("eval", help="evaluate a model on a tfds split or a folder of images")
-    e.add_argument("model")
-    e.add_argument("--dataset", default="sklearn_digits", help="tfds name or a folder of "
-                   "images (its val/ or test/ split, or the held-out --val-fraction)")
-    e.add_argument("--val-fraction", type=float, default=0.1,
-                   help="a folder without val/: the share held out (as train used it)")
-    e.add_argument("--split", default=None)
+    e = sub.add_parser("eval", help="evaluate a model on a tfds split or a folder of images",
+                       description="Evaluates a model. Given a run directory of `keras-reluvit "
+                       "train` (or a file in one), its data set, split, seed, val_fraction and "
+                       "recipe (loss) are the run's: the images it held out.")
+    e.add_argument("model", help="a run directory (runs/x/: its model.keras), a .keras file, "
+                   "a checkpoint or an hf:// handle")
+    e.add_argument("--dataset", help="tfds name or a folder of images (its val/ or test/ "
+                   "split, or the held-out --val-fraction); default: the run's")
+    e.add_argument("--val-fraction", type=float, help="a folder without val/: the share held "
+                   "out (default: the run's, else 0.1)")
+    e.add_argument("--seed", type=int, help="a folder without val/: the seed of the held-out "
+                   "share (default: the run's, else 0)")
+    e.add_argument("--recipe", help="the loss to report (default: the run's recipe's, else "
+                   "softmax cross-entropy)")
+    e.add_argument("--split", default=None, help="default: the validation (or test) split")
     e.add_argument("--manual-dir", help="archives to prepare the data set from "
                    "(default: DATA_DIR/downloads/manual)")
     e.add_argument("--data-dir")

@@ -45,6 +45,10 @@ SPLIT_DIRS = {"train": ("train",), "validation": ("val", "validation", "valid"),
 _SYSTEM_FILES = {"thumbs.db", "desktop.ini"}
 
 
+# The file a training run on a folder writes into its directory: the split it used.
+SPLIT_FILE = "split.json"
+
+
 class ImageFolderError(ValueError):
     """A folder that cannot be read as an image data set (the message says
     what to change)."""
@@ -164,6 +168,7 @@ class ImageFolder:
         found = {split: next(d for d in names if d in subdirs)
                  for split, names in SPLIT_DIRS.items() if any(d in subdirs for d in names)}
         skipped = 0
+        self.drawn = "train" not in found  # the validation split drawn by the seed
         if "train" in found:
             classes, files, skipped = _scan(os.path.join(self.root, found["train"]), "train")
             self.class_names = classes
@@ -244,6 +249,38 @@ class ImageFolder:
             n = len(paths) // count * count
             paths, labels = paths[index:n:count], labels[index:n:count]
         return tf.data.Dataset.from_tensor_slices({"file": list(paths), "label": labels})
+
+    def describe_split(self, split):
+        """One line: which images `split` is and how it was made."""
+        name = {"val": "validation", "valid": "validation"}.get(split, split)
+        n = self.num_examples(name)
+        if not self.drawn:
+            return f"{self.root}: the {name} split, its own folder ({n} images)"
+        what = "held out" if name == "validation" else "kept for training"
+        return (f"{self.root}: the {name} split, {n} images {what} by seed {self.seed} "
+                f"with val_fraction {self.val_fraction:g}")
+
+    def split_record(self):
+        """What a training run writes into its directory (`SPLIT_FILE`): the
+        folder, how its splits were made and, where they were drawn, each
+        split's files (relative to the folder), so that an evaluation can
+        prove it holds out what the run held out."""
+        record = dict(root=self.root, drawn=self.drawn, seed=self.seed,
+                      val_fraction=self.val_fraction)
+        if self.drawn:
+            record["splits"] = {name: [os.path.relpath(p, self.root) for p in paths]
+                                for name, (paths, _) in self.splits.items()}
+        return record
+
+    def trained_on(self, split, record):
+        """The files of `split` that the run described by `record` (its
+        `split_record()`) trained on: empty for a proper held-out split."""
+        name = {"val": "validation", "valid": "validation"}.get(split, split)
+        paths, _ = self._split(name)
+        if not record.get("drawn"):  # train/ and val/ folders: a file is in one of them
+            return [] if name != "train" else list(paths)
+        trained = set(record["splits"].get("train", ()))
+        return [p for p in paths if os.path.relpath(p, self.root) in trained]
 
     def __repr__(self):
         sizes = ", ".join(f"{k}: {len(v[0])}" for k, v in self.splits.items())

@@ -326,13 +326,28 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
         warmup_steps=warmup,
     )
     optimizer = _optimizer(model, recipe, schedule, layer_decay)
+    loss, metrics = loss_and_metrics(model, recipe)
     if recipe["loss"] == "sigmoid_xent":
-        loss = SigmoidCrossEntropy()
         head = _head(model)
         if head is not None and recipe.get("head_bias_init"):
             bias = keras.ops.convert_to_numpy(head.bias)
             if np.all(bias == 0):
                 head.bias.assign(np.full(bias.shape, recipe["head_bias_init"], "float32"))
+    if (keras.backend.backend() == "tensorflow" and "jit_compile" not in compile_kwargs
+            and not compile_kwargs.get("run_eagerly")
+            and keras.distribution.distribution() is None):
+        compile_kwargs["jit_compile"] = True
+    model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)
+    return model
+
+
+def loss_and_metrics(model, recipe):
+    """The recipe's loss (with its label smoothing) and our metrics
+    (accuracy; top-5 above 5 classes): what a run reports, and what
+    `keras-reluvit eval` compiles to reproduce it."""
+    recipe = get(recipe) if isinstance(recipe, str) else recipe
+    if recipe["loss"] == "sigmoid_xent":
+        loss = SigmoidCrossEntropy()
     elif recipe["loss"] == "softmax_xent":
         loss = keras.losses.CategoricalCrossentropy(
             from_logits=True, label_smoothing=float(recipe.get("label_smoothing") or 0.0))
@@ -342,12 +357,7 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
     num_classes = model.output_shape[-1]
     if num_classes and num_classes > 5:
         metrics.append(keras.metrics.TopKCategoricalAccuracy(5, name="top5"))
-    if (keras.backend.backend() == "tensorflow" and "jit_compile" not in compile_kwargs
-            and not compile_kwargs.get("run_eagerly")
-            and keras.distribution.distribution() is None):
-        compile_kwargs["jit_compile"] = True
-    model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)
-    return model
+    return loss, metrics
 
 
 def _optimizer(model, recipe, schedule, layer_decay=None):

@@ -7,6 +7,9 @@
   (in a multi-process cluster: `backup/process_<i>`, one per process);
 - `tensorboard/` — TensorBoard logs;
 - `config.json` — everything needed to rebuild the run and the model;
+- `split.json` — on a folder of images: how its splits were made and, where
+  the validation split was drawn (no `val/` folder), the files of each, so
+  that `keras-reluvit eval` holds out what the run held out;
 - `last.keras` (each epoch) and `model.keras` (final);
 - `metrics.json` — final evaluation, the per-epoch history and the loss
   after every step (`step_loss`);
@@ -24,13 +27,14 @@ import keras
 from keras_reluvit import callbacks as kr_callbacks
 from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
+from keras_reluvit import image_folder
 from keras_reluvit import recipes
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.variants import variant_with_patch
 from keras_reluvit.vit import ViT
 
 
-def build_config(recipe="digits", dataset=None, model=None, attention="relu", epochs=None,
+def build_config(recipe="digits", dataset=None, model=None, attention=None, epochs=None,
                  batch_size=None, image_size=None, data_dir=None, seed=0, init=None,
                  data_shards=None, trainable="all", lora_rank=8, layer_decay=None, lr=None,
                  val_fraction=0.1, **model_overrides):
@@ -39,9 +43,11 @@ def build_config(recipe="digits", dataset=None, model=None, attention="relu", ep
     `dataset` is a tfds name or a folder of images (one sub-folder per
     class; `val_fraction` of each class is held out where it has no `val/`).
     `init` is a pretrained checkpoint (anything `keras_reluvit.load_checkpoint`
-    reads) to start from: its architecture and weights, with `attention`
-    swapped in and a new (zero-initialised) head for the data set's classes
-    when they differ; `image_size` None keeps its resolution. `trainable`:
+    reads) to start from: its architecture, attention and weights (an
+    `attention` given is swapped in, said in one printed line) and a new
+    (zero-initialised) head for the data set's classes when they differ;
+    `image_size` None keeps its resolution. Without `init`, `attention`
+    defaults to `"relu"` (ReLU/L). `trainable`:
     `"all"`, `"head"` (linear probe) or `"lora"` (rank `lora_rank`; see
     `keras_reluvit.finetune`); `layer_decay` and `lr` override the recipe's.
     """
@@ -69,7 +75,10 @@ def build_config(recipe="digits", dataset=None, model=None, attention="relu", ep
         if recipe == "digits":  # the tiny-model overrides belong to its default
             for k in ("width", "depth", "num_heads", "mlp_dim"):
                 model_cfg.pop(k, None)
-    model_cfg.update(attention=attention)
+    # Given > the recipe's (relu_from_softmax) > with init the checkpoint's own, else ReLU/L.
+    attention = attention or r["model"].get("attention") or (None if init else "relu")
+    if attention is not None:
+        model_cfg.update(attention=attention)
     if not init:
         model_cfg.update(head_bias_init=r["head_bias_init"])
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
@@ -140,6 +149,9 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         if chief:
             with open(os.path.join(output, "config.json"), "w") as f:
                 json.dump(full, f, indent=2, default=list)
+            if isinstance(d.info, image_folder.ImageFolder):  # what `eval` must hold out
+                with open(os.path.join(output, image_folder.SPLIT_FILE), "w") as f:
+                    json.dump(d.info.split_record(), f)
         recipe = recipes.get(config["recipe"], model_cfg.get("variant"))
         recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
                         epochs=config["epochs"], lr=config.get("lr"),

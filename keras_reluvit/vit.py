@@ -20,6 +20,8 @@ from keras_reluvit.attention import check_qk_norm
 from keras_reluvit.attention import check_rate
 from keras_reluvit.attention_kinds import deserialize_attention
 from keras_reluvit.attention_kinds import resolve_attention
+from keras_reluvit.keywords import check_keywords
+from keras_reluvit.keywords import parameters
 from keras_reluvit.posemb import PositionEmbedding
 from keras_reluvit.preprocessing import ImagePreprocessor
 from keras_reluvit.preprocessing import check_preprocessing
@@ -161,6 +163,8 @@ class ViT(keras.Model):
         name=None,
         **kwargs,
     ):
+        check_keywords("keras_reluvit.ViT", {k: v for k, v in kwargs.items() if k != "trainable"},
+                       accepted_keywords())
         config, attention_args = _checked_config(
             variant=variant, attention=attention, num_classes=num_classes,
             image_size=image_size, pool=pool, posemb=posemb, qk_norm=qk_norm,
@@ -410,6 +414,11 @@ class ViT(keras.Model):
         if mode is not None:  # a quantized model's saved variables are the quantized ones
             model.quantize(mode)
         return model
+
+
+def accepted_keywords():
+    """The keywords `ViT` takes (its own, and Keras' `trainable`)."""
+    return parameters(ViT.__init__) + ["trainable"]
 
 
 def _quantization_mode(model):

@@ -5,8 +5,10 @@ import os
 
 import keras
 
+from keras_reluvit.keywords import check_keywords
 from keras_reluvit.posemb import resample_posemb
 from keras_reluvit.vit import ViT
+from keras_reluvit.vit import accepted_keywords
 
 
 def transfer_weights(source, target):
@@ -182,6 +184,9 @@ def _builder(variant):
     size, patch = variant.split("/")
 
     def build(weights=None, **kwargs):
+        check_keywords(f"ViT_{size}{patch}", {k: v for k, v in kwargs.items()
+                                             if k not in accepted_keywords()[1:]},
+                       ["weights"] + accepted_keywords()[1:])
         if weights is not None and _foreign(weights):
             return _from_checkpoint(variant, weights, kwargs)
         model = ViT(variant=variant, **kwargs)

@@ -45,6 +45,7 @@ import numpy as np
 
 from keras_reluvit import variants
 from keras_reluvit.attention_kinds import deserialize_attention
+from keras_reluvit.attention_kinds import resolve_attention
 from keras_reluvit.checkpoints import big_vision
 from keras_reluvit.checkpoints import hf
 from keras_reluvit.checkpoints import keras_hub
@@ -260,6 +261,7 @@ def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrid
     if native is None:  # sincos2d posemb: the checkpoint has no resolution
         native = (224 // patch, 224 // patch)
     arch.setdefault("image_size", (native[0] * patch, native[1] * patch))
+    own = dict(arch, attention=arch.get("attention", "softmax"))
     if attention is not None:
         arch["attention"] = attention
     arch["attention"] = deserialize_attention(arch.get("attention", "softmax"))
@@ -275,6 +277,7 @@ def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrid
     if fresh_head or not arch.get("include_top", True):  # the source's classes are gone
         arch.pop("label_names", None)
     arch.update(overrides)
+    _say_changes(path if source is None else source, own, arch, image_size)
     if "variant" not in arch:
         arch["variant"] = _variant_name(arch["width"], patch)
     if "name" not in arch:
@@ -290,6 +293,38 @@ def _build(arch, weights, fmt, path, attention, num_classes, image_size, overrid
            native_grid=native)
     model.checkpoint_source = {"path": source or path, "format": fmt}
     return model
+
+
+# What a caller may change about a checkpoint's architecture (beside the
+# head, which `assign` names): each change is said in one printed line.
+_ANNOUNCED = ("attention", "pool", "mlp_activation", "qk_norm", "posemb", "fc_norm",
+              "layer_norm_epsilon", "dropout", "dtype")
+
+
+def _say_changes(path, own, arch, image_size):
+    """One line naming what differs from the checkpoint's own architecture
+    (from what to what), so that a fine-tune never swaps, say, softmax for
+    ReLU attention unseen."""
+    changes = [f"{k} {own.get(k)!r} -> {arch[k]!r}" for k in _ANNOUNCED
+               if k in arch and arch[k] is not None and own.get(k) is not None
+               and _plain(arch[k]) != _plain(own.get(k))]
+    if image_size is not None and image_pair(image_size) != image_pair(own["image_size"]):
+        changes.append(f"image_size {tuple(image_pair(own['image_size']))} -> "
+                       f"{tuple(image_pair(image_size))} (position embedding resampled)")
+    if changes:
+        print(f"keras_reluvit: {os.path.basename(path.rstrip('/'))}: the checkpoint's "
+              f"architecture changed: {'; '.join(changes)}.", flush=True)
+
+
+def _plain(value):
+    """An attention given as a name or as a dict of arguments, comparable."""
+    if isinstance(value, (str, dict)):
+        try:
+            value = resolve_attention(value)
+        except ValueError:
+            return value
+        return {k: getattr(v, "__name__", v) for k, v in value.items()}
+    return value
 
 
 def load_model(source, **overrides):
