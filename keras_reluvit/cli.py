@@ -585,6 +585,7 @@ EXTRA_OF = {
     "matplotlib": "train", "tensorboard": "train", "importlib_resources": "train",
     "tf2onnx": "onnx", "onnx": "onnx", "onnxruntime": "onnx",
     "jax": "jax", "torch": "torch", "triton": "cuda", "huggingface_hub": "hub",
+    "skimage": "samples", "PIL": "samples",
 }
 
 

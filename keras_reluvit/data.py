@@ -37,6 +37,7 @@ from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import normalise
 from keras_reluvit.preprocessing import tf_preprocess
+from keras_reluvit.preprocessing import tf_to_rgb
 
 ILSVRC_HELP = """ImageNet (imagenet2012) is not prepared in {data_dir}.
 tfds cannot download it. Put the two official archives in a manual directory:
@@ -228,21 +229,6 @@ def resize_small_central_crop(image, size):
     return tf_preprocess(image, size, normalize=False)
 
 
-def to_rgb(image):
-    """Grey (1 channel) to RGB; RGBA to RGB; RGB unchanged."""
-    tf = _tf()
-    channels = image.shape[-1]
-    if channels == 3:
-        return image
-    if channels == 1:
-        return tf.image.grayscale_to_rgb(image)
-    return tf.cond(
-        tf.shape(image)[-1] == 1,
-        lambda: tf.tile(image, [1, 1, 3]),
-        lambda: image[..., :3],
-    )
-
-
 class _KeyedSeed:
     """Stands in for a `keras.random.SeedGenerator` inside tf.data: each
     `next()` is a stateless seed derived from a key tensor, so the draws of
@@ -409,7 +395,7 @@ def pipeline(
                 image = decode_inception_crop(data, size, aug.crop_area, aug.crop_aspect, s1, dct,
                                               recipe["alpha"])
             else:
-                image = inception_crop(to_rgb(data), size, aug.crop_area, aug.crop_aspect, s1)
+                image = inception_crop(tf_to_rgb(data, recipe), size, aug.crop_area, aug.crop_aspect, s1)
             image = tf.ensure_shape(image, (*size, 3))
             if aug.flip:
                 image = tf.image.stateless_random_flip_left_right(image, s2)
@@ -418,7 +404,7 @@ def pipeline(
             image = normalise(tf.clip_by_value(image, 0.0, 255.0), recipe)
         else:
             image = tf_preprocess(
-                decode_image(data, dct, recipe["alpha"]) if encoded else to_rgb(data),
+                decode_image(data, dct, recipe["alpha"]) if encoded else data,
                 size, recipe)
         image = tf.ensure_shape(image, (*size, 3))
         label = tf.one_hot(example["label"], num_classes)
@@ -656,8 +642,10 @@ def load(
         shards = source.shards(train_split, process_count)
         n = source.num_examples(shards[0])
         if n < local_batch:
-            raise ValueError(f"{name} {train_split} has {n} examples per process, fewer than "
-                             f"one batch of {local_batch}: use a smaller batch size.")
+            per = "" if process_count == 1 else f" per process ({process_count} processes)"
+            raise ValueError(f"{name} {train_split} has {n} examples{per}, fewer than one batch "
+                             f"of {local_batch}: use a smaller batch size (batch_size=, "
+                             "keras-reluvit train --batch-size).")
         steps = n // local_batch
 
         def shard_pipeline(i):

@@ -316,8 +316,13 @@ def sample_folder(root, classes=("cat", "coffee", "rocket"), per_class=24, size=
     train, val, info = kr.data.load(root, batch_size=16, image_size=32)
     ```
     """
-    from PIL import Image
-    from skimage import data as skdata
+    try:
+        from PIL import Image
+        from skimage import data as skdata
+    except ImportError as e:
+        raise ModuleNotFoundError(f"sample_folder needs scikit-image and Pillow ({e.name} is "
+                                  "missing): pip install \"keras-reluvit[samples]\".",
+                                  name=e.name) from None
 
     unknown = [c for c in classes if c not in SAMPLE_PHOTOS]
     if unknown:

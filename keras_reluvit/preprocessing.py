@@ -420,14 +420,42 @@ def _pillow_passes(x, rows, cols, vertical, p, ops, cond=None):
 
 
 def to_rgb(x, p, ops):
-    """RGBA `[..., 4]` -> RGB `[..., 3]` by the recipe's `alpha` rule (RGB
-    passes through); `x` holds 0-255 pixel values."""
-    if x.shape[-1] != 4:
+    """0-255 pixels with 1 (grey), 2 (grey + alpha), 3 (RGB) or 4 (RGBA)
+    channels -> RGB `[..., 3]`, a transparent image by the recipe's `alpha`
+    rule: the one conversion every path uses (preprocessor, tf.data
+    pipelines, `data.for_model`, SavedModels). The channel count must be
+    known (`tf_to_rgb` takes any in a TensorFlow graph)."""
+    channels = x.shape[-1]
+    if channels == 3:
         return x
+    if channels in (1, 2):  # grey: its value in R, G and B
+        rgb = ops.concatenate([x[..., :1]] * 3, axis=-1)
+        x = rgb if channels == 1 else ops.concatenate([rgb, x[..., 1:]], axis=-1)
+        if channels == 1:
+            return x
+    if x.shape[-1] != 4:
+        raise ValueError(f"Images have 1 (grey), 2, 3 (RGB) or 4 (RGBA) channels, got "
+                         f"{channels}.")
     if p["alpha"] == "drop":
         return x[..., :3]
     q = ops.cast(x, "int32")
     return ops.cast(composite_on_white(q[..., :3], q[..., 3:], ops), "float32")
+
+
+def tf_to_rgb(image, p=None):
+    """`to_rgb` in TensorFlow ops for a graph that may not know the channel
+    count (decoded files, `data.for_model`'s inputs): float32 0-255 RGB."""
+    import tensorflow as tf
+
+    p = check_preprocessing(p)
+    x = tf.cast(image, tf.float32)
+    if x.shape[-1] is not None:
+        return to_rgb(x, p, _TFOps)
+    branches = [lambda c=c: tf.ensure_shape(to_rgb(tf.ensure_shape(x, [None] * (x.shape.rank - 1)
+                                                                   + [c]), p, _TFOps),
+                                            [None] * (x.shape.rank - 1) + [3])
+                for c in (1, 2, 3, 4)]
+    return tf.switch_case(tf.shape(x)[-1] - 1, branches)
 
 
 def border_fill(p):
@@ -478,7 +506,7 @@ def tf_preprocess(images, size, p=None, normalize=True):
     import tensorflow as tf
 
     p = check_preprocessing(p)
-    x = to_rgb(tf.cast(images, tf.float32), p, _TFOps)
+    x = tf_to_rgb(images, p)
     shape = tf.shape(x)
     h, w = shape[-3], shape[-2]
     before, (rh, rw), (top, left, th, tw) = plan(h, w, size, p, _TFInt())
@@ -560,7 +588,8 @@ class _TFOpsNamespace:
 
         ops = dict(shape=tf.shape, maximum=tf.maximum, pad=pad, stack=tf.stack,
                    clip=tf.clip_by_value, floor=tf.floor, floor_divide=tf.math.floordiv,
-                   cast=tf.cast, einsum=tf.einsum)
+                   cast=tf.cast, einsum=tf.einsum,
+                   concatenate=lambda xs, axis=0: tf.concat(xs, axis))
         self.__dict__.update(ops)  # looked up here once, then plain attributes
         if name not in ops:
             raise AttributeError(name)
@@ -659,9 +688,10 @@ class ImagePreprocessor(keras.layers.Layer):
             return keras.ops.concatenate([self.call(image) for image in images], axis=0)
         if len(images.shape) == 3:
             images = images[None]
-        if len(images.shape) != 4 or images.shape[-1] not in (3, 4):
-            raise ValueError(f"ImagePreprocessor takes RGB(A) images [H, W, 3 or 4] or "
-                             f"[N, H, W, 3 or 4], got shape {tuple(images.shape)}.")
+        if len(images.shape) != 4 or images.shape[-1] not in (1, 2, 3, 4, None):
+            raise ValueError(f"ImagePreprocessor takes images [H, W, C] or [N, H, W, C] of "
+                             f"1 (grey), 2 (grey + alpha), 3 (RGB) or 4 (RGBA) channels, got "
+                             f"shape {tuple(images.shape)}.")
         graph = keras.backend.backend() == "tensorflow" or _in_tf_graph()
         images = self._pixels(images, graph)
         if graph:
@@ -764,22 +794,33 @@ def decode_image(data, dct_method="INTEGER_ACCURATE", alpha="drop"):
                            [None, None, 4 if alpha == "keep" else 3])
 
 
-def load_image(path, alpha="drop"):
-    """An image file (JPEG, PNG, GIF, BMP, WebP) as uint8 `[H, W, 3]`
-    (numpy), decoded as the SavedModel's `serve_bytes` decodes it:
-    TensorFlow, JPEG with the accurate integer DCT (the pixels PIL gives).
-    `alpha` as `decode_image`: `"keep"` returns `[H, W, 4]`, which
-    `model.preprocessor` turns into RGB by the checkpoint's own rule (what
-    `keras-reluvit predict` does). Needs TensorFlow (the `[train]` extra)."""
+def load_image(path, alpha="auto"):
+    """An image file (JPEG, PNG, GIF, BMP, WebP) as uint8 numpy pixels,
+    decoded as the SavedModel's `serve_bytes` decodes it: TensorFlow, JPEG
+    with the accurate integer DCT (the pixels PIL gives).
+
+    `alpha`: `"auto"` (default) gives `[H, W, 3]` for an opaque image and
+    `[H, W, 4]` for one with transparent pixels, which `model.preprocessor`
+    turns into RGB by the checkpoint's own rule (transformers' CLIP / DINOv2
+    composite onto white, timm drops the channel) -- so
+    `model.preprocessor(kr.load_image(path))` is right for every image, as
+    `keras-reluvit predict`. `"keep"` always `[H, W, 4]`; `"drop"` /
+    `"white"` RGB by that rule (see `decode_image`). Needs TensorFlow (the
+    `[train]` extra)."""
+    if alpha not in ALPHA_RULES + ("keep", "auto"):
+        raise ValueError(f"alpha must be 'auto', 'keep', 'drop' or 'white', got {alpha!r}.")
     with open(path, "rb") as f:
         data = f.read()
     import tensorflow as tf
 
     try:
-        return decode_image(tf.constant(data), alpha=alpha).numpy()
+        x = decode_image(tf.constant(data), alpha="keep" if alpha == "auto" else alpha).numpy()
     except tf.errors.InvalidArgumentError as e:
-        raise ValueError(f"{path}: not a JPEG, PNG, GIF, BMP or WebP image "
+        raise ValueError(f"{path}: not a readable JPEG, PNG, GIF, BMP or WebP image "
                          f"({e.message}).") from None
+    if alpha == "auto" and bool(np.all(x[..., 3] == 255)):  # opaque: every rule agrees
+        x = np.ascontiguousarray(x[..., :3])
+    return x
 
 
 def probabilities(logits, activation="softmax"):

@@ -82,13 +82,16 @@ def build_config(recipe="digits", dataset=None, model=None, attention=None, epoc
     if not init:
         model_cfg.update(head_bias_init=r["head_bias_init"])
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
+    if batch_size is None:
+        batch_size = _recipe_batch_size(recipe, r["batch_size"], dataset or r["dataset"],
+                                        val_fraction, seed, data_shards)
     return dict(
         recipe=recipe,
         init=os.fspath(init) if init else None,
         dataset=dataset or r["dataset"],
         data_dir=data_dir,
         epochs=epochs or r["epochs"],
-        batch_size=batch_size or r["batch_size"],
+        batch_size=batch_size,
         image_size=image_size or r["image_size"],
         augment=r.get("augment", {}),
         seed=seed,
@@ -100,6 +103,29 @@ def build_config(recipe="digits", dataset=None, model=None, attention=None, epoc
         val_fraction=float(val_fraction),
         model=model_cfg,
     )
+
+
+def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_shards):
+    """The recipe's batch size, or for a folder of images with fewer
+    training images than that (a fine-tune on a few hundred photographs
+    with `bv_transfer`'s 512), the largest batch its training split allows,
+    said in one line; `recipes.compile` scales the learning rate to it as
+    the recipe scales it."""
+    if not image_folder.is_image_folder(dataset):
+        return batch_size
+    folder = image_folder.ImageFolder(dataset, val_fraction=val_fraction, seed=seed)
+    shards = int(data_shards or kr_distribution.process_count())
+    n = folder.num_examples("train")
+    if n >= batch_size:
+        return batch_size
+    largest = n // shards * shards
+    if largest < 1:
+        raise ValueError(f"{dataset} has {n} training images, fewer than the {shards} "
+                         "processes reading it.")
+    print(f"keras_reluvit: {dataset} has {n} training images, fewer than recipe {recipe!r}'s "
+          f"batch of {batch_size}: training with batch {largest}, the learning rate scaled as "
+          "the recipe scales it (--batch-size / batch_size= to choose).", flush=True)
+    return largest
 
 
 def train(config, output, export=True, verbose=2, extra_callbacks=()):

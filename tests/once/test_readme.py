@@ -116,7 +116,48 @@ def test_readme_is_a_landing_page_linking_every_docs_page():
     assert len(DOCS) >= 8, DOCS
     for page in DOCS:
         assert f"]({page})" in text, f"README.md does not link {page}"
-    for name in ("README.md",) + DOCS:
+
+
+def markdown_files():
+    """Every Markdown file of the repository (git's list: what ships)."""
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True)
+    names = out.stdout.split() if out.returncode == 0 else []
+    if not names:  # not a git checkout (an sdist): walk the tree
+        for folder, dirs, files in os.walk(ROOT):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("build", "runs")]
+            names += [os.path.relpath(os.path.join(folder, f), ROOT) for f in files
+                      if f.endswith(".md")]
+    return sorted(names)
+
+
+def test_every_relative_link_of_every_markdown_file_resolves():
+    """Links and images (`[x](path)`, `![x](path)`) of every Markdown file
+    name files that exist, relative to the file that links them (as GitHub
+    renders them)."""
+    names = markdown_files()
+    assert {"README.md", "examples/README.md", "benchmarks/README.md"} <= set(names), names
+    broken = []
+    for name in names:
         folder = os.path.dirname(os.path.join(ROOT, name))
-        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", open(os.path.join(ROOT, name)).read()):
-            assert os.path.exists(os.path.join(folder, target)), f"{name}: broken link {target}"
+        for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", open(os.path.join(ROOT, name)).read()):
+            if not os.path.exists(os.path.join(folder, target)):
+                broken.append(f"{name}: {target}")
+    assert not broken, broken
+
+
+def test_torchrun_commands_set_the_torch_backend():
+    """Every torchrun command in the docs, the CHANGELOG and the CLI's help
+    sets KERAS_BACKEND=torch: without it each process trains alone."""
+    from keras_reluvit import cli
+
+    texts = {name: open(os.path.join(ROOT, name)).read() for name in markdown_files()}
+    texts["keras_reluvit/cli.py"] = cli.__doc__
+    missing = []
+    for name, text in texts.items():
+        flat = re.sub(r"\\\n\s*", " ", text)
+        for m in re.finditer(r"torchrun --", flat):
+            if "KERAS_BACKEND=torch" not in flat[max(0, m.start() - 30):m.start()]:
+                missing.append(f"{name}: {flat[m.start():m.start() + 60]!r}")
+    assert not missing, missing
