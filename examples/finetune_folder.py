@@ -96,7 +96,7 @@ def main(argv=None):
         print(f"  predicted {name} ({p:.2f}), labelled {want}")
 
     # 5. Export and serve (any backend writes it; class names inside).
-    export_dir = os.path.join(args.out, "saved_model")
+    export_dir = os.path.join(args.out, "saved_model", "1")  # TF Serving's version folder
     model.export(export_dir, format="tf_saved_model")
     served = tf.saved_model.load(export_dir)
     logits = served.serve(images)

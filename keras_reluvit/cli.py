@@ -202,7 +202,9 @@ def _eval(args):
             _check_held_out(d.info, split, directory, run)
     loss, metrics = recipes.loss_and_metrics(model, recipe)
     model.compile(loss=loss, metrics=metrics)
-    result = model.evaluate(d.val, return_dict=True, verbose=0)
+    folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
+    with image_folder.naming_unreadable(folder):
+        result = model.evaluate(d.val, return_dict=True, verbose=0)
     print(json.dumps({k: float(v) for k, v in result.items()}))
 
 
@@ -258,20 +260,22 @@ def _load_any(source):
 
 
 def _predict(args):
+    from keras_reluvit import image_folder
     from keras_reluvit import preprocessing
 
     model = _load_any(args.model)
     activation = args.activation
     files, folders = _image_files(args.images)
     if folders:  # a folder: one line (or JSON record) per image, in batches
-        for paths, probs in _predict_batches(model, files, args.batch_size, activation):
-            for path, top in zip(paths, preprocessing.decode_predictions(probs, model,
-                                                                         top=args.top)):
-                if args.json:
-                    print(json.dumps({"image": path, "top": [
-                        {"label": n, "probability": round(p, 6)} for n, p in top]}))
-                else:
-                    print(path + "\t" + "\t".join(f"{n} {p:.4f}" for n, p in top))
+        with image_folder.naming_unreadable(files):  # streamed: one batch in memory
+            for paths, probs in _predict_batches(model, files, args.batch_size, activation):
+                for path, top in zip(paths, preprocessing.decode_predictions(probs, model,
+                                                                             top=args.top)):
+                    if args.json:
+                        print(json.dumps({"image": path, "top": [
+                            {"label": n, "probability": round(p, 6)} for n, p in top]}))
+                    else:
+                        print(path + "\t" + "\t".join(f"{n} {p:.4f}" for n, p in top))
         return
     # any sizes; RGBA kept for the preprocessor's alpha rule (the checkpoint's)
     images = [preprocessing.load_image(path, alpha="keep") for path in files]

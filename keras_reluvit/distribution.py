@@ -258,8 +258,9 @@ def initialize(coordinator=None, num_processes=None, process_id=None, timeout=12
       cluster in `TF_CONFIG` (no arguments; each worker's own task index);
       `strategy()` returns it, build and compile the model in its scope.
       TensorFlow blocks until every worker is up, uninterruptibly: a worker
-      that is not reachable within `timeout` seconds ends the process
-      (SIGKILL, from a watchdog process) with a message naming it.
+      that is not reachable within `timeout` seconds ends the process with
+      status 2 (from a watchdog process; SIGKILL where libc's `_exit` cannot
+      be installed as a signal handler) and a message naming it.
 
     Not joined within `timeout` seconds (a coordinator that is not there, a
     process that never starts), it raises naming the address.
@@ -385,21 +386,49 @@ def _initialize_tensorflow(timeout):
     import tensorflow as tf
 
     # The strategy's constructor waits for every worker while holding the GIL:
-    # a watchdog process ends this one (SIGKILL) if a worker stays unreachable.
+    # a watchdog process ends this one if a worker stays unreachable -- with
+    # exit status 2 (the CLI's error status) where a C-level handler can be
+    # set, not SIGKILL's 137, which schedulers read as out of memory.
     peers = [f"{i}={w}" for i, w in enumerate(workers) if i != index]
+    restore = _exit_on_sigint()
     watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()),
-                                 str(timeout), f"Worker {index} of {len(workers)}"] + peers)
+                                 str(timeout), f"Worker {index} of {len(workers)}",
+                                 "INT" if restore else "KILL"] + peers)
     try:
         _TF_STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
     finally:
         watchdog.kill()
         watchdog.wait()
+        if restore:
+            restore()
     return _TF_STRATEGY
+
+
+def _exit_on_sigint():
+    """Makes SIGINT end the process at once with status 2 (C's `_exit`
+    installed as the handler: it receives the signal number, 2), which works
+    while a C++ call holds the GIL and no Python handler can run. Returns
+    the function that puts the previous handler back, or None where libc
+    cannot be reached (the watchdog then uses SIGKILL)."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        exit_now = ctypes.cast(libc._exit, ctypes.c_void_p)
+    except (OSError, AttributeError):
+        return None
+    assert int(signal.SIGINT) == 2  # the status _exit receives
+    previous = libc.signal(int(signal.SIGINT), exit_now)
+    return lambda: libc.signal(int(signal.SIGINT), previous)
 
 
 _WATCHDOG = r"""
 import os, signal, socket, sys, time
-pid, timeout, who, peers = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+pid, timeout, who, how = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+peers = sys.argv[5:]
 deadline = time.monotonic() + timeout
 while peers:
     for peer in list(peers):
@@ -416,7 +445,7 @@ while peers:
                     f"worker {index} (TF_CONFIG task.index) there, or check the address and "
                     "firewall. TensorFlow cannot stop waiting: ending this worker.\n")
                 sys.stderr.flush()
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGINT if how == "INT" else signal.SIGKILL)
                 sys.exit(1)
     time.sleep(0.5)
 """

@@ -27,7 +27,9 @@ image to one size before any crop. Both remain usable: see
 `keras_reluvit.data.for_model`.
 """
 
+import contextlib
 import os
+import re
 
 import numpy as np
 
@@ -285,6 +287,51 @@ class ImageFolder:
     def __repr__(self):
         sizes = ", ".join(f"{k}: {len(v[0])}" for k, v in self.splits.items())
         return f"ImageFolder({self.root!r}, classes={self.class_names}, {sizes})"
+
+
+def unreadable(paths):
+    """The files among `paths` that TensorFlow cannot decode (a valid header
+    over a corrupt or truncated body), decoded one by one as the pipelines
+    decode them."""
+    import tensorflow as tf
+
+    from keras_reluvit.preprocessing import decode_image
+
+    bad = []
+    for path in paths:
+        try:
+            decode_image(tf.io.read_file(path))
+        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+            why = re.sub(r"\{\{.*?\}\}\s*", "", e.message).strip().splitlines()
+            bad.append(f"{path} ({why[0][:80] if why else type(e).__name__})")
+    return bad
+
+
+@contextlib.contextmanager
+def naming_unreadable(folder):
+    """Runs a fit / evaluate / predict over `folder`'s files (an
+    `ImageFolder`, or a list of paths); a decode error raised inside tf.data
+    (which does not know the file) becomes an `ImageFolderError` naming the
+    file(s) that cannot be decoded."""
+    try:
+        yield
+    except Exception as e:
+        import tensorflow as tf
+
+        if folder is None or not isinstance(e, (tf.errors.InvalidArgumentError,
+                                                tf.errors.DataLossError)):
+            raise
+        paths = (folder if isinstance(folder, (list, tuple))
+                 else [p for paths, _ in folder.splits.values() for p in paths])
+        print(f"keras_reluvit: an image failed to decode inside tf.data; looking for it among "
+              f"{len(paths)} files ...", flush=True)
+        bad = unreadable(paths)
+        if not bad:
+            raise
+        raise ImageFolderError(
+            f"{len(bad)} image file(s) cannot be decoded (a valid header over a corrupt or "
+            f"truncated body): {'; '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}. Remove or "
+            "replace them.") from None
 
 
 # scikit-image's bundled photographs behind `sample_folder`'s classes.

@@ -14,7 +14,8 @@
 - `metrics.json` — final evaluation, the per-epoch history and the loss
   after every step (`step_loss`);
 - `curves.png` — loss and accuracy curves;
-- `saved_model/` — a TF SavedModel (with `export=True`).
+- `saved_model/1/` — a TF SavedModel (with `export=True`), in the version
+  folder TF Serving loads (`--model_base_path=.../saved_model`).
 """
 
 import contextlib
@@ -191,14 +192,17 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     start = time.time()
     # One iterator for the whole run, one new pass per epoch: a resumed run
     # fast-forwards to the pass of the epoch it resumes (ResumeDataStream).
-    history = model.fit(train_data, steps_per_epoch=d.steps_per_epoch,
-                        validation_data=val_data, epochs=config["epochs"],
-                        callbacks=kr_callbacks.default(output, dataset=d.train,
-                                                       process=(index, count))
-                        + [steps] + list(extra_callbacks),
-                        verbose=verbose if chief else 0)
-    train_seconds = time.time() - start
-    final = model.evaluate(val_data, return_dict=True, verbose=0) if d.val is not None else {}
+    folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
+    with image_folder.naming_unreadable(folder):
+        history = model.fit(train_data, steps_per_epoch=d.steps_per_epoch,
+                            validation_data=val_data, epochs=config["epochs"],
+                            callbacks=kr_callbacks.default(output, dataset=d.train,
+                                                           process=(index, count))
+                            + [steps] + list(extra_callbacks),
+                            verbose=verbose if chief else 0)
+        train_seconds = time.time() - start
+        final = (model.evaluate(val_data, return_dict=True, verbose=0)
+                 if d.val is not None else {})
     metrics = dict(
         final={k: float(v) for k, v in final.items()},
         history={k: [float(x) for x in v] for k, v in history.history.items()},
@@ -216,7 +220,7 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
             if export:
                 from keras_reluvit import export as kr_export
 
-                kr_export.saved_model(model, os.path.join(output, "saved_model"),
+                kr_export.saved_model(model, os.path.join(output, "saved_model", "1"),
                                       activation=recipes.probability(recipe))
     return model, metrics
 

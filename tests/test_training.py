@@ -354,7 +354,7 @@ def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
     # The SavedModel reproduces the Keras model (plain TF, no keras_reluvit).
     model = keras.saving.load_model(out / "model.keras")
     x = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
-    served = tf.saved_model.load(str(out / "saved_model"))
+    served = tf.saved_model.load(str(out / "saved_model" / "1"))  # TF Serving's version folder
     got = served.signatures["serve_preprocessed"](images=tf.constant(x))["logits"].numpy()
     top = served.signatures["serving_default"](images=tf.zeros((1, 40, 40, 3), tf.uint8))
     assert top["top_k_labels"].numpy()[0, 0].decode() in [str(i) for i in range(10)]

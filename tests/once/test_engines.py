@@ -201,7 +201,7 @@ def test_killed_cluster_trains_like_one_process_and_resumes(backend, tmp_path, s
     assert config["distribution"]["type"] == {
         "torch": "DistributedDataParallel", "tensorflow": "MultiWorkerMirroredStrategy"}[backend]
     assert sorted(os.listdir(out / "backup")) == ["process_0", "process_1"]
-    assert (out / "saved_model" / "saved_model.pb").exists()
+    assert (out / "saved_model" / "1" / "saved_model.pb").exists()
     check_saved_model(out, ref, data_dir, backend)
 
 
@@ -253,6 +253,28 @@ def cli_error(backend, args, env=(), timeout=90, code=2):
     return proc.stderr
 
 
+def test_torchrun_off_the_torch_backend_is_refused_before_writing(tmp_path):
+    """torchrun without KERAS_BACKEND=torch (the command the docs once
+    showed): two processes launched, each would train alone into one
+    --output. Both stop with an error naming KERAS_BACKEND=torch, and
+    nothing is written."""
+    out = tmp_path / "run"
+    port = free_port()
+    env = dict(subprocess_env("jax"))
+    env.pop("KERAS_BACKEND", None)  # Keras' own default: TensorFlow
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(port), "-m", "keras_reluvit.cli", "train",
+                           "--output", str(out), "--no-export"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.count("Set KERAS_BACKEND=torch") == 2, proc.stderr[-3000:]
+    assert "WORLD_SIZE=2" in proc.stderr and not out.exists()
+    # The same launcher variables on JAX, in one process.
+    err = cli_error("jax", ["train", "--output", str(out), "--no-export"],
+                    env={"WORLD_SIZE": "2", "RANK": "1"})
+    assert "Keras backend is jax" in err and not out.exists()
+
+
 def test_unreachable_peers_fail_fast_with_clear_messages(tmp_path):
     base = ["train", "--output", str(tmp_path / "x"), "--no-export", "--init-timeout", "2"]
     port = free_port()
@@ -268,7 +290,8 @@ def test_unreachable_peers_fail_fast_with_clear_messages(tmp_path):
     workers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{port}"]
     config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker",
                                                                   "index": 0}})
-    # (TensorFlow waits for its peers holding the GIL: a watchdog process ends it.)
-    err = cli_error("tensorflow", base, env={"TF_CONFIG": config}, code=-signal.SIGKILL)
+    # (TensorFlow waits for its peers holding the GIL: a watchdog process ends it,
+    # with the CLI's error status 2, not SIGKILL's 137 that reads as out of memory.)
+    err = cli_error("tensorflow", base, env={"TF_CONFIG": config}, code=2)
     assert f"Worker 0 of 2 could not join the cluster at 127.0.0.1:{port} within 2 s" in err
     assert "Start worker 1" in err

@@ -208,4 +208,4 @@ def test_finetune_folder_example_runs_end_to_end(tmp_path):
     assert accuracy >= 0.95, last
     assert "agrees with model.predict on 100%" in last
     assert "serves the class names ['rocket'" in out
-    assert (tmp_path / "saved_model" / "saved_model.pb").exists()
+    assert (tmp_path / "saved_model" / "1" / "saved_model.pb").exists()

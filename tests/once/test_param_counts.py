@@ -50,6 +50,33 @@ def test_parameter_count_equals_timm(name):
         assert model.count_params() == PUBLISHED[name]
 
 
+# big_vision's sizes without a builder, as docs/models.md lists them.
+OTHER_VARIANTS = {"M/16": 38_837_736, "So400m/14": 413_597_656, "g/14": 1_012_611_432}
+
+
+@pytest.mark.parametrize("variant", list(OTHER_VARIANTS))
+def test_other_variants_count_as_timm_and_the_docs_say(variant):
+    with keras.StatelessScope():
+        model = kr.ViT(variant, pool="tok", posemb="learn", qk_norm=False, num_classes=1000)
+    cfg = model.get_config()
+    assert model.count_params() == timm_count(cfg["width"], cfg["depth"], cfg["mlp_dim"],
+                                              cfg["patch_size"]) == OTHER_VARIANTS[variant]
+    if variant == "g/14":  # timm's vit_giant_patch14_224 card: 1012.6 M
+        assert round(model.count_params() / 1e5) == 10126
+
+
+def test_docs_models_table_holds_every_count():
+    """The counts docs/models.md prints are the counted ones (no drift)."""
+    import os
+    import re
+
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "models.md")).read()
+    for name, count in list(PUBLISHED.items()) + list(OTHER_VARIANTS.items()):
+        label = name if name.startswith("ViT_") else f"`\"{name}\"`"
+        row = re.search(re.escape(label) + r" \|[^\n]*?([\d,]{9,})", text)
+        assert row and int(row.group(1).replace(",", "")) == count, name
+
+
 def test_qk_norm_adds_two_head_dim_scales_per_block():
     with keras.StatelessScope():
         a = kr.ViT_S16(qk_norm=False)

@@ -147,6 +147,21 @@ def test_every_relative_link_of_every_markdown_file_resolves():
     assert not broken, broken
 
 
+def test_main_job_numbers_come_from_its_results_file():
+    """The main job's accuracy and time in the README and docs/training.md
+    are the ones `benchmarks/main_job.py` last recorded."""
+    import json
+
+    with open(os.path.join(ROOT, "benchmarks", "results", "main_job.json")) as f:
+        result = json.load(f)
+    accuracy = f"{100 * result['accuracy']:.1f} %"
+    for name in ("README.md", "docs/training.md"):
+        text = open(os.path.join(ROOT, name)).read()
+        assert accuracy in text, (name, accuracy)
+        assert f"{result['wall_seconds']:.0f} s" in text, (name, result["wall_seconds"])
+        assert "main_job.json" in text, name
+
+
 def test_torchrun_commands_set_the_torch_backend():
     """Every torchrun command in the docs, the CHANGELOG and the CLI's help
     sets KERAS_BACKEND=torch: without it each process trains alone."""
