@@ -32,18 +32,23 @@ suite() {  # label, then the command
 # only code, the same under every backend; tests/conftest.py), which the three
 # backend suites then leave out.
 # --durations: each lane lists its slowest tests (CI must stay within 30 min).
-# The once lane is the longer one (without this ~24 min against ~22): its
-# wheel test runs at the end of the backend lane instead, still once, under torch.
-SECOND_LANE_ONCE=tests/once/test_wheel.py
+# The once lane is the longer one: its wheel test, the literal reader of the
+# docs and the docs' traps run at the end of the backend lane instead, still
+# once, under torch.
+SECOND_LANE_ONCE=(tests/once/test_wheel.py tests/once/test_literal_reader.py
+                  tests/once/test_traps.py)
+IGNORE_SECOND=()
+for f in "${SECOND_LANE_ONCE[@]}"; do IGNORE_SECOND+=(--ignore="$f"); done
 once() { suite "backend-independent (torch)" env KERAS_BACKEND=torch KRV_BACKEND_INDEPENDENT=only \
-           python -m pytest tests -q --durations=15 --ignore="$SECOND_LANE_ONCE" "$@"; }
+           python -m pytest tests -q --durations=15 "${IGNORE_SECOND[@]}" "$@"; }
 backends() {
   for backend in jax tensorflow torch; do
     suite "$backend" env KERAS_BACKEND="$backend" KRV_BACKEND_INDEPENDENT=skip \
       python -m pytest tests -q --durations=10 --ignore=tests/once "$@"
   done
   suite "backend-independent, 2nd lane (torch)" env KERAS_BACKEND=torch KRV_BACKEND_INDEPENDENT=only \
-    bash -c 'python -m pytest "$@"; rc=$?; [ $rc = 5 ] && rc=0; exit $rc' _ "$SECOND_LANE_ONCE" -q "$@"
+    bash -c 'python -m pytest "$@"; rc=$?; [ $rc = 5 ] && rc=0; exit $rc' _ "${SECOND_LANE_ONCE[@]}" \
+    -q --durations=5 "$@"
 }  # (exit 5: extra arguments such as -k selected none of its tests)
 if [ "${KRV_SERIAL:-0}" = "1" ]; then
   once "$@"

@@ -788,3 +788,29 @@ def test_rectangular_posemb_resampled_from_a_random_grid(tmp_path):
     ref = ref.numpy()[0].transpose(1, 2, 0).reshape(12, 32)
     np.testing.assert_allclose(to_np(bicubic.get_layer("pos_embedding").embedding)[0, 1:], ref,
                                atol=1e-5)
+
+
+def test_a_changed_architecture_is_said_in_one_line_and_init_keeps_the_attention(tmp_path,
+                                                                                 capsys):
+    """`load_checkpoint(..., attention="relu")` on a softmax checkpoint says
+    what changed, from what to what; `kr.train.build_config(init=...)` (what
+    `keras-reluvit train --init` runs) keeps the checkpoint's attention unless
+    one is given (the README's fine-tune once swapped in ReLU/L unseen)."""
+    from keras_reluvit import train as T
+
+    kr.ViT("Ti/16", image_size=32, depth=1, num_classes=4,
+           attention="softmax").save(tmp_path / "soft.keras")
+    path = str(tmp_path / "soft.keras")
+    config = T.build_config(recipe="bv_transfer", dataset="x", init=path)
+    assert "attention" not in config["model"]
+    kept = C.load_checkpoint(path, **config["model"])
+    assert kept.get_config()["attention"] == "softmax"
+    assert "changed" not in capsys.readouterr().out
+    swapped = T.build_config(recipe="bv_transfer", dataset="x", init=path, attention="relu")
+    assert C.load_checkpoint(path, **swapped["model"]).get_config()["attention"] == "relu"
+    line = [x for x in capsys.readouterr().out.splitlines() if "changed" in x]
+    assert line == ["keras_reluvit: soft.keras: the checkpoint's architecture changed: "
+                    "attention 'softmax' -> 'relu'."], line
+    # The recipe made for the swap swaps; from scratch the default is ReLU/L.
+    assert T.build_config(recipe="relu_from_softmax", init=path)["model"]["attention"] == "relu"
+    assert T.build_config()["model"]["attention"] == "relu"

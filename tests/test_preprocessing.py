@@ -379,10 +379,18 @@ def test_inputs_of_any_form():
     np.testing.assert_allclose(to_np(batch)[1], to_np(one)[0], atol=1e-6)
     np.testing.assert_allclose(to_np(mixed)[1], to_np(pre(b))[0], atol=1e-6)
     np.testing.assert_allclose(to_np(pre(a.astype("float32"))), to_np(one), atol=1e-5)
-    with pytest.raises(ValueError, match=r"RGB\(A\) images \[H, W, 3 or 4\]"):
+    with pytest.raises(ValueError, match=r"images \[H, W, C\] or \[N, H, W, C\] of 1 \(grey\)"):
         pre(rng.integers(0, 256, (40, 50), dtype="uint8"))
-    with pytest.raises(ValueError, match=r"RGB\(A\) images"):
-        pre(rng.integers(0, 256, (40, 50, 2), dtype="uint8"))
+    with pytest.raises(ValueError, match=r"4 \(RGBA\) channels, got shape \(1, 40, 50, 5\)"):
+        pre(rng.integers(0, 256, (40, 50, 5), dtype="uint8"))
+    # Grey (1 channel) is its value in R, G and B; grey + alpha (2) follows the
+    # recipe's alpha rule as RGBA does.
+    grey = rng.integers(0, 256, (40, 50, 1), dtype="uint8")
+    np.testing.assert_array_equal(to_np(pre(grey)), to_np(pre(np.repeat(grey, 3, -1))))
+    la = rng.integers(0, 256, (40, 50, 2), dtype="uint8")
+    rgba = np.concatenate([np.repeat(la[..., :1], 3, -1), la[..., 1:]], -1)
+    white = kr.ImagePreprocessor(32, interpolation="bicubic", alpha="white")
+    np.testing.assert_array_equal(to_np(white(la)), to_np(white(rgba)))
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -666,3 +674,34 @@ def test_transformers_writer_round_trips_the_recipe(tmp_path, recipe):
     back = hf.preprocessing_from_processor(str(tmp_path), family)
     assert back == want
     assert hf.processor_config(P.check_preprocessing(None), 224) is None  # area: no equivalent
+
+
+# ------------------------------------------- kr.load_image and the alpha rule
+def test_load_image_gives_the_preprocessor_what_its_alpha_rule_needs(tmp_path):
+    """The README tour's `model.preprocessor(kr.load_image(path))` on a
+    transparent PNG: a CLIP / DINOv2 recipe (`alpha="white"`) gets Pillow's
+    composite onto white (transformers' `convert_to_rgb`), ours / timm's
+    (`"drop"`) PIL's `convert("RGB")`; an opaque image stays `[H, W, 3]`.
+    `kr.data.for_model` applies the same rule to RGBA batches."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, (40, 52, 4)).astype("uint8")
+    rgba[:20, :, 3] = 0  # the top half transparent
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "t.png")
+    Image.fromarray(rgba[..., :3]).save(tmp_path / "o.jpg")
+    loaded = kr.load_image(str(tmp_path / "t.png"))
+    assert loaded.shape == (40, 52, 4) and kr.load_image(str(tmp_path / "o.jpg")).shape[-1] == 3
+    photo = Image.open(tmp_path / "t.png")
+    pil = {"white": np.asarray(Image.alpha_composite(Image.new("RGBA", photo.size, (255,) * 4),
+                                                     photo).convert("RGB")),
+           "drop": np.asarray(photo.convert("RGB"))}
+    for rule, rgb in pil.items():
+        model = kr.ViT("Ti/16", image_size=32, depth=1, num_classes=3,
+                       preprocessing=dict(alpha=rule, interpolation="bicubic"))
+        want = to_np(model.preprocessor(rgb))
+        np.testing.assert_array_equal(to_np(model.preprocessor(loaded)), want, err_msg=rule)
+        ds = tf.data.Dataset.from_tensor_slices((loaded[None], [1]))
+        x = next(iter(kr.data.for_model(ds, model, batch_size=1)))[0].numpy()
+        np.testing.assert_allclose(x, want, atol=1e-4, err_msg=rule)
+    assert np.abs(to_np(model.preprocessor(pil["white"])) - want).max() > 0.1  # rules differ

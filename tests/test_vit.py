@@ -512,3 +512,26 @@ def test_bicubic_posemb_resampling_is_pytorchs(old, new, antialias):
     np.testing.assert_allclose(got[:, 2:], want, atol=1e-6)
     with pytest.raises(ValueError, match="Unknown posemb resampling 'nearest'"):
         kr.resample_posemb(posemb, new, old, 2, method="nearest")
+
+
+# ------------------------------------------------------- unknown keywords
+@pytest.mark.parametrize("call, named, hint", [
+    (lambda: kr.ViT_S16(num_classes=10, drop_rate=0.1), "'drop_rate'", "use dropout"),  # timm
+    (lambda: kr.ViT("Ti/16", hidden_dim=32), "'hidden_dim'", "use width"),  # keras-hub
+    (lambda: kr.ViT("Ti/16", num_hidden_layers=2), "'num_hidden_layers'", "use depth"),  # HF
+    (lambda: kr.ViT("Ti/16", num_clases=3), "'num_clases'", "did you mean 'num_classes'"),
+    (lambda: kr.ViT_B16(drop_path_rate=0.1), "'drop_path_rate'", "not implemented"),
+])
+def test_unknown_keywords_are_refused_naming_ours(call, named, hint):
+    """A misspelled or foreign keyword never builds a model as if nothing had
+    been said (Keras' functional Model drops what it does not know)."""
+    with pytest.raises(TypeError, match="unknown keyword") as e:
+        call()
+    assert named in str(e.value) and hint in str(e.value)
+    assert "It accepts: " in str(e.value) and "dropout" in str(e.value)
+    assert isinstance(e.value, ValueError)  # the library's argument errors are ValueErrors
+
+
+def test_keras_own_keywords_still_pass_through_a_saved_config():
+    model = kr.ViT(**TINY, trainable=False)
+    assert kr.ViT.from_config(model.get_config()).trainable is False
