@@ -7,7 +7,7 @@ Examples:
         --output runs/mine                               # fine-tune on a folder of images
     keras-reluvit train --model vit_s16 --attention relu --dataset imagenet2012 \\
         --data-dir ~/tensorflow_datasets --recipe s16_i1k_90ep --output runs/s16_relu
-    keras-reluvit eval runs/s16_relu/model.keras --dataset imagenet2012 --data-dir ...
+    keras-reluvit eval runs/s16_relu/        # the run's data set, split, seed and loss
     keras-reluvit predict hf://timm/vit_small_patch16_224.augreg_in21k_ft_in1k cat.jpg
     keras-reluvit predict runs/mine/model.keras my_images/val/   # one line per image
     keras-reluvit export runs/s16_relu/model.keras serving/vit_s16_relu/1
