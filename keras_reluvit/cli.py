@@ -193,16 +193,16 @@ def _eval(args):
         raise ValueError(f"{args.model} names its classes {list(names)[:5]}..., "
                          f"{dataset} {list(d.label_names)[:5]}...: the labels would not "
                          "match (another data set, or a folder with other class folders).")
-    if isinstance(d.info, image_folder.ImageFolder):
-        split = args.split or next(s for s in ("validation", "test") if s in d.info.splits)
-        print(f"keras-reluvit: evaluating on {d.info.describe_split(split)}"
+    folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
+    if folder is not None:
+        split = args.split or next(s for s in ("validation", "test") if s in folder.splits)
+        print(f"keras-reluvit: evaluating on {folder.describe_split(split)}"
               + ("" if same else " (no training run of this folder given: pass the run "
                  "directory to evaluate on the split it held out)"), file=sys.stderr)
         if same:
-            _check_held_out(d.info, split, directory, run)
+            _check_held_out(folder, split, directory, run)
     loss, metrics = recipes.loss_and_metrics(model, recipe)
     model.compile(loss=loss, metrics=metrics)
-    folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
     with image_folder.naming_unreadable(folder):
         result = model.evaluate(d.val, return_dict=True, verbose=0)
     print(json.dumps({k: float(v) for k, v in result.items()}))

@@ -51,6 +51,11 @@ _SYSTEM_FILES = {"thumbs.db", "desktop.ini"}
 SPLIT_FILE = "split.json"
 
 
+def _split_name(split):
+    """A split's canonical name (`val`, `valid` -> `validation`)."""
+    return {"val": "validation", "valid": "validation"}.get(split, split)
+
+
 class ImageFolderError(ValueError):
     """A folder that cannot be read as an image data set (the message says
     what to change)."""
@@ -232,7 +237,7 @@ class ImageFolder:
         return len(self._split(split)[0])
 
     def _split(self, split):
-        name = {"val": "validation", "valid": "validation"}.get(split, split)
+        name = _split_name(split)
         if name not in self.splits:
             raise ImageFolderError(
                 f"{self.root} has no {split!r} split; it has {', '.join(self.splits)}.")
@@ -254,7 +259,7 @@ class ImageFolder:
 
     def describe_split(self, split):
         """One line: which images `split` is and how it was made."""
-        name = {"val": "validation", "valid": "validation"}.get(split, split)
+        name = _split_name(split)
         n = self.num_examples(name)
         if not self.drawn:
             return f"{self.root}: the {name} split, its own folder ({n} images)"
@@ -277,7 +282,7 @@ class ImageFolder:
     def trained_on(self, split, record):
         """The files of `split` that the run described by `record` (its
         `split_record()`) trained on: empty for a proper held-out split."""
-        name = {"val": "validation", "valid": "validation"}.get(split, split)
+        name = _split_name(split)
         paths, _ = self._split(name)
         if not record.get("drawn"):  # train/ and val/ folders: a file is in one of them
             return [] if name != "train" else list(paths)

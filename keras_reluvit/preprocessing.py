@@ -428,12 +428,11 @@ def to_rgb(x, p, ops):
     channels = x.shape[-1]
     if channels == 3:
         return x
-    if channels in (1, 2):  # grey: its value in R, G and B
-        rgb = ops.concatenate([x[..., :1]] * 3, axis=-1)
-        x = rgb if channels == 1 else ops.concatenate([rgb, x[..., 1:]], axis=-1)
-        if channels == 1:
-            return x
-    if x.shape[-1] != 4:
+    if channels == 1:  # grey: its value in R, G and B
+        return ops.concatenate([x] * 3, axis=-1)
+    if channels == 2:  # grey + alpha: RGBA, then the alpha rule
+        x = ops.concatenate([x[..., :1]] * 3 + [x[..., 1:]], axis=-1)
+    elif channels != 4:
         raise ValueError(f"Images have 1 (grey), 2, 3 (RGB) or 4 (RGBA) channels, got "
                          f"{channels}.")
     if p["alpha"] == "drop":
@@ -451,11 +450,13 @@ def tf_to_rgb(image, p=None):
     x = tf.cast(image, tf.float32)
     if x.shape[-1] is not None:
         return to_rgb(x, p, _TFOps)
-    branches = [lambda c=c: tf.ensure_shape(to_rgb(tf.ensure_shape(x, [None] * (x.shape.rank - 1)
-                                                                   + [c]), p, _TFOps),
-                                            [None] * (x.shape.rank - 1) + [3])
-                for c in (1, 2, 3, 4)]
-    return tf.switch_case(tf.shape(x)[-1] - 1, branches)
+    lead = [None] * (x.shape.rank - 1)
+
+    def branch(channels):  # to_rgb with the channel count made static
+        return lambda: tf.ensure_shape(to_rgb(tf.ensure_shape(x, lead + [channels]), p, _TFOps),
+                                       lead + [3])
+
+    return tf.switch_case(tf.shape(x)[-1] - 1, [branch(c) for c in (1, 2, 3, 4)])
 
 
 def border_fill(p):

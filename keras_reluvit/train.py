@@ -169,6 +169,7 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     scope = kr_distribution.strategy()
     with scope.scope() if scope is not None else contextlib.nullcontext():
         model, model_cfg, d = _model(config, d, load_data, chief)
+        folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
         full = dict(config, model=model_cfg, num_classes=d.num_classes,
                     label_names=d.label_names, backend=keras.backend.backend(),
                     steps_per_epoch=d.steps_per_epoch, processes=count,
@@ -176,9 +177,9 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         if chief:
             with open(os.path.join(output, "config.json"), "w") as f:
                 json.dump(full, f, indent=2, default=list)
-            if isinstance(d.info, image_folder.ImageFolder):  # what `eval` must hold out
+            if folder is not None:  # what `eval` must hold out
                 with open(os.path.join(output, image_folder.SPLIT_FILE), "w") as f:
-                    json.dump(d.info.split_record(), f)
+                    json.dump(folder.split_record(), f)
         recipe = recipes.get(config["recipe"], model_cfg.get("variant"))
         recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
                         epochs=config["epochs"], lr=config.get("lr"),
@@ -192,7 +193,6 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     start = time.time()
     # One iterator for the whole run, one new pass per epoch: a resumed run
     # fast-forwards to the pass of the epoch it resumes (ResumeDataStream).
-    folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
     with image_folder.naming_unreadable(folder):
         history = model.fit(train_data, steps_per_epoch=d.steps_per_epoch,
                             validation_data=val_data, epochs=config["epochs"],

@@ -182,11 +182,11 @@ def _h5_shapes(path, model):
 
 def _builder(variant):
     size, patch = variant.split("/")
+    accepted = ["weights"] + [k for k in accepted_keywords() if k != "variant"]
 
     def build(weights=None, **kwargs):
         check_keywords(f"ViT_{size}{patch}", {k: v for k, v in kwargs.items()
-                                             if k not in accepted_keywords()[1:]},
-                       ["weights"] + accepted_keywords()[1:])
+                                             if k not in accepted}, accepted)
         if weights is not None and _foreign(weights):
             return _from_checkpoint(variant, weights, kwargs)
         model = ViT(variant=variant, **kwargs)
