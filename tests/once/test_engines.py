@@ -45,7 +45,7 @@ class KillTogether(Kill):
             distribution.barrier("kill")  # both processes reach the step, then both die
         super().on_train_batch_end(batch, logs)
 if os.environ.get("NO_ALL_REDUCE"):  # a broken cluster: DDP's gradient sync switched off
-    from keras_reluvit import distribution as D
+    from keras_reluvit.distribution import torch_ddp as D
     route = D._route_through
     def local_only(model, module):
         route(model, module)
@@ -208,7 +208,7 @@ def test_killed_cluster_trains_like_one_process_and_resumes(backend, tmp_path, s
 # The saved models' logits on validation images, cluster vs one process, as a
 # share of the logit scale. Measured on 2026-12-02: torch 0.8 %; TensorFlow
 # 3.0 % (97 % of the argmaxes agree; 16 % while Keras clipped each worker's
-# gradient before the all-reduce, see distribution._clip_after_all_reduce).
+# gradient before the all-reduce, see distribution.tf_multi_worker._clip_after_all_reduce).
 # An untrained head is off by 100 %.
 LOGIT_DRIFT = {"torch": 0.02, "tensorflow": 0.08}
 
