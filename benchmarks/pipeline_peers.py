@@ -233,7 +233,7 @@ def ours_pipeline(b, batch, randaug=False, cache=None):
     from keras_reluvit import data
 
     aug = data.Augment(randaug=(2, 10) if randaug else None)
-    raw = data._TfdsSource(NAME, os.path.join(cache, "tfds"), None).read("train", True, 0)
+    raw = data.sources._TfdsSource(NAME, os.path.join(cache, "tfds"), None).read("train", True, 0)
     return data.pipeline(raw.repeat(), len(PHOTOS), 224, batch, True, aug)
 
 

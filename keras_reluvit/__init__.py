@@ -39,7 +39,6 @@ if not _command_line_help_only():
     from keras_reluvit import distribution
     from keras_reluvit import export
     from keras_reluvit import finetune
-    from keras_reluvit import image_folder
     from keras_reluvit import preprocessing
     from keras_reluvit import recipes
     from keras_reluvit.attention import ACTIVATION_NAMES
@@ -49,6 +48,7 @@ if not _command_line_help_only():
     from keras_reluvit.attention_kinds import attention_presets  # deprecated alias
     from keras_reluvit.checkpoints import load_checkpoint
     from keras_reluvit.checkpoints import load_model
+    from keras_reluvit.data import folders as image_folder  # its name before data/ was a package
     from keras_reluvit.kernels import get_kernel
     from keras_reluvit.kernels import set_kernel
     from keras_reluvit.kernels import use_kernel
@@ -82,3 +82,7 @@ if not _command_line_help_only():
     from keras_reluvit.zoo import load_weights
     from keras_reluvit.zoo import resize_model
     from keras_reluvit.zoo import transfer_weights
+
+    # `import keras_reluvit.image_folder` keeps working: the same module as
+    # `keras_reluvit.data.folders` (CHANGELOG).
+    _sys.modules.setdefault(__name__ + ".image_folder", image_folder)

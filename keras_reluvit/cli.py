@@ -131,7 +131,7 @@ def _prepared(dataset, data_dir, manual_dir):
     archives in tfds' default `DATA_DIR/downloads/manual`. A folder of images
     needs nothing."""
     from keras_reluvit import data as kr_data
-    from keras_reluvit import image_folder
+    from keras_reluvit.data import folders as image_folder
 
     if not image_folder.is_image_folder(dataset):
         kr_data.builder(dataset, data_dir, manual_dir)
@@ -158,8 +158,8 @@ def _set_mesh(spec, strategy, sequence_axis=None):
 
 def _eval(args):
     from keras_reluvit import data as kr_data
-    from keras_reluvit import image_folder
     from keras_reluvit import recipes
+    from keras_reluvit.data import folders as image_folder
 
     directory, run = _run_of(args.model)
     source = args.model
@@ -231,7 +231,7 @@ def _same_dataset(a, b):
 
 def _check_held_out(folder, split, directory, run):
     """An evaluation on the images a run trained on is an error, not a number."""
-    from keras_reluvit import image_folder
+    from keras_reluvit.data import folders as image_folder
 
     if split == "train":  # asked for by name
         return
@@ -260,8 +260,8 @@ def _load_any(source):
 
 
 def _predict(args):
-    from keras_reluvit import image_folder
     from keras_reluvit import preprocessing
+    from keras_reluvit.data import folders as image_folder
 
     model = _load_any(args.model)
     activation = args.activation
@@ -297,7 +297,7 @@ def _image_files(items):
     """The image files named by `items` (files, or folders searched
     recursively, sorted; non-image files in folders passed over): (files,
     whether a folder was given)."""
-    from keras_reluvit import image_folder
+    from keras_reluvit.data import folders as image_folder
 
     files, folders = [], False
     for item in items:

@@ -28,8 +28,8 @@ import keras
 from keras_reluvit import callbacks as kr_callbacks
 from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
-from keras_reluvit import image_folder
 from keras_reluvit import recipes
+from keras_reluvit.data import folders as image_folder
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.variants import variant_with_patch
 from keras_reluvit.vit import ViT

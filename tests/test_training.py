@@ -91,7 +91,7 @@ def test_pipeline_shuffles_encoded_images_and_decodes_the_crop_window(imagenet_d
     import tensorflow as tf
 
     # load reads tfds with its decoding skipped: the shuffle holds JPEG bytes.
-    source = D._TfdsSource("imagenet2012", imagenet_dir, None)
+    source = D.sources._TfdsSource("imagenet2012", imagenet_dir, None)
     assert source.read("train", True, 0).element_spec["image"].dtype == tf.string
     # The same seeds draw the same crop windows and flips as the pipeline on
     # tfds' decoded pixels; decode_and_crop_jpeg differs from a full decode

@@ -215,7 +215,7 @@ def test_bad_cluster_arguments_fail_fast_with_clear_messages(tmp_path, capsys):
 def test_mesh_must_use_every_device_and_whole_batch_rows(monkeypatch):
     import keras
 
-    from keras_reluvit import distribution as D
+    from keras_reluvit.distribution import layouts as D
 
     devices = [f"cpu:{i}" for i in range(8)]  # a cluster's 8 devices, as names
     monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: devices)

@@ -1,0 +1,174 @@
+"""The tf.data pipeline from examples to `model.fit` batches: decode late,
+crop first, augment, normalise by the model's recipe, batch, MixUp."""
+
+from keras_reluvit.data.augment import Augment
+from keras_reluvit.data.augment import decode_inception_crop
+from keras_reluvit.data.augment import inception_crop
+from keras_reluvit.data.augment import mixup
+from keras_reluvit.data.augment import switch_randaugment
+from keras_reluvit.data.tfds import _tf
+from keras_reluvit.preprocessing import check_preprocessing
+from keras_reluvit.preprocessing import decode_image
+from keras_reluvit.preprocessing import normalise
+from keras_reluvit.preprocessing import tf_preprocess
+from keras_reluvit.preprocessing import tf_to_rgb
+
+
+def pipeline(
+    ds,
+    num_classes,
+    image_size,
+    batch_size,
+    train,
+    augment=None,
+    seed=0,
+    shuffle_buffer=10_000,
+    drop_remainder=None,
+    cache=False,
+    preprocessing=None,
+):
+    """Maps a tfds `{"image", "label"}` dataset (or an image folder's
+    `{"file", "label"}`) to `(images, one_hot)` batches.
+
+    Decode late, crop first (big_vision's order): the shuffle buffer holds
+    encoded images (tfds read with `SkipDecoding`, or file names), each is
+    decoded after the shuffle, and for training only the crop window of a
+    JPEG is decoded; the crop is resized from uint8 and normalised last.
+    Decoded `image`s (uint8 or 0-255 floats) are taken too.
+
+    `preprocessing`: the model's recipe (`model.preprocessing`; default
+    ours): the evaluation geometry, and the normalisation of every image.
+
+    Train: one shuffled pass per epoch (full batches, so `len(ds)` is the
+    number of steps), seeded by `seed` yet different in every epoch,
+    augmented. Eval: one pass, deterministic, the last partial batch kept.
+    """
+    tf = _tf()
+    import keras
+
+    recipe = check_preprocessing(preprocessing)
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    aug = augment or Augment()
+    AUTO = tf.data.AUTOTUNE
+    randaug = None
+    if train and aug.randaug and aug.randaug[1] > 0:
+        num_ops, magnitude = aug.randaug
+        randaug = keras.layers.RandAugment(
+            value_range=(0, 255),
+            num_ops=int(num_ops),
+            factor=min(float(magnitude) / 10.0, 1.0),
+            interpolation="nearest",  # big_vision's (TF models') shear / translate / rotate
+            seed=seed,
+        )
+
+    def decode(example, rnd):
+        # Encoded bytes (tfds with its decoding skipped, an image folder's
+        # files: read after the shuffle) are decoded here, the crop window
+        # alone for a training JPEG; decoded pixels (for_model) are cropped.
+        if "file" in example:  # decoded as predict and the SavedModel decode
+            data, dct = tf.io.read_file(example["file"]), "INTEGER_ACCURATE"
+        else:  # as tfds decodes
+            data, dct = example["image"], ""
+        encoded = data.dtype == tf.string
+        if train:
+            s1, s2 = tf.unstack(
+                tf.random.experimental.stateless_split(tf.stack([rnd, 0]), 2)
+            )
+            if encoded:
+                image = decode_inception_crop(data, size, aug.crop_area, aug.crop_aspect, s1, dct,
+                                              recipe["alpha"])
+            else:
+                image = inception_crop(tf_to_rgb(data, recipe), size, aug.crop_area, aug.crop_aspect, s1)
+            image = tf.ensure_shape(image, (*size, 3))
+            if aug.flip:
+                image = tf.image.stateless_random_flip_left_right(image, s2)
+            if randaug is not None:  # keyed by the example's own random draw
+                image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
+            image = normalise(tf.clip_by_value(image, 0.0, 255.0), recipe)
+        else:
+            image = tf_preprocess(
+                decode_image(data, dct, recipe["alpha"]) if encoded else data,
+                size, recipe)
+        image = tf.ensure_shape(image, (*size, 3))
+        label = tf.one_hot(example["label"], num_classes)
+        return image, label
+
+    def randoms(offset):
+        # Seeded, and different in every epoch (each new iterator).
+        return tf.data.Dataset.random(seed=seed + offset, rerandomize_each_iteration=True)
+
+    if cache:
+        ds = ds.cache()
+    if train:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        ds = tf.data.Dataset.zip((ds, randoms(0)))
+    else:
+        ds = ds.map(lambda ex: (ex, tf.constant(0, tf.int64)))
+    ds = ds.map(decode, num_parallel_calls=AUTO, deterministic=True)
+    # Train batches are full (one epoch = one pass, len(train) = steps).
+    drop = train if drop_remainder is None else drop_remainder
+    ds = ds.batch(batch_size, drop_remainder=drop, num_parallel_calls=AUTO)
+    if train and aug.mixup > 0:
+        p = float(aug.mixup)
+        ds = tf.data.Dataset.zip((ds, randoms(1)))
+        ds = ds.map(
+            lambda b, r: mixup(*b, p, tf.stack([r, 1])),
+            num_parallel_calls=AUTO,
+        )
+    return ds.prefetch(AUTO)
+
+
+def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
+              shuffle_buffer=1_000):
+    """Any `tf.data.Dataset` of images and labels, prepared for `model`:
+    `(inputs, one_hot)` batches for `model.fit` / `evaluate` on every
+    backend. Eval (`train=False`): the model's own recipe
+    (`model.preprocessing`: resize, crop, mean/std), deterministic. Train:
+    shuffled, random crop + flip (and `augment`: a `data.Augment`, e.g.
+    `Augment(randaug=(2, 10), mixup=0.2)`), normalised as the model expects.
+    Batches of `batch_size` (default 32; the input's batching is undone).
+
+    Takes what `keras.utils.image_dataset_from_directory` gives (batched
+    `(images, labels)`, integer or one-hot labels, 0-255 float pixels; pass
+    a large `image_size` there, or `crop_to_aspect_ratio=True`, so that the
+    model's own resize does the work) or tfds' `{"image", "label"}`
+    examples, batched or not; pixels in 0-255, RGB, grayscale or RGBA.
+
+    Example:
+
+    ```python
+    ds = keras.utils.image_dataset_from_directory("my_images/train", image_size=(256, 256))
+    model.fit(kr.data.for_model(ds, model, train=True), epochs=5)
+    ```
+    """
+    tf = _tf()
+    spec = ds.element_spec
+    if isinstance(spec, dict):
+        if not {"image", "label"} <= set(spec):
+            raise ValueError(f"for_model takes (image, label) pairs or dicts with 'image' and "
+                             f"'label'; got the keys {sorted(spec)}.")
+        image_spec, label_spec = spec["image"], spec["label"]
+        ds = ds.map(lambda ex: (ex["image"], ex["label"]))
+    elif isinstance(spec, tuple) and len(spec) >= 2:
+        image_spec, label_spec = spec[0], spec[1]
+        ds = ds.map(lambda *ex: (ex[0], ex[1]))
+    else:
+        raise ValueError("for_model takes a dataset of (image, label) pairs (e.g. "
+                         "keras.utils.image_dataset_from_directory's) or tfds examples.")
+    rank = image_spec.shape.rank
+    if rank not in (3, 4):
+        raise ValueError(f"Images must be [H, W, C] or batches [N, H, W, C], got shape "
+                         f"{image_spec.shape}.")
+    if rank == 4:
+        ds = ds.unbatch()
+        label_spec = tf.TensorSpec(label_spec.shape[1:], label_spec.dtype)
+    num_classes = model.output_shape[-1]
+    one_hot = label_spec.shape.rank == 1
+
+    def example(image, label):
+        label = tf.argmax(label, output_type=tf.int64) if one_hot else tf.cast(label, tf.int64)
+        return {"image": image, "label": label}
+
+    ds = ds.map(example, num_parallel_calls=tf.data.AUTOTUNE)
+    return pipeline(ds, num_classes, model.image_size, batch_size or 32, train, augment, seed,
+                    shuffle_buffer=shuffle_buffer, preprocessing=model.preprocessing)
