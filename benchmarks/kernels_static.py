@@ -18,7 +18,7 @@ What it does:
    a float64 softmax attention in Triton's interpreter (a subprocess: the
    interpreter is chosen when kernels are defined); the full run does too,
    first, and stops if it is off.
-2. **Compiled as launched** for sm_90a (`kernels.triton.compile_for` for
+2. **Compiled as launched** for sm_90a (`kernels.inspection.compile_for` for
    ours: the launch's specialisation, every autotuning config; the reference
    with the same arguments' alignment), bfloat16, head dims 64 and 128, no mask.
 3. **The main loop's instruction mix** per kernel and config, from the SASS
@@ -359,7 +359,7 @@ def mix(body):
 
 def issued_macs(body, warps):
     """Tensor-core multiply-adds a CTA of `warps` warps issues in `body`."""
-    from keras_reluvit.kernels.triton import tensor_core_macs
+    from keras_reluvit.kernels.inspection import tensor_core_macs
 
     return tensor_core_macs(" ".join(op for _, op, _ in body), warps)
 
@@ -392,7 +392,7 @@ def loop_facts(body, warps):
 
 
 def _row(kind, kernel, compiled, report, bq, bk, tile_macs, body=None):
-    from keras_reluvit.kernels.triton import sass
+    from keras_reluvit.kernels.inspection import sass
 
     warps = compiled.metadata.num_warps
     body = main_loop(sass(compiled)) if body is None else body
@@ -411,7 +411,7 @@ def ours(d, tokens):
     """Our forward, fused backward ("bwd": 5 dots, dQ added atomically) and
     deterministic backward ("dkdv" 4 dots + "dq" 3 dots), every autotuning
     config, as launched."""
-    from keras_reluvit.kernels import triton as kt
+    from keras_reluvit.kernels import inspection as kt
 
     rows = []
     for deterministic in (False, True):
@@ -433,7 +433,7 @@ def reference(d, tokens):
     """The softmax reference's forward, dK/dV and dQ kernels, every config."""
     import torch
 
-    from keras_reluvit.kernels import triton as kt
+    from keras_reluvit.kernels import inspection as kt
 
     b, h = 2, 6
     qkv = torch.zeros(b, tokens, 3, h, d, dtype=torch.bfloat16)
@@ -456,7 +456,7 @@ def reference(d, tokens):
             with kt.compiling(("cuda", 90, 32)) as log:
                 compiled = fn.warmup(*args(bq, bk), D=d, BLOCK_Q=bq, BLOCK_K=bk,
                                      num_warps=warps, num_stages=stages, grid=(1,))
-            report = next(iter(kt._ptxas_reports(log.getvalue()).values()))[0]
+            report = next(iter(kt.ptxas_reports(log.getvalue()).values()))[0]
             rows.append(_row("softmax", kernel, compiled, report, bq, bk, dots * bq * bk * d))
     return rows
 
@@ -568,7 +568,7 @@ def pallas_softmax(d):
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.gpu import attention as ja
 
-    from keras_reluvit.kernels.triton import sass
+    from keras_reluvit.kernels.inspection import sass
 
     rows = []
     for (bq, bk), bwd in zip(JAX_FWD_BLOCKS, JAX_BWD_BLOCKS):

@@ -159,8 +159,8 @@ def compare():
     import torch
 
     from benchmarks import kernels_static as ks
-    from keras_reluvit.kernels import triton as kt
-    from keras_reluvit.kernels.triton import sass
+    from keras_reluvit.kernels import inspection as kt
+    from keras_reluvit.kernels.inspection import sass
 
     rows = []
     for d in (64, 128):
@@ -195,7 +195,7 @@ def compare():
                                      warps=meta["num_warps"],
                                      error=f"{type(error).__name__}: {str(error).splitlines()[0]}"))
                     continue
-                rows.append(row(label, tma, next(iter(kt._ptxas_reports(log.getvalue()).values()))[0]))
+                rows.append(row(label, tma, next(iter(kt.ptxas_reports(log.getvalue()).values()))[0]))
     return rows
 
 

@@ -17,6 +17,7 @@ from conftest import grads
 import keras_reluvit as kr
 from keras_reluvit import kernels
 from keras_reluvit import pointwise_attention
+from keras_reluvit.kernels.inspection import jax_lowering_target
 
 BACKEND = keras.backend.backend()
 KERNEL = {"jax": "pallas", "torch": "triton"}.get(BACKEND)
@@ -314,7 +315,8 @@ if BACKEND == "jax":
         with kr.use_kernel("pallas"):
             for fn, expected in ((forward, {"fwd": blocks}),
                                  (jax.value_and_grad(loss), {"fwd": blocks, **backward})):
-                text = jax.jit(fn).trace(tv, x).lower(lowering_platforms=(platform,)).as_text()
+                with jax_lowering_target(platform):
+                    text = jax.jit(fn).trace(tv, x).lower(lowering_platforms=(platform,)).as_text()
                 calls = [line for line in text.splitlines()
                          if re.search(rf"custom_call @{re.escape(call)}\b|"
                                       rf"call_target_name = \"{re.escape(call)}\"", line)]
@@ -324,7 +326,9 @@ if BACKEND == "jax":
                     assert len(named) == n, (platform, kind, len(named))
                 assert other not in text and "interpret" not in text
         with kr.use_kernel("generic"):  # a new function: jit caches traces per function
-            text = jax.jit(lambda *a: forward(*a)).trace(tv, x).lower(lowering_platforms=(platform,)).as_text()
+            with jax_lowering_target(platform):
+                text = jax.jit(lambda *a: forward(*a)).trace(tv, x).lower(
+                    lowering_platforms=(platform,)).as_text()
             assert call not in text
 
     @pytest.mark.parametrize("d,dtype,tokens,masked,row_bytes", [
@@ -447,11 +451,12 @@ if BACKEND == "jax":
         from keras_reluvit.kernels import pallas
 
         q, k, v = inputs(1, 20, 20, 2, 16)
-        traced = jax.jit(lambda a, b, c: pallas.attention(a, b, c, "relu", 0.05)
-                         ).trace(q, k, v)
-        assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
-        assert "__gpu$xla.gpu.triton" in traced.lower(lowering_platforms=("cuda",)).as_text()
-        out = traced.lower().compile()(q, k, v)
+        with jax_lowering_target("cuda"):  # JAX 0.12 reads the GPU's kind when tracing
+            traced = jax.jit(lambda a, b, c: pallas.attention(a, b, c, "relu", 0.05)
+                             ).trace(q, k, v)
+            assert "tpu_custom_call" in traced.lower(lowering_platforms=("tpu",)).as_text()
+            assert "__gpu$xla.gpu.triton" in traced.lower(lowering_platforms=("cuda",)).as_text()
+            out = traced.lower(lowering_platforms=("cpu",)).compile()(q, k, v)
         ref = pointwise_attention(q, k, v, implementation="generic")
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-6)
 
@@ -473,7 +478,7 @@ if BACKEND == "jax":
             del modules[:]
             q = jax.ShapeDtypeStruct((1, 64, 2, 64), dtype)
             loss = lambda q, k, v: pallas.attention(q, k, v, "relu").astype("float32").sum()  # noqa
-            with jax.default_matmul_precision(setting):
+            with jax.default_matmul_precision(setting), jax_lowering_target("cuda"):
                 jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(q, q, q).lower(
                     lowering_platforms=("cuda",))
             found = [re.findall(r"inputPrecision = (\w+)", m) for m in modules]

@@ -2,6 +2,7 @@
 path, forward and gradient, on the current backend."""
 
 import itertools
+import os
 
 import keras
 import numpy as np
@@ -387,3 +388,33 @@ def test_dispatch_names_each_path_once_and_refuses_what_a_path_cannot_do():
     for path in runs:
         got = keras.ops.convert_to_numpy(pointwise_attention(q, k, v, implementation=path))
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, err_msg=path)
+
+
+def test_every_switch_has_a_python_setting_over_its_environment_variable(monkeypatch):
+    """`kr.kernels.configure` sets what the environment variables set; None
+    goes back to them; the docs' one table names each switch."""
+    from keras_reluvit.kernels import switches
+    from keras_reluvit.kernels import torch_fast
+
+    for name, (env, default, kind) in switches.SWITCHES.items():
+        monkeypatch.delenv(env, raising=False)
+        assert switches.setting(name) == default
+        on = "/tmp/decisions.json" if kind is str else True
+        monkeypatch.setenv(env, "0" if kind is bool else on)
+        assert switches.setting(name) == (False if kind is bool else on)
+        with kernels.configured(**{name: True if kind is bool else "/tmp/other.json"}):
+            assert switches.setting(name) == (True if kind is bool else "/tmp/other.json")
+        assert switches.setting(name) == (False if kind is bool else on)  # restored
+    monkeypatch.delenv("KERAS_RELUVIT_TORCH_FAST")
+    with kernels.configured(torch_fast=False):
+        assert not torch_fast.enabled()
+    assert torch_fast.enabled() == (keras.backend.backend() == "torch")
+    with pytest.raises(ValueError, match="Unknown switch 'torch_fats'"):
+        kernels.configure(torch_fats=False)
+    with pytest.raises(ValueError, match="torch_fast must be a bool"):
+        kernels.configure(torch_fast="no")
+    docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "kernels.md")).read()
+    table = docs[docs.index("## Switches"):]
+    for env, _, _ in switches.SWITCHES.values():
+        assert f"`{env}" in table, env
+    assert "`KERAS_RELUVIT_KERNEL`" in table

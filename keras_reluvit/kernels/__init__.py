@@ -30,8 +30,6 @@ attention layer (`keras_reluvit.attention`) calls in here, nothing here
 imports the layer.
 """
 
-import contextlib
-import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -44,62 +42,29 @@ from keras_reluvit.kernels import torch_cpu
 from keras_reluvit.kernels.keras_ops import apply_factor
 from keras_reluvit.kernels.keras_ops import chunked
 from keras_reluvit.kernels.keras_ops import generic
+from keras_reluvit.kernels.keras_ops import is_symbolic
 from keras_reluvit.kernels.keras_ops import row_factor
 from keras_reluvit.kernels.measured import report
 from keras_reluvit.kernels.sharded import pallas_sharded
 from keras_reluvit.kernels.sharded import sequence_parallel
 from keras_reluvit.kernels.sharded import sequence_parallel_context
+from keras_reluvit.kernels.switches import KERNEL_ENV
+from keras_reluvit.kernels.switches import KERNELS
+from keras_reluvit.kernels.switches import configure
+from keras_reluvit.kernels.switches import configured
+from keras_reluvit.kernels.switches import get_kernel
+from keras_reluvit.kernels.switches import pallas_deterministic
+from keras_reluvit.kernels.switches import set_kernel
+from keras_reluvit.kernels.switches import setting
+from keras_reluvit.kernels.switches import use_kernel
 from keras_reluvit.kernels.torch_cpu import torch_tiled
 
 # The package's face: the switch, the dispatch, and the paths other modules call.
 __all__ = ["KERNELS", "KERNEL_ENV", "PATHS", "apply_factor", "attend", "choose", "chunked",
-           "fused_kernel", "generic", "get_kernel", "is_symbolic", "jax_accelerator",
-           "pallas_sharded", "report", "row_factor", "sequence_parallel",
-           "sequence_parallel_context",
-           "set_kernel", "torch_recording", "torch_tiled", "triton_module", "use_kernel"]
-
-# --- the kernel switch ----------------------------------------------------------
-KERNELS = ("auto", "pallas", "triton", "generic")
-KERNEL_ENV = "KERAS_RELUVIT_KERNEL"
-_kernel = []  # set_kernel's value, over the environment variable
-
-
-def _check_kernel(name, where):
-    if name not in KERNELS:
-        raise ValueError(f"{where} must be one of {', '.join(KERNELS)}; got {name!r}.")
-    return name
-
-
-def set_kernel(name):
-    """Sets the kernel switch for this process (over `KERAS_RELUVIT_KERNEL`):
-    `"auto"` (default: the fused accelerator kernel where there is one --
-    Pallas when JAX's default device is a TPU or CUDA GPU, Triton for CUDA
-    tensors on PyTorch -- once it has run, matched and beaten the path
-    taken without it on the call's signature (`kernels.measured`; see
-    `report()`), and the CPU paths elsewhere), `"pallas"` (JAX; in
-    Pallas' interpreter on a CPU), `"triton"` (PyTorch; CUDA tensors, or CPU
-    tensors under `TRITON_INTERPRET=1`), `"generic"` (the `keras.ops` paths
-    only). None goes back to the environment variable."""
-    _kernel[:] = [] if name is None else [_check_kernel(name, "the kernel")]
-
-
-def get_kernel():
-    """The kernel switch in force (`set_kernel`, else `KERAS_RELUVIT_KERNEL`)."""
-    if _kernel:
-        return _kernel[0]
-    return _check_kernel(os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto",
-                         KERNEL_ENV)
-
-
-@contextlib.contextmanager
-def use_kernel(name):
-    """`with use_kernel("pallas"): ...` sets the switch inside the block."""
-    previous = list(_kernel)
-    set_kernel(name)
-    try:
-        yield
-    finally:
-        _kernel[:] = previous
+           "configure", "configured", "fused_kernel", "generic", "get_kernel", "is_symbolic",
+           "jax_accelerator", "pallas_deterministic", "pallas_sharded", "report", "row_factor",
+           "sequence_parallel", "sequence_parallel_context", "set_kernel", "setting",
+           "torch_recording", "torch_tiled", "triton_module", "use_kernel"]
 
 
 def jax_accelerator():
@@ -261,24 +226,12 @@ def backward_variants(kernel):
 
         if torch.are_deterministic_algorithms_enabled():
             return None
-    elif kernel != "pallas" or jax_accelerator() != "cuda" or pallas_deterministic_flag():
+    elif kernel != "pallas" or jax_accelerator() != "cuda" or pallas_deterministic():
         return None
     return {"fused": {"deterministic": False}, "deterministic": {"deterministic": True}}
 
 
-def pallas_deterministic_flag():
-    """XLA's `--xla_gpu_deterministic_ops=true` (in `XLA_FLAGS`): the Pallas
-    kernel's backward is then the deterministic one."""
-    return "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "")
-
-
 # --- the paths: one table, each name once ------------------------------------------
-def is_symbolic(x):
-    """True in Keras' symbolic pass on torch (building a functional model
-    runs torch ops on "meta" tensors)."""
-    return getattr(getattr(x, "device", None), "type", None) == "meta"
-
-
 @dataclass
 class Call:
     """One pointwise-attention call as the paths receive it: `(B, T, H, D)`

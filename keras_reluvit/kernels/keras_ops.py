@@ -17,6 +17,12 @@ import keras
 from keras import ops
 
 
+def is_symbolic(x):
+    """True in Keras' symbolic pass on torch (building a functional model
+    runs torch ops on "meta" tensors)."""
+    return getattr(getattr(x, "device", None), "type", None) == "meta"
+
+
 def row_factor(mask, num_keys, alpha, log_scale, dtype):
     """`exp(s_h) * L_i^-alpha` as a tensor broadcastable to (B, T, H, 1), or a
     Python float, or None when it is 1."""

@@ -49,6 +49,8 @@ import warnings
 
 import numpy as np
 
+from keras_reluvit.kernels.switches import setting
+
 CACHE_ENV = "KERAS_RELUVIT_KERNEL_CACHE"
 # A probe keeps batch * heads * T * S (the fallback's score tensor) under this.
 PROBE_SCORES = 1 << 27
@@ -362,7 +364,7 @@ def trusted(kernel, fallback, call, paths, variants=None):
     sig = signature(kernel, call, ops.device(call.query), training,
                     [name for name in variants if name is not None])
     decision = _decisions.get(sig)
-    cache = os.environ.get(CACHE_ENV)
+    cache = setting("kernel_cache")
     if decision is None and cache:
         stored = _read_cache(cache).get(_disk_key(ops, sig))
         if (stored is not None and stored.get("fallback") == fallback

@@ -73,6 +73,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from keras_reluvit.kernels.switches import pallas_deterministic
+
 # Activations and their derivatives, as the kernel computes them (float32).
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -751,8 +753,6 @@ def attention(query, key, value, activation="relu", factor=None, mask=None,
         mask = jnp.broadcast_to(mask, (b, rows, s)).astype(jnp.int32)
     forced = block_q is not None or block_k is not None
     if deterministic is None:
-        from keras_reluvit.kernels import pallas_deterministic_flag
-
-        deterministic = pallas_deterministic_flag()
+        deterministic = pallas_deterministic()
     cfg = (activation, s, bq, bk, 1.0 / math.sqrt(d), forced, bool(deterministic))
     return _fused(cfg, bool(interpret), query, key, value, r, mask)

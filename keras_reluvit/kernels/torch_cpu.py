@@ -50,6 +50,7 @@ import time
 import warnings
 
 from keras_reluvit.kernels.keras_ops import apply_factor
+from keras_reluvit.kernels.switches import setting
 
 NAME = "keras_reluvit_fused_v9"
 STALE_UNOWNED_SECONDS = 600
@@ -139,19 +140,22 @@ def check_lock(directory):
 
 
 def load():
-    """The compiled extension module, or None where it cannot be built."""
+    """The compiled extension module, or None where it cannot be built or
+    is switched off (`configure(torch_fused=False)`,
+    `KERAS_RELUVIT_TORCH_FUSED=0`)."""
+    if not setting("torch_fused"):
+        return None
     if "module" in _state:
         return _state["module"]
     with _lock:
         if "module" not in _state:
             module = None
-            if os.environ.get("KERAS_RELUVIT_TORCH_FUSED", "1") != "0":
-                try:
-                    module = _build()
-                except Exception as e:  # no compiler, no MKL symbols, ...
-                    warnings.warn(f"keras_reluvit: the fused PyTorch CPU attention kernel "
-                                  f"could not be built ({type(e).__name__}: {e}); using the "
-                                  "tiled path.")
+            try:
+                module = _build()
+            except Exception as e:  # no compiler, no MKL symbols, ...
+                warnings.warn(f"keras_reluvit: the fused PyTorch CPU attention kernel "
+                              f"could not be built ({type(e).__name__}: {e}); using the "
+                              "tiled path.")
             _state["module"] = module
     return _state["module"]
 

@@ -29,19 +29,19 @@ that Keras has quantized (`quantize("int8" | "float8" | "int4")`), given LoRA
 these paths do not, so the call is Keras' own code, decided from the layers'
 state on every call. Both are tested against Keras' code, outputs and
 gradients (tests/test_attention.py, tests/test_finetune.py).
-Set `KERAS_RELUVIT_TORCH_FAST=0` to switch them off (for comparison).
+`kr.kernels.configure(torch_fast=False)` (or `KERAS_RELUVIT_TORCH_FAST=0`)
+switches them off (for comparison).
 """
 
-import os
 
 import keras
 
-from keras_reluvit.kernels import is_symbolic
+from keras_reluvit.kernels.keras_ops import is_symbolic
+from keras_reluvit.kernels.switches import setting
 
 
 def enabled():
-    return keras.backend.backend() == "torch" and os.environ.get(
-        "KERAS_RELUVIT_TORCH_FAST", "1") != "0"
+    return keras.backend.backend() == "torch" and setting("torch_fast")
 
 
 

@@ -37,14 +37,16 @@ def compile_for_sm90(fn, *args):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from keras_reluvit.kernels.triton import _ptxas_reports
-    from keras_reluvit.kernels.triton import compiling
+    from keras_reluvit.kernels.inspection import compiling
+    from keras_reluvit.kernels.inspection import jax_lowering_target
+    from keras_reluvit.kernels.inspection import ptxas_reports
 
     if not _MODULES:
         _MODULES.append(capture_triton_modules())
     modules = _MODULES[0]
     del modules[:]
-    hlo = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    with jax_lowering_target("cuda"):
+        hlo = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     launched = {n: (int(s), int(w)) for n, s, w in re.findall(
         r'name = "(\w+)", num_stages = (\d+) : i32, num_warps = (\d+)', hlo)}
     out = []
@@ -58,6 +60,6 @@ def compile_for_sm90(fn, *args):
             with compiling(("cuda", 90, 32)) as log:  # ptxas' own report
                 compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32),
                                           options=dict(num_warps=warps, num_stages=stages))
-            report = next(iter(_ptxas_reports(log.getvalue()).values()))[0]
+            report = next(iter(ptxas_reports(log.getvalue()).values()))[0]
             out.append((name, text, compiled, report))
     return out

@@ -1,10 +1,10 @@
 """Child process (Triton's compiler, no TRITON_INTERPRET): compiles the
 Triton kernel variants that launch -- per dtype given on the command line
 (fp32: with TF32 allowed), fused and deterministic backward, every
-autotuning config -- for sm_90a *as launched* (`triton_kernel.compile_for`),
+autotuning config -- for sm_90a *as launched* (`kernels.inspection.compile_for`),
 and prints one JSON list of rows: ptxas' registers and spill bytes, shared
 memory, dots per loop iteration, the tensor-core work the SASS issues over
-the tiles' FLOPs (`kernels.triton.mma_work`), and whether every batch /
+the tiles' FLOPs (`kernels.inspection.mma_work`), and whether every batch /
 head offset is 64-bit.
 
 CI compiles a representative subset (`SUBSET`: head dims 64 and 128, each
@@ -49,7 +49,7 @@ SUBSET = {"bf16": ((64, None), (64, "key"), (128, "general")),
 
 
 def variants(full, dtype):
-    from keras_reluvit.kernels import triton as ta
+    from keras_reluvit.kernels import inspection as ta
 
     if full:
         return [(d, mask) for d in (64, 80, 128) for mask in ta.MASKS]
@@ -57,7 +57,7 @@ def variants(full, dtype):
 
 
 def rows(dtypes, full=False):
-    from keras_reluvit.kernels import triton as ta
+    from keras_reluvit.kernels import inspection as ta
 
     out = []
     import torch
@@ -122,7 +122,7 @@ def markdown(rows):
 
 def check(*dtypes, full=False):
     """Every kernel variant a launch can take, compiled for sm_90a as
-    launched (`triton_kernel.compile_for`: the launch's specialisation,
+    launched (`kernels.inspection.compile_for`: the launch's specialisation,
     precision and every autotuning config), read from ptxas' own report:
     no register spills anywhere (but the one listed exception: `exception`),
     shared memory within an H100/H200's

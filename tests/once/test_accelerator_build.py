@@ -41,7 +41,7 @@ from keras_reluvit.kernels import pallas as pa
 
 sys.path.insert(0, os.environ["HELPERS"])
 from pallas_ir import compile_for_sm90
-from keras_reluvit.kernels.triton import mma_work
+from keras_reluvit.kernels.inspection import mma_work
 
 out = {}
 VARIANTS = [("bfloat16", 64, None, 197, False), ("bfloat16", 128, "key", 785, False),

@@ -8,19 +8,19 @@ PKG = "keras_reluvit"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def modules():
+def modules(root=ROOT, pkg=PKG):
     found = {}
-    for dirpath, _, files in os.walk(os.path.join(ROOT, PKG)):
+    for dirpath, _, files in os.walk(os.path.join(root, pkg)):
         for f in files:
             if f.endswith(".py"):
                 path = os.path.join(dirpath, f)
-                name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                name = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
                 found[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
     return found
 
 
-def import_graph():
-    mods = modules()
+def import_graph(root=ROOT, pkg=PKG):
+    mods = modules(root, pkg)
     edges = {m: set() for m in mods}
     for name, path in mods.items():
         package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
@@ -40,7 +40,10 @@ def import_graph():
             for target in targets:
                 while target and target not in mods:
                     target = target.rpartition(".")[0]
+                if target and target != name:  # what the statement names, a parent too
+                    edges[name].add(target)
                 # Importing a.b.c runs a.b's __init__ too (unless a.b is ours).
+                target = target.rpartition(".")[0]
                 while target and target != name and not name.startswith(target + "."):
                     edges[name].add(target)
                     target = target.rpartition(".")[0]
@@ -82,6 +85,21 @@ def test_the_graph_sees_function_level_imports():
     assert not any("keras_reluvit.attention" in edges[m] for m in edges
                    if m.startswith("keras_reluvit.kernels"))
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert "keras_reluvit.kernels.switches" in edges["keras_reluvit.kernels.pallas"]
+
+
+def test_a_name_imported_from_the_own_package_is_an_edge(tmp_path):
+    """`from pkg.kernels import name` inside pkg/kernels/pallas.py runs
+    pkg/kernels/__init__.py: an edge (kernels -> sharded -> pallas -> kernels
+    was such a circle, unseen while only implicit parents were edges)."""
+    kernels = tmp_path / "pkg" / "kernels"
+    kernels.mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (kernels / "__init__.py").write_text("from pkg.kernels import sharded\n")
+    (kernels / "sharded.py").write_text("def f():\n    from pkg.kernels import pallas\n")
+    (kernels / "pallas.py").write_text("def g():\n    from pkg.kernels import flag\n")
+    cycle = find_cycle(import_graph(str(tmp_path), "pkg"))
+    assert cycle == ["pkg.kernels", "pkg.kernels.sharded", "pkg.kernels.pallas", "pkg.kernels"]
 
 
 def test_no_import_circles_in_the_package():
