@@ -46,6 +46,8 @@ import tempfile
 
 import keras
 
+from keras_reluvit._keras_compat import flatten_layers
+
 _CHILD = (
     "import sys, json, importlib, keras, keras_reluvit\n"
     "from keras_reluvit import export\n"
@@ -82,7 +84,7 @@ def custom_modules(model):
                 walk(value)
 
     walk(keras.saving.serialize_keras_object(model))
-    for layer in model._flatten_layers():
+    for layer in flatten_layers(model):
         fn = getattr(layer, "activation", None)
         if callable(fn) and type(layer).__name__ == "PointwiseAttention":
             module = getattr(fn, "__module__", "")

@@ -26,6 +26,8 @@ import re
 
 import keras
 
+from keras_reluvit._keras_compat import flatten_layers
+
 TRAINABLE = ("all", "head", "lora")
 DEFAULT_LORA_LAYER_NAMES = ("query", "value")
 LORA_LAYER_NAMES = ("query", "key", "value", "attention_output", "fc1", "fc2")
@@ -47,7 +49,7 @@ def linear_probe(model):
     `model`). Compile after calling it: the optimizer sees only the head."""
     head = _head(model)
     model.trainable = True  # (before the layers: it sets every sub-layer)
-    for layer in model._flatten_layers(include_self=False):
+    for layer in flatten_layers(model, include_self=False):
         layer.trainable = False
     head.trainable = True
     return model
@@ -67,7 +69,7 @@ def enable_lora(model, rank, target_layer_names=None, train_head=True, lora_alph
         raise ValueError(f"No LoRA target named {unknown}; valid: {', '.join(LORA_LAYER_NAMES)}.")
     head = _head(model) if train_head else None
     model.trainable = True
-    layers = list(model._flatten_layers(include_self=False))
+    layers = list(flatten_layers(model, include_self=False))
     for layer in layers:
         layer.trainable = False
     targets = [layer for layer in layers if layer.name in names and hasattr(layer, "enable_lora")]
@@ -113,7 +115,7 @@ def set_trainable(model, trainable="all", lora_rank=8, lora_targets=None):
         enable_lora(model, lora_rank, lora_targets)
         return model
     model.trainable = True
-    for layer in model._flatten_layers(include_self=False):
+    for layer in flatten_layers(model, include_self=False):
         layer.trainable = True
     return model
 

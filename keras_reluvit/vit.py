@@ -14,6 +14,7 @@ import numpy as np
 
 from keras_reluvit import export as kr_export
 from keras_reluvit import layers
+from keras_reluvit._keras_compat import flatten_layers
 from keras_reluvit.attention import check_attention_args
 from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
@@ -424,7 +425,7 @@ def accepted_keywords():
 def _quantization_mode(model):
     """The mode of `model.quantize(mode)` (every quantized layer's), or None."""
     modes = {getattr(layer, "quantization_mode", None)
-             for layer in model._flatten_layers(include_self=False)} - {None}
+             for layer in flatten_layers(model, include_self=False)} - {None}
     if len(modes) > 1:
         raise ValueError(f"{model.name} has layers quantized in several modes {sorted(modes)}: "
                          "its config can name one (quantize the whole model with "

@@ -4,6 +4,7 @@ draws, and big_vision's MixUp."""
 
 import dataclasses
 
+from keras_reluvit import _keras_compat as compat
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import tf_preprocess
@@ -117,7 +118,7 @@ def _histogram_by_bincount(sub):
     224 px image. This binds the layer's own other branch (`bincount`, what
     it runs under TensorFlow and PyTorch; the same counts, ~1 ms) to the
     instance."""
-    if not hasattr(sub, "_custom_histogram_fixed_width") or "_custom_histogram_fixed_width" in vars(sub):
+    if not compat.histogram_hook(sub) or compat.histogram_is_set(sub):
         return
     ops = sub.backend
 
@@ -127,7 +128,7 @@ def _histogram_by_bincount(sub):
         indices = ops.numpy.clip(ops.cast(scaled, "int32"), 0, nbins - 1)
         return ops.numpy.bincount(ops.numpy.reshape(indices, [-1]), minlength=nbins)
 
-    sub._custom_histogram_fixed_width = histogram
+    compat.set_histogram(sub, histogram)
 
 
 def switch_randaugment(layer, image, key=None):
@@ -147,9 +148,9 @@ def switch_randaugment(layer, image, key=None):
     tf = _tf()
     shape = tuple(image.shape[:2]) + (3,)
     image = tf.ensure_shape(image, shape)
-    names = list(layer._AUGMENT_LAYERS)
+    names = compat.randaugment_layers(layer)
     for name in names:  # in a tf.data graph, the layers compute with TF ops
-        getattr(layer, name).backend.set_backend("tensorflow")
+        compat.compute_with(getattr(layer, name), "tensorflow")
         _histogram_by_bincount(getattr(layer, name))
     for op in range(layer.num_ops):
         if key is None:

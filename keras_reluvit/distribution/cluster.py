@@ -10,6 +10,8 @@ import sys
 
 import keras
 
+from keras_reluvit import _keras_compat as compat
+
 _TF_STRATEGY = None  # the MultiWorkerMirroredStrategy `initialize` made (TensorFlow)
 
 
@@ -341,8 +343,8 @@ def chief_writes(model):
         value = v.value
         if isinstance(value, jax.Array) and not value.is_fully_addressable:
             full = multihost_utils.process_allgather(value, tiled=True)
-            swapped.append((v, v._value))
-            v._value = jax.numpy.asarray(full)
+            swapped.append((v, compat.variable_value(v)))
+            compat.set_variable_value(v, jax.numpy.asarray(full))
     before = keras.distribution.distribution()
     keras.distribution.set_distribution(None)
     try:
@@ -350,7 +352,7 @@ def chief_writes(model):
     finally:
         keras.distribution.set_distribution(before)
         for v, value in swapped:
-            v._value = value
+            compat.set_variable_value(v, value)
         barrier("chief_writes")
 
 

@@ -4,6 +4,7 @@ all-reduce."""
 
 import keras
 
+from keras_reluvit import _keras_compat as compat
 from keras_reluvit.distribution.cluster import tf_strategy
 
 
@@ -62,8 +63,7 @@ def multi_worker(model, train, val=None):
     if model.jit_compile and not tf.config.list_logical_devices("GPU"):
         model.jit_compile = False  # XLA has no CPU collectives (TensorFlow 2.21)
     with s.scope():
-        model._symbolic_build(data_batch=train.element_spec)
-    model._maybe_symbolic_build = lambda *args, **kwargs: None
+        compat.symbolic_build(model, train.element_spec)
     _patch_keras_multi_worker_logs()
     clip_after_all_reduce(model)  # a kr.ViT does it before training; other models need it
 
@@ -79,17 +79,14 @@ def _patch_keras_multi_worker_logs():
     axis=0)`, which fails for the scalar loss and metrics
     (tensorflow/tensorflow#72388): average them with `axis=None` (over the
     replicas, as Keras means to), leaving every other case to Keras."""
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
+    tf_trainer = compat.tf_trainer()
     original = tf_trainer.reduce_per_replica
     if getattr(original, "_keras_reluvit", False):
         return
-    from keras.src import tree
 
     def reduce_per_replica(values, strategy, reduction):
-        if (reduction in ("auto", "mean")
-                and tf_trainer._collective_all_reduce_multi_worker(strategy)):
-            return tree.map_structure(
+        if reduction in ("auto", "mean") and compat.tf_is_multi_worker(strategy):
+            return keras.tree.map_structure(
                 lambda v: strategy.reduce("MEAN", v, axis=None), values)
         return original(values, strategy, reduction)
 
@@ -131,18 +128,18 @@ def _clip_after_all_reduce(optimizer):
         return
     for name in CLIPPING:
         setattr(optimizer, name, None)
-    reduce = optimizer._all_reduce_sum_gradients
+    reduce, clip = compat.tf_all_reduce_and_clip(optimizer)
 
     def reduce_then_clip(grads_and_vars):
         grads_and_vars = list(reduce(grads_and_vars))
         for name, value in clipping.items():
             setattr(optimizer, name, value)
         try:
-            grads = optimizer._clip_gradients([g for g, _ in grads_and_vars])
+            grads = clip([g for g, _ in grads_and_vars])
         finally:
             for name in CLIPPING:
                 setattr(optimizer, name, None)
         return list(zip(grads, [v for _, v in grads_and_vars]))
 
-    optimizer._all_reduce_sum_gradients = reduce_then_clip
+    compat.tf_set_all_reduce(optimizer, reduce_then_clip)
 

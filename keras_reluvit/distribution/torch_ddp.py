@@ -3,6 +3,7 @@ inside `model.fit`."""
 
 import keras
 
+from keras_reluvit import _keras_compat as compat
 from keras_reluvit.distribution.cluster import shard
 from keras_reluvit.distribution.cluster import torch_distributed
 
@@ -86,17 +87,14 @@ def _route_through(model, module):
 
     import torch
     import torch.distributed as dist
-    from keras.src import tree
-    from keras.src.trainers.data_adapters import data_adapter_utils
 
     def train_step(self, data):
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        y_pred = module(x, training=True) if self._call_has_training_arg else module(x)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = module(x, training=True) if compat.call_has_training_arg(self) else module(x)
         self.zero_grad()
-        loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                  training=True)
-        batch = next(i for i in tree.flatten(x) if i is not None).shape[0]
-        self._loss_tracker.update_state(loss, sample_weight=batch)
+        loss = compat.compute_loss(self, x, y, y_pred, sample_weight)
+        batch = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
+        compat.loss_tracker(self).update_state(loss, sample_weight=batch)
         if self.optimizer is not None:
             loss = self.optimizer.scale_loss(loss)
         if self.trainable_weights:
