@@ -25,6 +25,8 @@ import json
 import os
 import sys
 
+from keras_reluvit import runs
+
 
 def _train(args):
     from keras_reluvit import distribution as kr_distribution
@@ -161,7 +163,7 @@ def _eval(args):
     from keras_reluvit import recipes
     from keras_reluvit.data import folders as image_folder
 
-    directory, run = _run_of(args.model)
+    directory, run = runs.run_of(args.model)
     source = args.model
     if directory is not None and os.path.isdir(args.model):
         source = os.path.join(directory, "model.keras")
@@ -173,7 +175,7 @@ def _eval(args):
     if dataset is None:
         raise ValueError(f"{args.model} is not in a run directory (no config.json of "
                          "`keras-reluvit train` beside it): pass --dataset.")
-    same = run.get("dataset") is not None and _same_dataset(dataset, run["dataset"])
+    same = run.get("dataset") is not None and runs.same_dataset(dataset, run["dataset"])
     defaults = run if same else {}
     seed = args.seed if args.seed is not None else defaults.get("seed", 0)
     val_fraction = (args.val_fraction if args.val_fraction is not None
@@ -200,55 +202,12 @@ def _eval(args):
               + ("" if same else " (no training run of this folder given: pass the run "
                  "directory to evaluate on the split it held out)"), file=sys.stderr)
         if same:
-            _check_held_out(folder, split, directory, run)
+            runs.check_held_out(folder, split, directory, run)
     loss, metrics = recipes.loss_and_metrics(model, recipe)
     model.compile(loss=loss, metrics=metrics)
     with image_folder.naming_unreadable(folder):
         result = model.evaluate(d.val, return_dict=True, verbose=0)
     print(json.dumps({k: float(v) for k, v in result.items()}))
-
-
-def _run_of(source):
-    """(the run directory, its config.json) when `source` is the directory of
-    a `keras-reluvit train` run or a file in one; (None, None) otherwise."""
-    path = os.path.abspath(os.path.expanduser(source))
-    directory = path if os.path.isdir(path) else os.path.dirname(path)
-    config = os.path.join(directory, "config.json")
-    if not os.path.isfile(config):
-        return None, None
-    with open(config) as f:
-        run = json.load(f)
-    if not (isinstance(run, dict) and "recipe" in run and "dataset" in run):
-        return None, None  # a preset's or a transformers directory's config.json
-    return directory, run
-
-
-def _same_dataset(a, b):
-    if os.path.isdir(os.path.expanduser(a)) and os.path.isdir(os.path.expanduser(b)):
-        return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))
-    return a == b
-
-
-def _check_held_out(folder, split, directory, run):
-    """An evaluation on the images a run trained on is an error, not a number."""
-    from keras_reluvit.data import folders as image_folder
-
-    if split == "train":  # asked for by name
-        return
-    path = os.path.join(directory, image_folder.SPLIT_FILE)
-    if os.path.isfile(path):
-        with open(path) as f:
-            record = json.load(f)
-    else:  # a run from before split.json: its split drawn again from its config
-        record = image_folder.ImageFolder(folder.root, run.get("val_fraction", 0.1),
-                                          run.get("seed", 0)).split_record()
-    trained = folder.trained_on(split, record)
-    if trained:
-        raise ValueError(
-            f"{len(trained)} of the {folder.num_examples(split)} images this evaluation would "
-            f"score were training images of {directory} (e.g. {trained[0]}): "
-            f"--seed {folder.seed} / --val-fraction {folder.val_fraction:g} hold out another "
-            "subset than the run did. Leave them out to use the run's own split.")
 
 
 def _load_any(source):

@@ -10,51 +10,19 @@ variants and initialisation, and intermediates one call away
 import re
 
 import keras
-import numpy as np
 
 from keras_reluvit import export as kr_export
 from keras_reluvit import layers
 from keras_reluvit._keras_compat import flatten_layers
-from keras_reluvit.attention import check_attention_args
-from keras_reluvit.attention import check_heads
-from keras_reluvit.attention import check_qk_norm
-from keras_reluvit.attention import check_rate
 from keras_reluvit.attention_kinds import deserialize_attention
 from keras_reluvit.attention_kinds import resolve_attention
 from keras_reluvit.keywords import check_keywords
 from keras_reluvit.keywords import parameters
 from keras_reluvit.posemb import PositionEmbedding
 from keras_reluvit.preprocessing import ImagePreprocessor
-from keras_reluvit.preprocessing import check_preprocessing
-from keras_reluvit.variants import parse_variant
-
-POOLS = ("gap", "tok", "map", "tok_gap")
-POSEMBS = ("learn", "sincos2d")
-
-
-def _pair(value, what):
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (int(value), int(value))
-    try:
-        value = tuple(int(v) for v in value)
-    except TypeError:
-        value = ()
-    if len(value) != 2 or min(value) <= 0:
-        raise ValueError(
-            f"`{what}` must be a positive int or (height, width), "
-            f"got {value!r}."
-        )
-    return value
-
-
-def _positive_int(value, what):
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value <= 0
-    ):
-        raise ValueError(f"`{what}` must be a positive int, got {value!r}.")
-    return int(value)
+from keras_reluvit.vit_config import POOLS  # noqa: F401 - kr.vit.POOLS
+from keras_reluvit.vit_config import POSEMBS  # noqa: F401
+from keras_reluvit.vit_config import _checked_config
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
@@ -431,83 +399,6 @@ def _quantization_mode(model):
                          "its config can name one (quantize the whole model with "
                          "model.quantize(mode)).")
     return modes.pop() if modes else None
-
-
-def _checked_config(variant, attention, num_classes, image_size, pool, posemb, qk_norm,
-                    representation_size, dropout, include_top, mlp_activation,
-                    head_bias_init, width, depth, mlp_dim, num_heads, patch_size,
-                    class_token, num_register_tokens, posemb_prefix, fc_norm, layer_scale,
-                    pre_norm, layer_norm_epsilon, preprocessing, label_names, dtype):
-    """The ViT's arguments checked (a ValueError naming the argument and what
-    would work) and canonical: `(config, attention_args)`, the config as
-    `get_config` returns it."""
-    dims = parse_variant(variant)
-    for key, value in dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=num_heads,
-                           patch_size=patch_size).items():
-        if value is not None:
-            dims[key] = value
-    if "patch_size" not in dims:
-        raise ValueError(
-            f"Variant {variant!r} names no patch size; use e.g. "
-            f"'{variant}/16' or pass patch_size."
-        )
-    for key in dims:
-        dims[key] = _positive_int(dims[key], key)
-    check_heads(dims["width"], dims["num_heads"])
-    image_size = _pair(image_size, "image_size")
-    patch = dims["patch_size"]
-    if image_size[0] % patch or image_size[1] % patch:
-        raise ValueError(
-            f"image_size {image_size} is not divisible by the patch size "
-            f"{patch}; use a multiple of {patch} such as "
-            f"{(image_size[0] // patch or 1) * patch}."
-        )
-    if pool not in POOLS:
-        raise ValueError(f"Unknown pool {pool!r}; valid: {POOLS}.")
-    if posemb not in POSEMBS:
-        raise ValueError(f"Unknown posemb {posemb!r}; valid: {POSEMBS}.")
-    layers.check_mlp_activation(mlp_activation)
-    dropout = check_rate(dropout, "dropout")
-    if include_top:
-        num_classes = _positive_int(num_classes, "num_classes")
-    if representation_size is not None:
-        representation_size = _positive_int(representation_size, "representation_size")
-    attention_args = resolve_attention(attention)
-    check_attention_args(**attention_args)  # fail now, with the layer's messages
-    class_token = pool == "tok" if class_token is None else bool(class_token)
-    if pool in ("tok", "tok_gap") and not class_token:
-        raise ValueError(f'pool="{pool}" pools the class token; it needs class_token=True.')
-    if pool == "tok_gap" and fc_norm:
-        raise ValueError('pool="tok_gap" concatenates two normalised features; it has no '
-                         'fc_norm (the final LayerNorm comes before the pooling).')
-    num_register_tokens = (_positive_int(num_register_tokens, "num_register_tokens")
-                           if num_register_tokens else 0)
-    layer_norm_epsilon = float(layer_norm_epsilon)
-    if not layer_norm_epsilon > 0:
-        raise ValueError(f"`layer_norm_epsilon` must be > 0, got {layer_norm_epsilon!r}.")
-    preprocessing = check_preprocessing(preprocessing)
-    if label_names is not None:
-        if isinstance(label_names, str) or not all(isinstance(n, str) for n in label_names):
-            raise ValueError("`label_names` must be a list of strings, one per class.")
-        label_names = list(label_names)
-        if not include_top:
-            raise ValueError("`label_names` name the classifier's outputs; this ViT has no "
-                             "head (include_top=False).")
-        if len(label_names) != num_classes:
-            raise ValueError(f"{len(label_names)} `label_names` for num_classes={num_classes}.")
-    config = dict(
-        variant=variant, attention=attention, num_classes=num_classes,
-        image_size=image_size, pool=pool, posemb=posemb, qk_norm=check_qk_norm(qk_norm),
-        representation_size=representation_size, dropout=float(dropout),
-        include_top=bool(include_top), mlp_activation=mlp_activation,
-        head_bias_init=float(head_bias_init), **dims, class_token=class_token,
-        num_register_tokens=num_register_tokens, posemb_prefix=bool(posemb_prefix),
-        fc_norm=bool(fc_norm), layer_scale=None if layer_scale is None else float(layer_scale),
-        pre_norm=bool(pre_norm), layer_norm_epsilon=layer_norm_epsilon,
-        preprocessing=preprocessing, label_names=label_names, dtype=dtype,
-    )
-    return config, attention_args
-
 
 def _build_parts(c, attention_args):
     """The layers of a ViT with the checked config `c`, by role (what
