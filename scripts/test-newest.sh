@@ -8,6 +8,7 @@
 # KRV_NEWEST_VENV: the virtual environment (re-created when missing);
 # KRV_NEWEST_PYTHON: the interpreter (default: pyenv's 3.13, else python3.13).
 set -euo pipefail
+export KERAS_BACKEND=jax
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${KRV_NEWEST_VENV:-$HOME/.cache/keras-reluvit/newest-py313}"
 if [ ! -f "$VENV/.complete" ]; then
@@ -29,7 +30,7 @@ fi
 "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT" >/dev/null
 cd "$ROOT"
 "$VENV/bin/python" -c "import sys, jax, keras; print(f'python {sys.version.split()[0]}, jax {jax.__version__}, keras {keras.__version__}')"
-KERAS_BACKEND=jax "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=5 \
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=5 \
   tests/test_kernels.py tests/test_attention.py tests/test_attention_nd.py tests/test_vit.py \
   tests/test_measured_dispatch.py tests/test_accelerator_kernels.py tests/test_layer_harness.py \
   tests/test_keras_compat.py "$@"
