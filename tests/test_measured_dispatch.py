@@ -9,6 +9,7 @@ through the same probe in its interpreter. TensorFlow has no fused kernel:
 `auto` measures nothing there.
 """
 
+import dataclasses
 import json
 import re
 import time
@@ -92,6 +93,10 @@ class Fake:
             out = out * 1.5
         elif self.how == "wrong_gradient":  # equal values, gradients 1.5x
             out = out + 0.5 * (out - keras.ops.stop_gradient(out))
+        elif self.how.startswith("scaled:"):  # off by a chosen relative error
+            out = out * float(self.how.split(":")[1])
+        elif self.how == "ignores_mask":  # right wherever the mask keeps every key
+            out, _ = self.generic(dataclasses.replace(c, mask=None, kernel_mask=None))
         elif self.how == "slow":
             pause()
         elif self.how == "slower":
@@ -123,6 +128,40 @@ def test_a_failing_or_wrong_kernel_warns_once_and_the_fallback_computes(monkeypa
         warnings.simplefilter("error", UserWarning)  # no second warning, no second probe
         np.testing.assert_allclose(numpy(attention(q, k, v)), out, rtol=1e-6)
     assert fake.calls == probes and len(kr.kernels.report()) == 1
+
+
+@pytest.mark.parametrize("times,caught", [(2.0, True), (0.2, False)])
+def test_the_check_draws_its_line_at_the_tolerance(monkeypatch, times, caught):
+    """A kernel off by twice the float32 tolerance is refused, one off by a
+    fifth of it is accepted; the error recorded is the one made. The
+    tolerance is docs/kernels.md's (5e-3 for float32), not read from the code."""
+    tolerance = 5e-3
+    install(monkeypatch, f"scaled:{1 + times * tolerance}")
+    q, k, v = inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        attention(q, k, v)
+    (decision,) = kr.kernels.report()
+    assert (decision.reason == "mismatch") == caught, decision
+    assert abs(decision.max_error - times * tolerance) < 0.05 * times * tolerance
+
+
+def test_a_kernel_wrong_only_under_the_mask_is_caught(monkeypatch):
+    """A kernel that ignores the mask is right on unmasked calls and must
+    be refused on masked ones (the probe carries the call's kind of mask)."""
+    install(monkeypatch, "ignores_mask")
+    q, k, v = inputs()
+    attention(q, k, v)
+    (unmasked,) = kr.kernels.report()
+    assert unmasked.reason in ("faster", "slower") and unmasked.max_error < 1e-5
+    mask = np.ones((2, 24, 24), bool)
+    mask[:, :, 17:] = False  # the last 7 keys of every row
+    with pytest.warns(UserWarning, match="differs from"):
+        out = numpy(attention(q, k, v, mask=mask))
+    masked = [d for d in kr.kernels.report() if d is not unmasked]
+    assert len(masked) == 1 and masked[0].reason == "mismatch", masked
+    want = naive(q[:, :, :, :], k[:, :17], v[:, :17])  # masked keys left out, L = 17
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_kernel_wrong_only_in_its_gradients_is_caught_when_differentiated(monkeypatch):
