@@ -2,6 +2,7 @@
 archives, the input pipeline, recipes, weight decay, resume, the CLI."""
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -394,3 +395,85 @@ def test_cli_bench_reports_pipeline_throughput(digits_dir, capsys):
                      "--batch-size", "64", "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert float(re.search(r"([\d,.]+) images/s", out).group(1).replace(",", "")) > 0
+
+
+def _shard_contents(monkeypatch, name, data_dir, count, **kwargs):
+    """What each of `count` processes reads through `D.load` (process i,
+    then the one-process reproduction of the cluster): the examples of the
+    shard each `read` call received, identified by their bytes."""
+    import hashlib
+
+    from keras_reluvit.data import sources
+
+    read = sources._TfdsSource.read if not os.path.isdir(name) else sources._FolderSource.read
+    seen = []
+
+    def spy(self, shard, train, seed):
+        ds = read(self, shard, train, seed)
+        if train:
+            rows = [hashlib.sha1(
+                (ex["image"] if "image" in ex else ex["file"]).numpy()).hexdigest()
+                    + str(int(ex["label"])) for ex in read(self, shard, False, seed)]
+            seen.append(rows)
+        return ds
+
+    cls = sources._FolderSource if os.path.isdir(name) else sources._TfdsSource
+    monkeypatch.setattr(cls, "read", spy)
+    per_process = []
+    for i in range(count):
+        del seen[:]
+        D.load(name, 4 * count, 16, data_dir, process_index=i, process_count=count, **kwargs)
+        (rows,) = seen
+        per_process.append(rows)
+    del seen[:]
+    D.load(name, 4 * count, 16, data_dir, process_index=None, process_count=count, **kwargs)
+    assert seen == per_process  # the one-process reproduction reads the same shards
+    return per_process
+
+
+def _assert_disjoint_and_covering(per_process, whole):
+    count = len(per_process)
+    sizes = {len(rows) for rows in per_process}
+    assert sizes == {len(whole) // count}, (sizes, len(whole))  # equal; the remainder dropped
+    union = [r for rows in per_process for r in rows]
+    assert len(set(union)) == len(union), "two processes read the same example"
+    assert set(union) <= set(whole) and len(union) == len(whole) // count * count
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("count", [2, 3])
+def test_tfds_shards_are_disjoint_and_cover_the_split(monkeypatch, digits_dir, count):
+    """Each process of a cluster reads its own part of the training split: no
+    example twice, none but the remainder left out (tfds even_splits); the
+    one-process reproduction of the cluster reads the same parts."""
+    import hashlib
+
+    from keras_reluvit.data import sources
+
+    source = sources._TfdsSource("sklearn_digits", digits_dir, None)
+    whole = [hashlib.sha1(ex["image"].numpy()).hexdigest() + str(int(ex["label"]))
+             for ex in source.read("train", False, 0)]
+    assert len(set(whole)) == len(whole)  # the digits are distinct examples
+    _assert_disjoint_and_covering(
+        _shard_contents(monkeypatch, "sklearn_digits", digits_dir, count), whole)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("count", [2, 3])
+def test_folder_shards_are_disjoint_and_cover_the_split(monkeypatch, tmp_path, count):
+    import hashlib
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+        for i in range(11):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype="uint8")).save(
+                tmp_path / "imgs" / c / f"{i}.png")
+    root = str(tmp_path / "imgs")
+    folder = kr.image_folder.ImageFolder(root, val_fraction=0.2, seed=0)
+    whole = [hashlib.sha1(ex["file"].numpy()).hexdigest() + str(int(ex["label"]))
+             for ex in folder.dataset("train")]
+    _assert_disjoint_and_covering(
+        _shard_contents(monkeypatch, root, None, count, val_fraction=0.2), whole)
