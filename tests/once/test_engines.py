@@ -55,6 +55,20 @@ if os.environ.get("NO_ALL_REDUCE"):  # a broken cluster: DDP's gradient sync swi
                 return step(data)
         model.train_step = no_sync_step
     D._route_through = local_only
+if os.environ.get("SAME_SHARD"):  # a broken cluster: every process reads shard 0
+    import keras_reluvit.data as kd
+    load = kd.load
+    def load_shard_0(*args, **kwargs):
+        if kwargs.get("process_count", 1) > 1 and kwargs.get("process_index") is not None:
+            kwargs["process_index"] = 0
+        return load(*args, **kwargs)
+    kd.load = load_shard_0
+if os.environ.get("PLAIN_SGD"):  # steps proportional to the gradient: its scale shows
+    compile_sgd = keras.Model.compile
+    def compile_with_sgd(self, *args, **kwargs):
+        kwargs["optimizer"] = keras.optimizers.SGD(float(os.environ["PLAIN_SGD"]))
+        return compile_sgd(self, *args, **kwargs)
+    keras.Model.compile = compile_with_sgd
 if os.environ.get("NO_XLA"):  # the one-process TensorFlow reference: as its workers do
     compile_ = keras.Model.compile
     def compile_without_xla(self, *args, **kwargs):
@@ -71,10 +85,13 @@ sys.exit(cli.main(sys.argv[1:]))
 # agrees to 2e-7 (torch) / 2e-7 (TensorFlow, whose workers and reference run
 # without XLA: no CPU collectives); AdamW's normalised steps then amplify the
 # rounding in near-zero gradient coordinates (2nd epoch: 2e-5 torch, 1e-4
-# TensorFlow). A wrong shard or a missing all-reduce moves the first epoch by
-# >= 1e-3.
+# TensorFlow): the resumed epoch's tolerance is 5x that, per backend. A wrong
+# shard or a missing all-reduce moves the first epoch by >= 1e-3
+# (test_broken_clusters_are_caught); a gradient summed instead of averaged,
+# which AdamW's normalised step hides, moves plain SGD's
+# (test_cluster_sgd_steps_equal_one_process).
 FIRST_EPOCH = 1e-5
-AMPLIFIED = 5e-3
+AMPLIFIED = {"torch": 1e-4, "tensorflow": 5e-4}
 TIMEOUT = 300  # seconds, every process
 
 
@@ -193,9 +210,11 @@ def test_killed_cluster_trains_like_one_process_and_resumes(backend, tmp_path, s
     a, b = metrics(out), metrics(ref)
     # The rerun trained only the 2nd epoch, on that epoch's data stream.
     assert len(a["history"]["loss"]) == 1 and a["optimizer_steps"] == b["optimizer_steps"] == 22
-    np.testing.assert_allclose(a["step_loss"], b["step_loss"][11:], rtol=AMPLIFIED)
+    # the first resumed step: the restored weights, optimizer state and data position
+    np.testing.assert_allclose(a["step_loss"][0], b["step_loss"][11], rtol=AMPLIFIED[backend])
+    np.testing.assert_allclose(a["step_loss"], b["step_loss"][11:], rtol=AMPLIFIED[backend])
     np.testing.assert_allclose(a["history"]["val_loss"], b["history"]["val_loss"][1:],
-                               rtol=AMPLIFIED)
+                               rtol=AMPLIFIED[backend])
     config = json.loads((out / "config.json").read_text())
     assert config["processes"] == 2 and config["steps_per_epoch"] == 11
     assert config["distribution"]["type"] == {
@@ -231,17 +250,45 @@ def check_saved_model(out, ref, data_dir, backend):
     assert np.abs(a - b).max() < LOGIT_DRIFT[backend] * np.abs(b).max(), (a, b)
 
 
-def test_ddp_without_the_all_reduce_is_caught(tmp_path, script, data_dir, reference):
-    """The check above can fail: with DDP's gradient all-reduce switched off
-    (each process steps on its own half batch) the processes' weights drift
-    apart and the reported losses leave the one-process run's."""
+@pytest.mark.parametrize("broken", ["NO_ALL_REDUCE", "SAME_SHARD"])
+def test_broken_clusters_are_caught(tmp_path, script, data_dir, reference, broken):
+    """The first-epoch check above can fail: with DDP's gradient all-reduce
+    switched off (each process steps on its own half batch), or with both
+    processes reading shard 0, the reported losses leave the one-process
+    run's by far more than FIRST_EPOCH."""
     _, ref_steps = reference("torch")
-    broken = cluster("torch", script, train_args(data_dir, tmp_path / "c") + ["--no-export",
-                     "--epochs", "1"], tmp_path / "log", extra_env={"NO_ALL_REDUCE": "1"})
-    assert broken[0][0] == 0, broken[0][2][-3000:]
+    run = cluster("torch", script, train_args(data_dir, tmp_path / "c") + ["--no-export",
+                  "--epochs", "1"], tmp_path / "log", extra_env={broken: "1"})
+    assert run[0][0] == 0, run[0][2][-3000:]
     losses = [s[2] for s in steps(tmp_path / "log")[0]]
     assert len(losses) == 11
     assert np.abs(np.array(losses) / ref_steps[:11] - 1).max() > 100 * FIRST_EPOCH
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_cluster_sgd_steps_equal_one_process(backend, tmp_path, script, data_dir):
+    """Plain SGD (lr 0.5: each step proportional to the gradient) for one
+    epoch: the cluster's step losses equal one process reading the same
+    global batches -- a gradient summed over the processes instead of
+    averaged (twice the step), which AdamW's normalisation hides, would not."""
+    sgd = {"PLAIN_SGD": "0.5", "NO_XLA": "1"}
+    args = ["--no-export", "--epochs", "1"]
+    one = subprocess.run([sys.executable, script] + train_args(data_dir, tmp_path / "one")
+                         + args + ["--data-shards", "2"],
+                         env=dict(subprocess_env(backend), STEP_LOG=str(tmp_path), **sgd),
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert one.returncode == 0, one.stderr[-3000:]
+    ref_steps = [s[2] for s in steps(tmp_path)[0]]
+    run = cluster(backend, script, train_args(data_dir, tmp_path / "c") + args,
+                  tmp_path / "log", extra_env=sgd)
+    assert all(r[0] == 0 for r in run), [r[2][-3000:] for r in run]
+    reported = steps(tmp_path / "log")
+    assert sorted(reported) == [0, 1] and len(ref_steps) == 11
+    # the steps move the loss by far more than the tolerance (a zero-initialised
+    # head: 1e-3 in this epoch), so a step of another size shows
+    assert ref_steps[-1] < (1 - 50 * FIRST_EPOCH) * ref_steps[0], ref_steps
+    for process in reported.values():
+        np.testing.assert_allclose([s[2] for s in process], ref_steps, rtol=FIRST_EPOCH)
 
 
 def cli_error(backend, args, env=(), timeout=90, code=2):
