@@ -344,13 +344,17 @@ def test_preprocessor_and_for_model_inside_tf_data():
 
 
 # --------------------------------- a folder of photographs, CLI and API
-ACCURACY = 0.95
+# On held-out photographs (val/ is cropped from pixels no training image
+# shares; chance is 1/3). Measured on 2026-12-03 (CLI predict / API): JAX
+# 0.96 / 0.79, PyTorch 1.0 / 1.0, TensorFlow 1.0 / 1.0.
+ACCURACY = 0.7
 
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     """3 classes x 32 real photographs (crops of scikit-image's samples, in
-    every format) in train/ + val/ (24 + 8 per class), and a "pretrained"
+    every format) in train/ + val/ (24 + 8 per class; val/ from a part of
+    each photograph no training crop touches), and a "pretrained"
     checkpoint of 10 classes -- the same weights on every backend."""
     root = tmp_path_factory.mktemp("photos")
     image_folder.sample_folder(root / "images", per_class=32, split=True)
@@ -389,6 +393,32 @@ def test_fine_tune_a_folder_through_the_cli(photos, tmp_path, capsys):
     assert len(records) == 24
     right = [r["top"][0]["label"] == r["image"].split(os.sep)[-2] for r in records]
     assert np.mean(right) >= ACCURACY
+
+
+def test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_chance(photos, tmp_path,
+                                                                             capsys):
+    """The controls of the fine-tune above: with lr 0 the run keeps the
+    checkpoint's encoder exactly (a dropped or ignored --init would not), and
+    its fresh zero head scores chance on the held-out photographs (val/ is
+    cropped from pixels no training image shares: the accuracy above comes
+    from training, not from the split)."""
+    from keras_reluvit import cli
+
+    out = tmp_path / "zero"
+    assert cli.main(["train", "--dataset", str(photos / "images"), "--init",
+                     str(photos / "pretrained.keras"), "--recipe", "bv_transfer",
+                     "--batch-size", "9", "--epochs", "1", "--lr", "0",
+                     "--output", str(out), "--quiet", "--no-export"]) == 0
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # zero logits: argmax is class 0 ("cat"), a third of val/
+    assert final["accuracy"] == pytest.approx(1 / 3, abs=1e-6), final
+    trained = keras.saving.load_model(out / "model.keras", compile=False)
+    pretrained = keras.saving.load_model(photos / "pretrained.keras", compile=False)
+    encoder = {v.path: npy(v) for v in pretrained.weights if not v.path.startswith("head/")}
+    kept = {v.path: npy(v) for v in trained.weights if v.path in encoder}
+    assert sorted(kept) == sorted(encoder) and len(encoder) > 20
+    for path, value in encoder.items():
+        np.testing.assert_array_equal(kept[path], value, err_msg=path)
 
 
 def test_fine_tune_a_folder_through_the_api(photos):

@@ -355,7 +355,9 @@ def sample_folder(root, classes=("cat", "coffee", "rocket"), per_class=24, size=
 
     Args:
         root: the folder to write (`root/<class>/*.jpg`; with `split=True`
-            `root/train/<class>/` and `root/val/<class>/`, a quarter each).
+            `root/train/<class>/` and `root/val/<class>/`, a quarter in
+            val/, cropped from the photograph's right third, which no
+            training image shares a pixel of: a held-out split).
         classes: names from `SAMPLE_PHOTOS`.
         per_class: images per class.
         size: (min, max) side of the written images, in pixels.
@@ -388,9 +390,12 @@ def sample_folder(root, classes=("cat", "coffee", "rocket"), per_class=24, size=
         photo = getattr(skdata, SAMPLE_PHOTOS[c])()
         h, w = photo.shape[:2]
         for i in range(per_class):
+            held_out = split and i % 4 == 3
+            # split: training crops from the left two thirds, held-out ones from the rest
+            x0, x1 = ((2 * w // 3, w) if held_out else (0, 2 * w // 3)) if split else (0, w)
             ch = int(h * rng.uniform(0.2, 0.8))
-            cw = int(w * rng.uniform(0.2, 0.8))
-            top, left = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+            cw = int((x1 - x0) * rng.uniform(0.3, 1.0) if split else w * rng.uniform(0.2, 0.8))
+            top, left = rng.integers(0, h - ch + 1), x0 + rng.integers(0, x1 - x0 - cw + 1)
             crop = photo[top:top + ch, left:left + cw]
             if rng.random() < 0.5:
                 crop = crop[:, ::-1]
@@ -403,9 +408,7 @@ def sample_folder(root, classes=("cat", "coffee", "rocket"), per_class=24, size=
             if mode == "RGBA":  # an alpha gradient
                 alpha = np.linspace(64, 255, image.size[0] * image.size[1]).astype("uint8")
                 image.putalpha(Image.fromarray(alpha.reshape(image.size[1], image.size[0])))
-            part = ""
-            if split:
-                part = "val" if i % 4 == 3 else "train"
+            part = ("val" if held_out else "train") if split else ""
             folder = os.path.join(root, part, c)
             os.makedirs(folder, exist_ok=True)
             kwargs = {"quality": int(rng.integers(70, 96))} if fmt == "JPEG" else {}
