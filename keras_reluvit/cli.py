@@ -31,8 +31,13 @@ from keras_reluvit import runs
 def _train(args):
     from keras_reluvit import distribution as kr_distribution
     from keras_reluvit import train as kr_train
+    from keras_reluvit.distribution.engine import Engine
 
-    cluster = _join_cluster(args)
+    engine = Engine()
+    engine.check(mesh=args.mesh, sequence_axis=args.sequence_axis, sharding=args.sharding,
+                 coordinator=args.coordinator)
+    in_cluster = engine.join(args.coordinator, args.num_processes, args.process_id,
+                             distributed=args.distributed, timeout=args.init_timeout)
     config = kr_train.build_config(
         recipe=args.recipe,
         dataset=args.dataset,
@@ -56,76 +61,13 @@ def _train(args):
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config["dataset"], config["data_dir"], args.manual_dir)
     kr_distribution.barrier("data prepared")
-    import keras
-
-    if keras.backend.backend() == "jax" and (args.mesh or cluster):
-        mesh = args.mesh or f"batch={len(keras.distribution.list_devices())}"
-        _set_mesh(mesh, args.sharding or "fsdp", args.sequence_axis)
+    engine.layout(args.mesh, args.sharding, args.sequence_axis, in_cluster)
     _, metrics = kr_train.train(config, args.output, export=not args.no_export,
                                 verbose=2 if args.quiet else 1)
     final = metrics["final"]
-    import keras
-
-    print(json.dumps({"output": args.output, "backend": keras.backend.backend(),
+    print(json.dumps({"output": args.output, "backend": engine.backend,
                       "process": kr_distribution.process_index(), **final,
                       "train_seconds": round(metrics["train_seconds"], 1)}))
-
-
-def _join_cluster(args):
-    """Joins a multi-process cluster when asked to (or launched as one:
-    torchrun on torch, TF_CONFIG on TensorFlow); True if in one."""
-    import keras
-
-    from keras_reluvit import distribution as kr_distribution
-
-    backend = keras.backend.backend()
-    world = os.environ.get("WORLD_SIZE", "1")
-    if backend != "torch" and world.isdigit() and int(world) > 1:
-        # torchrun (or another launcher) started WORLD_SIZE processes; off the
-        # torch backend each would train alone into the same --output.
-        raise ValueError(
-            f"WORLD_SIZE={world}: launched as one of {world} processes (torchrun?), but the "
-            f"Keras backend is {backend}, which cannot join a torch.distributed cluster: "
-            f"each process would train a separate model into the same --output. Set "
-            f"KERAS_BACKEND=torch (KERAS_BACKEND=torch torchrun ... -m keras_reluvit.cli "
-            f"train ...), or launch {backend} clusters as docs/distribution.md shows.")
-    if backend != "jax":
-        _check_engine_arguments(args, backend)
-    explicit = (args.coordinator, args.num_processes, args.process_id)
-    launched = ((backend == "torch" and int(os.environ.get("WORLD_SIZE", "1")) > 1)
-                or (backend == "tensorflow" and os.environ.get("TF_CONFIG")))
-    if any(v is not None for v in explicit):
-        kr_distribution.initialize(*explicit, timeout=args.init_timeout)
-    elif args.distributed or launched:
-        kr_distribution.initialize(timeout=args.init_timeout)
-    else:
-        return False
-    return kr_distribution.process_count() > 1
-
-
-def _check_engine_arguments(args, backend):
-    """What torch (DDP) and TensorFlow (MultiWorkerMirroredStrategy) runs
-    cannot do: keras.distribution meshes and layouts are JAX's."""
-    if args.mesh or args.sequence_axis:
-        raise ValueError(f"--mesh / --sequence-axis lay a model out with keras.distribution, "
-                         f"which runs on JAX only; on {backend} a cluster trains data parallel "
-                         "(leave them out, or set KERAS_BACKEND=jax).")
-    if args.sharding not in (None, "data"):
-        if backend == "torch" and args.sharding == "fsdp":
-            why = ("PyTorch's FSDP2 (fully_shard) swaps each module's parameters for sharded "
-                   "DTensors, but Keras' torch variables keep their own tensors (the layers "
-                   "compute with those and the optimizer updates them), so the model would "
-                   "not see the sharding")
-        else:
-            engine = ("DistributedDataParallel" if backend == "torch"
-                      else "MultiWorkerMirroredStrategy")
-            why = f"{engine} replicates every weight; sharded layouts are keras.distribution's (JAX)"
-        raise ValueError(f"--sharding {args.sharding} is not available on {backend}: {why}. "
-                         "Use --sharding data (the default there), or KERAS_BACKEND=jax for "
-                         "fsdp / tensor layouts.")
-    if backend == "tensorflow" and args.coordinator:
-        raise ValueError("On TensorFlow the cluster comes from TF_CONFIG (every worker's "
-                         "HOST:PORT and this worker's index), not --coordinator.")
 
 
 def _prepared(dataset, data_dir, manual_dir):
@@ -145,17 +87,6 @@ def _prepare(args):
     b = kr_data.prepare(args.name, args.data_dir, args.manual_dir)
     splits = {k: v.num_examples for k, v in b.info.splits.items()}
     print(json.dumps({"dataset": args.name, "data_dir": b.data_dir, "splits": splits}))
-
-
-def _set_mesh(spec, strategy, sequence_axis=None):
-    """"batch=2,model=4" -> keras.distribution with kr.distribution rules."""
-    import keras
-
-    from keras_reluvit import distribution
-
-    mesh = distribution.mesh_from_spec(spec)
-    keras.distribution.set_distribution(
-        distribution.model_parallel(mesh, strategy, sequence_axis=sequence_axis))
 
 
 def _eval(args):

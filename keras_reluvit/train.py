@@ -18,7 +18,6 @@
   folder TF Serving loads (`--model_base_path=.../saved_model`).
 """
 
-import contextlib
 import json
 import os
 import time
@@ -30,6 +29,7 @@ from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
 from keras_reluvit import recipes
 from keras_reluvit.data import folders as image_folder
+from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.variants import variant_with_patch
 from keras_reluvit.vit import ViT
@@ -165,13 +165,12 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     # Seeded after the data is loaded: preparing a data set on the first run
     # draws from Python's RNG, and a rerun must initialise the same model.
     keras.utils.set_random_seed(config["seed"])
-    # TensorFlow multi-worker: variables, optimizer and metrics in the strategy's scope.
-    scope = kr_distribution.strategy()
-    with scope.scope() if scope is not None else contextlib.nullcontext():
+    engine = Engine()
+    with engine.scope():  # TensorFlow clusters: variables, optimizer and metrics
         model, model_cfg, d = _model(config, d, load_data, chief)
         folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
         full = dict(config, model=model_cfg, num_classes=d.num_classes,
-                    label_names=d.label_names, backend=keras.backend.backend(),
+                    label_names=d.label_names, backend=engine.backend,
                     steps_per_epoch=d.steps_per_epoch, processes=count,
                     distribution=kr_distribution.describe())
         if chief:
@@ -184,11 +183,9 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
                         epochs=config["epochs"], lr=config.get("lr"),
                         layer_decay=config.get("layer_decay"))
-    if count > 1 and keras.backend.backend() == "torch":
-        kr_distribution.ddp(model)  # gradients all-reduced by DistributedDataParallel
-    train_data, val_data = d.train.repeat(), d.val
-    if scope is not None:  # each worker its own shard (no re-batching, no auto-sharding)
-        train_data, val_data = kr_distribution.multi_worker(model, train_data, val_data)
+    engine.prepare(model)  # torch clusters: DistributedDataParallel
+    # TensorFlow clusters: each worker's own shard (no re-batching, no auto-sharding)
+    train_data, val_data = engine.distribute(model, d.train.repeat(), d.val)
     steps = kr_callbacks.StepLosses()
     start = time.time()
     # One iterator for the whole run, one new pass per epoch: a resumed run

@@ -246,12 +246,12 @@ class ViT(keras.Model):
         `global_clipnorm` / `clipnorm` / `clipvalue` clip the all-reduced
         gradient, as on one device: Keras 3.15 clips each replica's gradient
         before summing them, a different update whenever the clip is active
-        (`kr.distribution.clip_after_all_reduce`). Here rather than in
-        `compile`, which Keras must see unchanged to recompile a loaded
-        `.keras` model."""
-        from keras_reluvit.distribution import clip_after_all_reduce
+        (`kr.distribution.clip_after_all_reduce`, the engine's
+        `before_training`). Here rather than in `compile`, which Keras must
+        see unchanged to recompile a loaded `.keras` model."""
+        from keras_reluvit.distribution.engine import Engine
 
-        clip_after_all_reduce(self)
+        Engine().before_training(self)
         return super().make_train_function(force)
 
     def intermediates_model(self, attention_weights=True):

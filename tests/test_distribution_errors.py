@@ -163,3 +163,36 @@ if BACKEND == "tensorflow":
             kr.distribution.initialize()
         with pytest.raises(RuntimeError, match="No TensorFlow cluster"):
             kr.distribution.multi_worker(keras.Sequential([keras.layers.Dense(2)]), None)
+
+
+def test_the_engine_holds_the_backend_branches(monkeypatch):
+    """`kr.distribution.Engine()`: the backend's engine by name; outside a
+    cluster its scope, preparation and data are the plain ones; what it
+    cannot do of the command line is refused naming it."""
+    engine = kr.distribution.Engine()
+    assert engine.backend == BACKEND
+    assert engine.name == {"jax": "keras.distribution", "torch": "DistributedDataParallel",
+                           "tensorflow": "MultiWorkerMirroredStrategy"}[BACKEND]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert not engine.launched() and engine.join() is False
+    train, val = object(), object()
+    assert engine.distribute(None, train, val) == (train, val)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with engine.scope():
+        model.compile("sgd", "mse")
+    assert engine.prepare(model) is model
+    assert engine.layout() is None  # no mesh asked for, no cluster
+    if BACKEND == "jax":
+        engine.check(mesh="batch=1", sharding="fsdp")
+    else:
+        with pytest.raises(ValueError, match="runs on JAX only"):
+            engine.check(mesh="batch=1")
+        with pytest.raises(ValueError, match="--sharding fsdp is not available"):
+            engine.check(sharding="fsdp")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    if BACKEND != "torch":
+        with pytest.raises(ValueError, match="KERAS_BACKEND=torch"):
+            engine.check()
+    else:
+        assert engine.launched()

@@ -39,7 +39,8 @@ backends scale out data parallel on their own engines, also here:
 layout functions (`model_parallel`, `data_parallel`) say so when called on
 those backends.
 
-Modules: `layouts` (the JAX mesh layouts of every strategy), `cluster`
+Modules: `engine` (`Engine`: the backend branches of a training run in one
+object), `layouts` (the JAX mesh layouts of every strategy), `cluster`
 (joining a multi-process cluster on each backend, process index / count,
 barriers, the chief's writes, data shards), `torch_ddp` (PyTorch's
 DistributedDataParallel through `model.fit`) and `tf_multi_worker`
@@ -54,6 +55,7 @@ from keras_reluvit.distribution.cluster import process_index
 from keras_reluvit.distribution.cluster import shard
 from keras_reluvit.distribution.cluster import strategy
 from keras_reluvit.distribution.cluster import tf_strategy
+from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.distribution.layouts import RULES
 from keras_reluvit.distribution.layouts import STRATEGIES
 from keras_reluvit.distribution.layouts import ViTModelParallel
@@ -67,7 +69,7 @@ from keras_reluvit.distribution.tf_multi_worker import clip_after_all_reduce
 from keras_reluvit.distribution.tf_multi_worker import multi_worker
 from keras_reluvit.distribution.torch_ddp import ddp
 
-__all__ = ["RULES", "STRATEGIES", "ViTModelParallel", "barrier", "check_mesh", "chief_writes",
+__all__ = ["Engine", "RULES", "STRATEGIES", "ViTModelParallel", "barrier", "check_mesh", "chief_writes",
            "clip_after_all_reduce", "data_parallel", "ddp", "describe", "initialize", "layout_map",
            "mesh_from_spec", "model_parallel", "multi_worker", "process_count", "process_index",
            "shard", "strategy", "tf_strategy"]

@@ -1,0 +1,140 @@
+"""The training engine of the Keras backend in use: the one place a training
+run asks what differs between JAX, TensorFlow and PyTorch.
+
+- JAX: `keras.distribution` -- a mesh and layouts (`layouts.py`) over every
+  process' devices; the data are fed per host.
+- PyTorch: `DistributedDataParallel` (`torch_ddp.py`) under torchrun.
+- TensorFlow: `MultiWorkerMirroredStrategy` (`tf_multi_worker.py`) from
+  TF_CONFIG.
+
+`Engine()` answers for the current backend: `check` (what the command line
+asked that the engine cannot do), `join` (the cluster), `layout` (JAX's
+mesh), `scope` (where variables are created), `prepare` (a compiled model
+before it trains) and `distribute` (the data as `fit` takes them).
+"""
+
+import contextlib
+import os
+
+import keras
+
+from keras_reluvit.distribution import cluster
+from keras_reluvit.distribution import layouts
+
+ENGINES = {"jax": "keras.distribution", "torch": "DistributedDataParallel",
+           "tensorflow": "MultiWorkerMirroredStrategy"}
+
+
+class Engine:
+    """The backend's training engine (see the module docstring)."""
+
+    def __init__(self, backend=None):
+        self.backend = backend or keras.backend.backend()
+
+    @property
+    def name(self):
+        return ENGINES.get(self.backend, self.backend)
+
+    # --- before the cluster --------------------------------------------------------
+    def launched(self):
+        """Whether a launcher started this process as one of a cluster:
+        torchrun (`WORLD_SIZE > 1`) on torch, `TF_CONFIG` on TensorFlow."""
+        if self.backend == "torch":
+            return int(os.environ.get("WORLD_SIZE", "1")) > 1
+        return self.backend == "tensorflow" and bool(os.environ.get("TF_CONFIG"))
+
+    def check(self, mesh=None, sequence_axis=None, sharding=None, coordinator=None):
+        """A ValueError naming what this engine cannot do of what was asked."""
+        world = os.environ.get("WORLD_SIZE", "1")
+        if self.backend != "torch" and world.isdigit() and int(world) > 1:
+            # torchrun (or another launcher) started WORLD_SIZE processes; off the
+            # torch backend each would train alone into the same --output.
+            raise ValueError(
+                f"WORLD_SIZE={world}: launched as one of {world} processes (torchrun?), but the "
+                f"Keras backend is {self.backend}, which cannot join a torch.distributed "
+                f"cluster: each process would train a separate model into the same --output. "
+                f"Set KERAS_BACKEND=torch (KERAS_BACKEND=torch torchrun ... -m keras_reluvit.cli "
+                f"train ...), or launch {self.backend} clusters as docs/distribution.md shows.")
+        if self.backend == "jax":
+            return
+        if mesh or sequence_axis:
+            raise ValueError(f"--mesh / --sequence-axis lay a model out with keras.distribution, "
+                             f"which runs on JAX only; on {self.backend} a cluster trains data "
+                             "parallel (leave them out, or set KERAS_BACKEND=jax).")
+        if sharding not in (None, "data"):
+            if self.backend == "torch" and sharding == "fsdp":
+                why = ("PyTorch's FSDP2 (fully_shard) swaps each module's parameters for "
+                       "sharded DTensors, but Keras' torch variables keep their own tensors (the "
+                       "layers compute with those and the optimizer updates them), so the model "
+                       "would not see the sharding")
+            else:
+                why = (f"{self.name} replicates every weight; sharded layouts are "
+                       "keras.distribution's (JAX)")
+            raise ValueError(f"--sharding {sharding} is not available on {self.backend}: {why}. "
+                             "Use --sharding data (the default there), or KERAS_BACKEND=jax for "
+                             "fsdp / tensor layouts.")
+        if self.backend == "tensorflow" and coordinator:
+            raise ValueError("On TensorFlow the cluster comes from TF_CONFIG (every worker's "
+                             "HOST:PORT and this worker's index), not --coordinator.")
+
+    def join(self, coordinator=None, num_processes=None, process_id=None, distributed=False,
+             timeout=120):
+        """Joins the cluster when asked to (the three arguments, or
+        `distributed`) or launched as one; True when in a cluster of several
+        processes."""
+        explicit = (coordinator, num_processes, process_id)
+        if any(v is not None for v in explicit):
+            cluster.initialize(*explicit, timeout=timeout)
+        elif distributed or self.launched():
+            cluster.initialize(timeout=timeout)
+        else:
+            return False
+        return cluster.process_count() > 1
+
+    # --- the model and the data ----------------------------------------------------------
+    def layout(self, mesh=None, sharding=None, sequence_axis=None, in_cluster=False):
+        """JAX: lays the model out over `mesh` ("batch=2,model=4"; a cluster
+        without one: every device on the batch axis) with `sharding`'s
+        layouts; nothing to do on the other engines."""
+        if self.backend != "jax" or not (mesh or in_cluster):
+            return None
+        spec = mesh or f"batch={len(keras.distribution.list_devices())}"
+        dist = layouts.model_parallel(layouts.mesh_from_spec(spec), sharding or "fsdp",
+                                      sequence_axis=sequence_axis)
+        keras.distribution.set_distribution(dist)
+        return dist
+
+    def scope(self):
+        """Where the model, its optimizer and its metrics are created: the
+        TensorFlow cluster's strategy scope, else nothing."""
+        strategy = cluster.tf_strategy() if self.backend == "tensorflow" else None
+        return strategy.scope() if strategy is not None else contextlib.nullcontext()
+
+    def before_training(self, model):
+        """What a compiled model needs before its train function is made:
+        under a TensorFlow strategy of several replicas, clipping moved after
+        the all-reduce (`tf_multi_worker.clip_after_all_reduce`). A `kr.ViT`
+        calls it from `make_train_function`."""
+        if self.backend == "tensorflow":
+            from keras_reluvit.distribution.tf_multi_worker import clip_after_all_reduce
+
+            clip_after_all_reduce(model)
+
+    def prepare(self, model):
+        """A built, compiled model before `fit`: in a torch cluster it trains
+        through DistributedDataParallel (gradients all-reduced)."""
+        if self.backend == "torch" and cluster.process_count() > 1:
+            from keras_reluvit.distribution.torch_ddp import ddp
+
+            ddp(model)
+        self.before_training(model)
+        return model
+
+    def distribute(self, model, train, val=None):
+        """The data as `fit` takes them: on a TensorFlow cluster each worker's
+        own shard handed to the strategy as is; elsewhere unchanged."""
+        if self.backend == "tensorflow" and cluster.tf_strategy() is not None:
+            from keras_reluvit.distribution.tf_multi_worker import multi_worker
+
+            return multi_worker(model, train, val)
+        return train, val
