@@ -26,6 +26,10 @@ import os
 import sys
 
 from keras_reluvit import runs
+from keras_reluvit.settings import LORA_RANK
+from keras_reluvit.settings import RECIPE
+from keras_reluvit.settings import TRAINABLE_DEFAULT
+from keras_reluvit.settings import VAL_FRACTION
 
 
 def _train(args):
@@ -110,9 +114,9 @@ def _eval(args):
     defaults = run if same else {}
     seed = args.seed if args.seed is not None else defaults.get("seed", 0)
     val_fraction = (args.val_fraction if args.val_fraction is not None
-                    else defaults.get("val_fraction", 0.1))
+                    else defaults.get("val_fraction", VAL_FRACTION))
     data_dir = args.data_dir or defaults.get("data_dir")
-    recipe = args.recipe or run.get("recipe") or "digits"
+    recipe = args.recipe or run.get("recipe") or RECIPE
     model = _load_any(source)
     _prepared(dataset, data_dir, args.manual_dir)
     d = kr_data.load(dataset, args.batch_size, image_size=model.image_size,
@@ -336,14 +340,15 @@ def parser():
     t.add_argument("--manual-dir", help="archives to prepare the data set from "
                    "(default: DATA_DIR/downloads/manual)")
     t.add_argument("--data-dir", help="tfds data_dir")
-    t.add_argument("--recipe", default="digits", help="recipe name (see `recipes`)")
+    t.add_argument("--recipe", default=RECIPE, help="recipe name (see `recipes`)")
     t.add_argument("--init", help="start from a pretrained checkpoint (timm, big_vision, "
                    "keras-hub, transformers, preset, .keras, hf://...): a new zero-initialised "
                    "head when the classes differ; e.g. with --recipe bv_transfer")
-    t.add_argument("--trainable", choices=["all", "head", "lora"], default="all",
+    t.add_argument("--trainable", choices=["all", "head", "lora"], default=TRAINABLE_DEFAULT,
                    help="with --init: fine-tune every weight (default), only the head "
                    "(linear probe), or LoRA on the attention's query/value (+ the head)")
-    t.add_argument("--lora-rank", type=int, default=8, help="rank with --trainable lora")
+    t.add_argument("--lora-rank", type=int, default=LORA_RANK,
+                   help="rank with --trainable lora")
     t.add_argument("--layer-decay", type=float, help="layer-wise lr decay (BEiT / timm "
                    "--layer-decay, e.g. 0.75); default: the recipe's")
     t.add_argument("--lr", type=float, help="peak learning rate (default: the recipe's, "

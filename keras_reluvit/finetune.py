@@ -27,6 +27,8 @@ import re
 import keras
 
 from keras_reluvit._keras_compat import flatten_layers
+from keras_reluvit.settings import LORA_RANK
+from keras_reluvit.settings import TRAINABLE_DEFAULT
 
 TRAINABLE = ("all", "head", "lora")
 DEFAULT_LORA_LAYER_NAMES = ("query", "value")
@@ -104,7 +106,7 @@ def _restart_factors_on_load(layer):
     layer.load_own_variables = load_own_variables
 
 
-def set_trainable(model, trainable="all", lora_rank=8, lora_targets=None):
+def set_trainable(model, trainable=TRAINABLE_DEFAULT, lora_rank=LORA_RANK, lora_targets=None):
     """`"all"` (every weight), `"head"` (`linear_probe`) or `"lora"`
     (`enable_lora(model, lora_rank, lora_targets)`), in place."""
     if trainable not in TRAINABLE:

@@ -4,6 +4,8 @@ config, whether a data set is its own, and the split it held out."""
 import json
 import os
 
+from keras_reluvit.settings import VAL_FRACTION
+
 
 def run_of(source):
     """(the run directory, its config.json) when `source` is the directory of
@@ -37,7 +39,7 @@ def check_held_out(folder, split, directory, run):
         with open(path) as f:
             record = json.load(f)
     else:  # a run from before split.json: its split drawn again from its config
-        record = image_folder.ImageFolder(folder.root, run.get("val_fraction", 0.1),
+        record = image_folder.ImageFolder(folder.root, run.get("val_fraction", VAL_FRACTION),
                                           run.get("seed", 0)).split_record()
     trained = folder.trained_on(split, record)
     if trained:

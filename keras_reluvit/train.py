@@ -18,6 +18,7 @@
   folder TF Serving loads (`--model_base_path=.../saved_model`).
 """
 
+import dataclasses
 import json
 import os
 import time
@@ -31,15 +32,19 @@ from keras_reluvit import recipes
 from keras_reluvit.data import folders as image_folder
 from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.preprocessing import check_preprocessing
+from keras_reluvit.settings import LORA_RANK
+from keras_reluvit.settings import TRAINABLE_DEFAULT
+from keras_reluvit.settings import VAL_FRACTION
+from keras_reluvit.settings import RunSettings
 from keras_reluvit.variants import variant_with_patch
 from keras_reluvit.vit import ViT
 
 
-def build_config(recipe="digits", dataset=None, model=None, attention=None, epochs=None,
-                 batch_size=None, image_size=None, data_dir=None, seed=0, init=None,
-                 data_shards=None, trainable="all", lora_rank=8, layer_decay=None, lr=None,
-                 val_fraction=0.1, **model_overrides):
-    """The full run config (a JSON-able dict) from a recipe and overrides.
+def build_config(settings=None, **kwargs):
+    """The full run config (a JSON-able dict) from a recipe and overrides:
+    a `RunSettings` (`keras_reluvit.settings`), or its fields as keywords
+    (over `settings` when both are given); other keywords override the
+    model's config (`pool=`, `posemb=`, ...).
 
     `dataset` is a tfds name or a folder of images (one sub-folder per
     class; `val_fraction` of each class is held out where it has no `val/`).
@@ -54,22 +59,26 @@ def build_config(recipe="digits", dataset=None, model=None, attention=None, epoc
     """
     from keras_reluvit import finetune
 
-    r0 = recipes.get(recipe)
-    if r0.get("init_required") and not init:
+    if isinstance(settings, str):  # build_config("digits"): the recipe
+        kwargs = dict(kwargs, recipe=settings)
+        settings = None
+    given, model_overrides = RunSettings.split(kwargs)
+    s = dataclasses.replace(settings, **{k: kwargs[k] for k in kwargs
+                                         if k in RunSettings.fields()}) if settings else given
+    recipe, init = s.recipe, s.init
+    variant = variant_with_patch(s.model) if s.model else None
+    r = recipes.get(recipe, variant)  # resolved once, for the variant asked for
+    if r.get("init_required") and not init:
         raise ValueError(f"Recipe {recipe!r} fine-tunes a checkpoint: pass init= "
                          "(keras-reluvit train --init CHECKPOINT).")
-    if not (dataset or r0["dataset"]):
+    if not (s.dataset or r["dataset"]):
         raise ValueError(f"Recipe {recipe!r} has no data set of its own: pass dataset= "
                          "(keras-reluvit train --dataset NAME_OR_FOLDER).")
-    if trainable not in finetune.TRAINABLE:
-        raise ValueError(f"trainable must be one of {finetune.TRAINABLE}, got {trainable!r}.")
-    if trainable != "all" and not init:
-        raise ValueError(f"trainable={trainable!r} fine-tunes a pretrained model: pass init= "
+    if s.trainable not in finetune.TRAINABLE:
+        raise ValueError(f"trainable must be one of {finetune.TRAINABLE}, got {s.trainable!r}.")
+    if s.trainable != "all" and not init:
+        raise ValueError(f"trainable={s.trainable!r} fine-tunes a pretrained model: pass init= "
                          "(keras-reluvit train --init CHECKPOINT).")
-    variant = None
-    if model:
-        variant = variant_with_patch(model)
-    r = recipes.get(recipe, variant)
     model_cfg = {} if init else dict(r["model"])
     if variant and not init:
         model_cfg["variant"] = variant
@@ -77,31 +86,32 @@ def build_config(recipe="digits", dataset=None, model=None, attention=None, epoc
             for k in ("width", "depth", "num_heads", "mlp_dim"):
                 model_cfg.pop(k, None)
     # Given > the recipe's (relu_from_softmax) > with init the checkpoint's own, else ReLU/L.
-    attention = attention or r["model"].get("attention") or (None if init else "relu")
+    attention = s.attention or r["model"].get("attention") or (None if init else "relu")
     if attention is not None:
         model_cfg.update(attention=attention)
     if not init:
         model_cfg.update(head_bias_init=r["head_bias_init"])
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
+    batch_size = s.batch_size
     if batch_size is None:
-        batch_size = _recipe_batch_size(recipe, r["batch_size"], dataset or r["dataset"],
-                                        val_fraction, seed, data_shards)
+        batch_size = _recipe_batch_size(recipe, r["batch_size"], s.dataset or r["dataset"],
+                                        s.val_fraction, s.seed, s.data_shards)
     return dict(
         recipe=recipe,
         init=os.fspath(init) if init else None,
-        dataset=dataset or r["dataset"],
-        data_dir=data_dir,
-        epochs=epochs or r["epochs"],
+        dataset=s.dataset or r["dataset"],
+        data_dir=s.data_dir,
+        epochs=s.epochs or r["epochs"],
         batch_size=batch_size,
-        image_size=image_size or r["image_size"],
+        image_size=s.image_size or r["image_size"],
         augment=r.get("augment", {}),
-        seed=seed,
-        data_shards=data_shards,
-        trainable=trainable,
-        lora_rank=int(lora_rank),
-        layer_decay=layer_decay,
-        lr=lr,
-        val_fraction=float(val_fraction),
+        seed=s.seed,
+        data_shards=s.data_shards,
+        trainable=s.trainable,
+        lora_rank=int(s.lora_rank),
+        layer_decay=s.layer_decay,
+        lr=s.lr,
+        val_fraction=float(s.val_fraction),
         model=model_cfg,
     )
 
@@ -158,7 +168,7 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
             process_index=index if count > 1 else (None if shards > 1 else 0),
             process_count=shards,
             preprocessing=preprocessing,
-            val_fraction=config.get("val_fraction", 0.1),
+            val_fraction=config.get("val_fraction", VAL_FRACTION),
         )
 
     d = load_data(config["image_size"] or 224)
@@ -239,9 +249,10 @@ def _model(config, d, load_data, chief):
     if model.preprocessing != check_preprocessing(None) or config["image_size"] is None:
         # The checkpoint's resolution, value range and evaluation recipe.
         d = load_data(model.image_size, model.preprocessing)
-    finetune.set_trainable(model, config.get("trainable", "all"), config.get("lora_rank", 8))
+    finetune.set_trainable(model, config.get("trainable", TRAINABLE_DEFAULT),
+                           config.get("lora_rank", LORA_RANK))
     if chief:
-        print(f"keras_reluvit: fine-tuning {config.get('trainable', 'all')}: "
+        print(f"keras_reluvit: fine-tuning {config.get('trainable', TRAINABLE_DEFAULT)}: "
               f"{finetune.describe_trainable(model)}.", flush=True)
     return model, model_cfg, d
 

@@ -33,6 +33,8 @@ import re
 
 import numpy as np
 
+from keras_reluvit.settings import VAL_FRACTION
+
 # The first bytes of each format tf.io.decode_image reads.
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -163,7 +165,7 @@ class ImageFolder:
     ```
     """
 
-    def __init__(self, root, val_fraction=0.1, seed=0):
+    def __init__(self, root, val_fraction=VAL_FRACTION, seed=0):
         self.root = os.path.abspath(os.path.expanduser(os.fspath(root)))
         if not os.path.isdir(self.root):
             raise ImageFolderError(f"{root} is not a folder.")

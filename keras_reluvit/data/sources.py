@@ -8,6 +8,7 @@ from keras_reluvit.data.tfds import SPLITS
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.data.tfds import _tfds
 from keras_reluvit.data.tfds import builder
+from keras_reluvit.settings import VAL_FRACTION
 
 
 class Data:
@@ -105,7 +106,7 @@ def load(
     process_index=0,
     process_count=1,
     preprocessing=None,
-    val_fraction=0.1,
+    val_fraction=VAL_FRACTION,
 ):
     """Train and validation pipelines of a tfds data set (by name) or of a
     folder of images (by path: one sub-folder per class, see

@@ -1,0 +1,50 @@
+"""A training run's settings, typed, each default written once.
+
+`RunSettings` is what `keras-reluvit train` and `kr.train.build_config`
+take; `build_config` resolves it (with the recipe, once) into the run's
+config. The defaults that other parts repeat -- a folder's held-out share,
+the LoRA rank, the recipe -- are the constants here, and every module that
+needs one imports it (the CLI's options, `ImageFolder`, `data.load`,
+`finetune.set_trainable`, `eval` of an older run).
+"""
+
+import dataclasses
+
+RECIPE = "digits"  # the main job's recipe (the embedded data set)
+VAL_FRACTION = 0.1  # a folder without val/: this seeded share of each class is held out
+LORA_RANK = 8
+TRAINABLE_DEFAULT = "all"  # what a fine-tune trains (finetune.TRAINABLE: the choices)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """One run's settings. None: the recipe's value (or, with `init`, the
+    checkpoint's). See `kr.train.build_config` for what each does."""
+
+    recipe: str = RECIPE
+    dataset: str = None
+    model: str = None
+    attention: object = None
+    epochs: int = None
+    batch_size: int = None
+    image_size: int = None
+    data_dir: str = None
+    seed: int = 0
+    init: str = None
+    data_shards: int = None
+    trainable: str = TRAINABLE_DEFAULT
+    lora_rank: int = LORA_RANK
+    layer_decay: float = None
+    lr: float = None
+    val_fraction: float = VAL_FRACTION
+
+    @classmethod
+    def fields(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def split(cls, kwargs):
+        """(the settings in `kwargs`, the rest: the model's overrides)."""
+        names = set(cls.fields())
+        return (cls(**{k: v for k, v in kwargs.items() if k in names}),
+                {k: v for k, v in kwargs.items() if k not in names})
