@@ -160,30 +160,15 @@ def _block(n):
 
 # CUDA (Pallas' Triton backend): caps on (block_q, block_k) per kernel, by the
 # bytes of one q / k / v row (element size x padded head dim; doubled for a
-# general (T, S) mask, whose int32 tiles take shared memory too), so that
-# each program's shared memory stays within ~130 KB on sm_90 with Triton 3.6
-# and 3.9 (an H100 / H200 has 227 KB, an A100 164 KB). Measured by compiling
-# the kernels' Triton IR for sm_90 with Triton's own compiler
-# (tests/once/test_accelerator_build.py): 128 x 128 blocks need 80-128 KB at
-# 128-byte rows (bfloat16, d = 64) but 320-384 KB at 512-byte rows (float32,
-# d = 128). The backward's caps ("bwd": the 5-dot kernel, and the dK/dV
-# kernel of the deterministic path) are smaller still, chosen so that ptxas
-# spills no registers at 8 warps (its report, same test): the kernel holds
-# K, V, dK and dV tiles for its whole loop; at bfloat16, d = 64, (64, 128)
-# spilled 36 bytes, (64, 64) 8, (32, 64) none. TPU blocks stay 128 x 128
-# (VMEM is MiBs).
-#
-# At 512 and 1024-byte rows the tiles are the largest that 4 warps
-# (`GPU_WARPS`) compute without spilling for every activation (gelu, with
-# a row-factor array, is the heaviest; ptxas' report), read from the SASS
-# (benchmarks/kernels_static.py's counts): on 8 warps the 16-row backward
-# tiles and the 1024-byte forward / dQ tiles issued 1.4-3x the tiles'
-# tensor-core work; now 1.0x, except the 1024-byte backward's 16 x 16
-# tiles (1.4x fused, 1.5x dK/dV: 32 x 16 spills 24 bytes there). E.g. the
-# backward of bf16, d = 128 with a general mask models ~1.5x faster per
-# pass. Head dims above 128 take the next class (`_row_bytes`): there the
-# 1024-byte tiles need 150-160 KB of shared memory at 8 warps, so float32
-# d = 256 keeps the 2048-byte caps.
+# general (T, S) mask, whose int32 tiles take shared memory too). The rules:
+# each program's shared memory within ~130 KB on sm_90 (an H100 / H200 has
+# 227 KB, an A100 164 KB); no register spills at the kernel's warps for any
+# activation ("bwd": the 5-dot kernel and the deterministic dK/dV kernel,
+# which hold K, V, dK and dV tiles for their whole loop, get the smallest
+# caps); no tile whose tensor-core work, read from its SASS, exceeds its
+# FLOPs where a smaller one avoids it. Head dims above 128 take the next
+# class (`_row_class`). TPU blocks stay 128 x 128 (VMEM is MiBs). The
+# measurements behind each cap: docs/kernels.md, "How the tiles were chosen".
 GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
     128: {"fwd": (128, 128), "bwd": (32, 64), "dq": (128, 128)},
     256: {"fwd": (128, 64), "bwd": (64, 32), "dq": (64, 64)},
@@ -194,14 +179,9 @@ GPU_BLOCKS = {  # row bytes -> {kernel: (block_q, block_k) cap}
 
 
 # Warps per CUDA kernel where not 8, by row bytes (as GPU_BLOCKS), for head
-# dims up to 128: 64-row dots on 8 warps are laid out on both warpgroups,
-# each computing all 64 rows (read from the SASS: 1.4x / 1.5x the
-# tensor-core work of the fused / dK-dV backward at 128-byte rows, 1.5x the
-# forward's at 512-byte rows, 1.67x the dQ kernel's at 256 / 512-byte rows); 4
-# warps compute them once, without spills (the 256-byte backward stays at 8:
-# 4 warps spill 24 bytes there, and its 64 x 32 tiles are not duplicated).
-# Left at 8: head dims above 128 (the 2048-byte class, and bf16 d = 256 at
-# 1024 bytes: 1.4-2.5x the work). The 1024-byte backward: 1.4-1.5x on 4 warps.
+# dims up to 128. The rule: a 64-row dot on 8 warps is laid out on both
+# warpgroups, each computing all 64 rows; 4 warps compute it once, used
+# wherever they do so without spills (measurements: docs/kernels.md).
 GPU_WARPS = {128: {"bwd": 4}, 256: {"dq": 4}, 512: {"fwd": 4, "bwd": 4, "dq": 4},
              1024: {"fwd": 4, "bwd": 4, "dq": 4}}
 

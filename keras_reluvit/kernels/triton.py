@@ -437,25 +437,15 @@ def _config(bq, bk, warps, stages):
 
 # The autotuning spaces, per kernel, element kind (16-bit; float32 as TF32;
 # float32 as IEEE) and head dims up to 64 / above (80, 128): tiles x warps x
-# stages, each 16-bit and TF32 entry compiled for sm_90a without register
-# spills, for every mask kind (tests/once/test_accelerator_build.py and
-# tests/test_accelerator_kernels.py print the table) -- with two exceptions,
-# both float32 -- and with the tensor-core work its SASS issues equal to the
-# tile's FLOPs: no dot of 64 rows on 8 warps, which Hopper's warpgroup MMA
-# lays out on both warpgroups, each computing all 64 rows (1.4-1.67x the
-# work; what the d = 128 backward and dQ tiles did before: now 16 x 128 /
-# 128 x 16 on 8 warps). The TF32 backward kernels at head dims above 64
-# hold float32 K and V tiles and their float32 dK / dV accumulators (or Q,
-# dO and dQ) for the whole loop: every tile tried (16-128 rows, 4-8 warps,
-# 1-2 stages) spills, the least with the entries here (20-244 bytes per
-# thread in the backward; the dQ kernel 0 without a mask, 380-496 with a
-# general one). And IEEE float32 dots (float32 without PyTorch's TF32
-# permission) run on the FMA units, Triton keeping their operand tiles in
-# registers: 32 x 32 tiles with 4 warps still spill 236-336 bytes in the
-# forward, and each kernel takes ~30 s to compile, so that kind has one
-# small tile per kernel and stays out of the compiled table. bfloat16 or
-# TF32 is what a GPU run should use. The first entry is the default where
-# nothing is tuned (the interpreter, explicit blocks).
+# stages. The rules: each 16-bit and TF32 entry compiles for sm_90a without
+# register spills for every mask kind (tests/once/test_accelerator_build.py
+# and tests/test_accelerator_kernels.py print the table), the two marked
+# TF32 exceptions aside (no tile of that kernel avoids spills); the
+# tensor-core work its SASS issues equals the tile's FLOPs (no 64-row dot on
+# 8 warps); IEEE float32 (FMA units) gets one small tile per kernel and is
+# not in the compiled table. The first entry is the default where nothing
+# is tuned (the interpreter, explicit blocks). What each tile measured:
+# docs/kernels.md, "How the tiles were chosen".
 CONFIGS = {
     ("forward", "16-bit", False): [_config(128, 64, 8, 3), _config(64, 64, 4, 4)],
     ("forward", "16-bit", True): [_config(128, 32, 8, 3), _config(64, 32, 4, 3)],
