@@ -84,15 +84,16 @@ sys.exit(cli.main(sys.argv[1:]))
 # (two halves, then an all-reduce). Measured on 2026-12-02: the first epoch
 # agrees to 2e-7 (torch) / 2e-7 (TensorFlow, whose workers and reference run
 # without XLA: no CPU collectives); AdamW's normalised steps then amplify the
-# rounding in near-zero gradient coordinates (2nd epoch: 2e-5 to 1.03e-4
-# torch, run to run -- gloo's reduction order varies --, 1e-4 TensorFlow): the
-# resumed epoch's tolerance is 3x / 5x the largest seen, per backend. A wrong
+# rounding in near-zero gradient coordinates (2nd epoch, 2026-12-02 / -03:
+# step losses 2e-5 to 1.0e-4 and the validation loss up to 3.6e-4 on torch,
+# varying run to run; 1e-4 on TensorFlow): the resumed epoch's tolerance is
+# about 3x / 5x the largest seen, per backend. A wrong
 # shard or a missing all-reduce moves the first epoch by >= 1e-3
 # (test_broken_clusters_are_caught); a gradient summed instead of averaged,
 # which AdamW's normalised step hides, moves plain SGD's
 # (test_cluster_sgd_steps_equal_one_process).
 FIRST_EPOCH = 1e-5
-AMPLIFIED = {"torch": 3e-4, "tensorflow": 5e-4}
+AMPLIFIED = {"torch": 1e-3, "tensorflow": 5e-4}
 TIMEOUT = 300  # seconds, every process
 
 
