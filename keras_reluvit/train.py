@@ -31,7 +31,6 @@ from keras_reluvit import distribution as kr_distribution
 from keras_reluvit import recipes
 from keras_reluvit.data import folders as image_folder
 from keras_reluvit.distribution.engine import Engine
-from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.settings import LORA_RANK
 from keras_reluvit.settings import TRAINABLE_DEFAULT
 from keras_reluvit.settings import VAL_FRACTION
@@ -157,7 +156,7 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     if count > 1 and shards != count:
         raise ValueError(f"data_shards={shards} in a cluster of {count} processes: leave it "
                          "unset (each process reads its own shard).")
-    def load_data(image_size, preprocessing=None):
+    def load_data(image_size=None, preprocessing=None, pipelines=True):
         return kr_data.load(
             config["dataset"],
             config["batch_size"],
@@ -169,15 +168,31 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
             process_count=shards,
             preprocessing=preprocessing,
             val_fraction=config.get("val_fraction", VAL_FRACTION),
+            **({} if pipelines else dict(train_split=False, val_split=False)),
         )
 
-    d = load_data(config["image_size"] or 224)
-    # Seeded after the data is loaded: preparing a data set on the first run
-    # draws from Python's RNG, and a rerun must initialise the same model.
-    keras.utils.set_random_seed(config["seed"])
+    # The data are loaded once, at the model's resolution and by its
+    # preprocessing (a checkpoint's own), before the seed is set: preparing a
+    # data set on the first run draws from Python's RNG, and a rerun must
+    # initialise the same model (and TensorFlow's shuffles read the seed).
     engine = Engine()
-    with engine.scope():  # TensorFlow clusters: variables, optimizer and metrics
-        model, model_cfg, d = _model(config, d, load_data, chief)
+    if config.get("init"):
+        classes = load_data(pipelines=False)
+        keras.utils.set_random_seed(config["seed"])  # what a checkpoint lacks is drawn
+        with engine.scope():  # TensorFlow clusters: variables, optimizer and metrics
+            model, model_cfg = _checkpoint(config, classes)
+        d = load_data(model.image_size, model.preprocessing)
+        keras.utils.set_random_seed(config["seed"])  # LoRA's factors: the same draws
+        with engine.scope():
+            _set_trainable(model, config, chief)
+    else:
+        d = load_data(config["image_size"] or 224)
+        keras.utils.set_random_seed(config["seed"])
+        model_cfg = dict(config["model"], num_classes=d.num_classes,
+                         image_size=config["image_size"], label_names=d.label_names)
+        with engine.scope():
+            model = ViT(**model_cfg)
+    with engine.scope():
         folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
         full = dict(config, model=model_cfg, num_classes=d.num_classes,
                     label_names=d.label_names, backend=engine.backend,
@@ -232,29 +247,25 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     return model, metrics
 
 
-def _model(config, d, load_data, chief):
-    """The run's model (new, or from `config["init"]`), its config, and the
-    data (reloaded at the checkpoint's resolution and preprocessing)."""
-    if not config.get("init"):
-        model_cfg = dict(config["model"], num_classes=d.num_classes,
-                         image_size=config["image_size"], label_names=d.label_names)
-        return ViT(**model_cfg), model_cfg, d
-    from keras_reluvit import finetune
+def _checkpoint(config, d):
+    """The run's model from `config["init"]`, with a new head for the classes
+    of `d` where they differ, and its config."""
     from keras_reluvit.checkpoints import load_checkpoint
 
     model = load_checkpoint(config["init"], num_classes=d.num_classes,
                             image_size=config["image_size"],
                             **dict(config["model"], label_names=d.label_names))
-    model_cfg = {k: v for k, v in model.get_config().items() if k not in ("name", "trainable")}
-    if model.preprocessing != check_preprocessing(None) or config["image_size"] is None:
-        # The checkpoint's resolution, value range and evaluation recipe.
-        d = load_data(model.image_size, model.preprocessing)
+    return model, {k: v for k, v in model.get_config().items() if k not in ("name", "trainable")}
+
+
+def _set_trainable(model, config, chief):
+    from keras_reluvit import finetune
+
     finetune.set_trainable(model, config.get("trainable", TRAINABLE_DEFAULT),
                            config.get("lora_rank", LORA_RANK))
     if chief:
         print(f"keras_reluvit: fine-tuning {config.get('trainable', TRAINABLE_DEFAULT)}: "
               f"{finetune.describe_trainable(model)}.", flush=True)
-    return model, model_cfg, d
 
 
 def plot_curves(history, path):
