@@ -20,7 +20,9 @@ the run); `weight_decay = wd / lr` is kept, i.e. recomputed with the scaled
 lr. Epochs are unchanged.
 """
 
+import collections.abc
 import copy
+import dataclasses
 import json
 
 import keras
@@ -163,8 +165,61 @@ RECIPES = {
 }
 
 
+@dataclasses.dataclass
+class Recipe(collections.abc.MutableMapping):
+    """One training recipe, typed: the fields of the `RECIPES` data (a key
+    that is not a field is an error), each default written once -- the value
+    the recipe means when its data leave the key out. Also a mapping
+    (`recipe["lr"]`, `dict(recipe, lr=...)`), as recipes were dicts."""
+
+    name: str = None
+    description: str = ""
+    dataset: str = None  # None: the run names one (--dataset)
+    image_size: int = None  # None: the checkpoint's (fine-tuning recipes)
+    epochs: int = None
+    batch_size: int = None
+    optimizer: str = "adamw"  # or "sgd"
+    lr: float = None  # the peak, at `batch_size`
+    wd: float = 0.0  # decoupled weight decay on kernels (big_vision's `wd`)
+    momentum: float = 0.9  # SGD's
+    warmup_steps: int = None  # at `batch_size` ...
+    warmup_epochs: float = None  # ... or in epochs (over `warmup_steps`)
+    grad_clip: float = None  # global norm
+    loss: str = "softmax_xent"  # or "sigmoid_xent"
+    label_smoothing: float = 0.0
+    layer_decay: float = None
+    head_bias_init: float = 0.0
+    init_required: bool = False
+    model: dict = dataclasses.field(default_factory=dict)
+    augment: dict = dataclasses.field(default_factory=dict)
+    augment_by_variant: dict = None
+
+    @classmethod
+    def fields(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def __getitem__(self, key):
+        if key not in self.fields():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key, value):
+        if key not in self.fields():
+            raise KeyError(f"{key!r} is not a recipe field; the fields: {', '.join(self.fields())}.")
+        setattr(self, key, value)
+
+    def __delitem__(self, key):
+        raise TypeError("A recipe's fields cannot be removed; set one to its default instead.")
+
+    def __iter__(self):
+        return iter(self.fields())
+
+    def __len__(self):
+        return len(self.fields())
+
+
 def get(name, variant=None):
-    """The recipe `name` as a dict; `variant` picks the augmentation row of
+    """The recipe `name` as a `Recipe`; `variant` picks the augmentation row of
     per-variant tables (AugReg)."""
     if name not in RECIPES:
         raise ValueError(f"Unknown recipe {name!r}; valid: {', '.join(RECIPES)}.")
@@ -181,14 +236,14 @@ def get(name, variant=None):
         recipe["augment"] = dict(randaug=randaug, mixup=mix)
         recipe["model"]["variant"] = variant
         recipe["augment_by_variant"] = {k: list(v) for k, v in table.items()}
-    return recipe
+    return Recipe(name=name, **recipe)
 
 
 def probability(recipe):
     """The probability function that matches a recipe's loss (a recipe name,
     dict or loss name): `"sigmoid"` for `sigmoid_xent`, else `"softmax"`. The
     one place serving exports and runs decide it."""
-    if isinstance(recipe, dict):
+    if isinstance(recipe, collections.abc.Mapping):
         loss = recipe.get("loss")
     elif recipe in RECIPES:
         loss = RECIPES[recipe]["loss"]
@@ -202,7 +257,12 @@ def probability(recipe):
 def describe(name=None):
     """Printable text of one recipe (or all)."""
     names = [name] if name else list(RECIPES)
-    return "\n\n".join(f"{n}:\n" + json.dumps(get(n), indent=2, default=list) for n in names)
+    def shown(recipe):  # what the recipe sets (momentum: SGD's)
+        return {k: v for k, v in recipe.items() if k != "name" and v is not None
+                and (k != "momentum" or recipe.optimizer == "sgd")}
+
+    return "\n\n".join(f"{n}:\n" + json.dumps(shown(get(n)), indent=2, default=list)
+                       for n in names)
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")

@@ -53,3 +53,25 @@ def test_build_config_takes_the_dataclass_or_its_fields():
     assert config["lora_rank"] == settings.LORA_RANK
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.seed = 1
+
+
+def test_recipes_are_typed_and_a_wrong_key_is_an_error(monkeypatch):
+    """`recipes.get` gives a `Recipe` dataclass (still a mapping: r["lr"],
+    dict(r, lr=...)); a key of the data that is not a field fails, naming it;
+    left out, a field is its one default."""
+    from keras_reluvit import recipes
+
+    r = recipes.get("bv_transfer")
+    assert isinstance(r, recipes.Recipe) and r.optimizer == "sgd" and r["momentum"] == 0.9
+    assert dict(r, lr=0.5)["lr"] == 0.5 and r.lr == 0.01
+    assert recipes.get("digits").label_smoothing == 0.0  # not in its data: the default
+    r["warmup_steps"] = 0
+    assert r.warmup_steps == 0
+    with pytest.raises(KeyError, match="'warmup' is not a recipe field"):
+        r["warmup"] = 5
+    monkeypatch.setitem(recipes.RECIPES, "typo", dict(recipes.RECIPES["digits"], warmup=3))
+    with pytest.raises(TypeError, match="warmup"):
+        recipes.get("typo")
+    for name in recipes.RECIPES:
+        if name != "typo":
+            assert recipes.get(name).name == name
