@@ -41,10 +41,3 @@ class RunSettings:
     @classmethod
     def fields(cls):
         return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def split(cls, kwargs):
-        """(the settings in `kwargs`, the rest: the model's overrides)."""
-        names = set(cls.fields())
-        return (cls(**{k: v for k, v in kwargs.items() if k in names}),
-                {k: v for k, v in kwargs.items() if k not in names})

@@ -61,9 +61,9 @@ def build_config(settings=None, **kwargs):
     if isinstance(settings, str):  # build_config("digits"): the recipe
         kwargs = dict(kwargs, recipe=settings)
         settings = None
-    given, model_overrides = RunSettings.split(kwargs)
-    s = dataclasses.replace(settings, **{k: kwargs[k] for k in kwargs
-                                         if k in RunSettings.fields()}) if settings else given
+    own = {k: v for k, v in kwargs.items() if k in RunSettings.fields()}
+    model_overrides = {k: v for k, v in kwargs.items() if k not in own}
+    s = dataclasses.replace(settings or RunSettings(), **own)
     recipe, init = s.recipe, s.init
     variant = variant_with_patch(s.model) if s.model else None
     r = recipes.get(recipe, variant)  # resolved once, for the variant asked for

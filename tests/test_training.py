@@ -405,8 +405,8 @@ def _shard_contents(monkeypatch, name, data_dir, count, **kwargs):
 
     from keras_reluvit.data import sources
 
-    read = sources._TfdsSource.read if not os.path.isdir(name) else sources._FolderSource.read
-    seen = []
+    cls = sources._FolderSource if os.path.isdir(name) else sources._TfdsSource
+    read, seen = cls.read, []
 
     def spy(self, shard, train, seed):
         ds = read(self, shard, train, seed)
@@ -417,7 +417,6 @@ def _shard_contents(monkeypatch, name, data_dir, count, **kwargs):
             seen.append(rows)
         return ds
 
-    cls = sources._FolderSource if os.path.isdir(name) else sources._TfdsSource
     monkeypatch.setattr(cls, "read", spy)
     per_process = []
     for i in range(count):

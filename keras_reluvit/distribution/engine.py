@@ -122,12 +122,13 @@ class Engine:
 
     def prepare(self, model):
         """A built, compiled model before `fit`: in a torch cluster it trains
-        through DistributedDataParallel (gradients all-reduced)."""
+        through DistributedDataParallel (gradients all-reduced). (TensorFlow's
+        clipping: `before_training`, from the ViT's train function and
+        `distribute`.)"""
         if self.backend == "torch" and cluster.process_count() > 1:
             from keras_reluvit.distribution.torch_ddp import ddp
 
             ddp(model)
-        self.before_training(model)
         return model
 
     def distribute(self, model, train, val=None):

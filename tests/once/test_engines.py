@@ -158,24 +158,30 @@ def data_dir(tmp_path_factory, script):
     return d
 
 
+def one_process(backend, script, args, log, extra_env=()):
+    """The cluster's run in one process reading its global batches (process
+    0's half batch, then process 1's): its step losses. TensorFlow's workers
+    run without XLA (no CPU collectives): so does this."""
+    env = dict(subprocess_env(backend), STEP_LOG=str(log), NO_XLA="1")
+    env.update(extra_env)
+    proc = subprocess.run([sys.executable, script] + args + ["--data-shards", "2"], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [s[2] for s in steps(log)[0]]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, script, data_dir):
-    """One process, the cluster's global batches (process 0's half batch, then
-    process 1's): its run directory and step losses, per backend."""
+    """`one_process` of the default run: its run directory and step losses,
+    per backend."""
     runs = {}
 
     def run(backend):
         if backend not in runs:
             out = tmp_path_factory.mktemp("one") / backend
-            log = tmp_path_factory.mktemp("steps")
-            # TensorFlow's workers run without XLA (no CPU collectives): so does this.
-            proc = subprocess.run([sys.executable, script] + train_args(data_dir, out)
-                                  + ["--data-shards", "2", "--no-export"],
-                                  env=dict(subprocess_env(backend), STEP_LOG=str(log),
-                                           NO_XLA="1"),
-                                  capture_output=True, text=True, timeout=TIMEOUT)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            runs[backend] = out, [s[2] for s in steps(log)[0]]
+            runs[backend] = out, one_process(backend, script,
+                                             train_args(data_dir, out) + ["--no-export"],
+                                             tmp_path_factory.mktemp("steps"))
         return runs[backend]
 
     return run
@@ -275,12 +281,8 @@ def test_cluster_sgd_steps_equal_one_process(backend, tmp_path, script, data_dir
     averaged (twice the step), which AdamW's normalisation hides, would not."""
     sgd = {"PLAIN_SGD": "0.5", "NO_XLA": "1"}
     args = ["--no-export", "--epochs", "1"]
-    one = subprocess.run([sys.executable, script] + train_args(data_dir, tmp_path / "one")
-                         + args + ["--data-shards", "2"],
-                         env=dict(subprocess_env(backend), STEP_LOG=str(tmp_path), **sgd),
-                         capture_output=True, text=True, timeout=TIMEOUT)
-    assert one.returncode == 0, one.stderr[-3000:]
-    ref_steps = [s[2] for s in steps(tmp_path)[0]]
+    ref_steps = one_process(backend, script, train_args(data_dir, tmp_path / "one") + args,
+                            tmp_path, sgd)
     run = cluster(backend, script, train_args(data_dir, tmp_path / "c") + args,
                   tmp_path / "log", extra_env=sgd)
     assert all(r[0] == 0 for r in run), [r[2][-3000:] for r in run]
