@@ -25,7 +25,7 @@ PRIVATE = {
         "distribution.cluster.chief_writes"),
     "Trainer._symbolic_build / _maybe_symbolic_build": (
         "builds a model's metrics and optimizer state from a data spec",
-        "distribution.tf_multi_worker.multi_worker"),
+        "distribution.tf_multi_worker.multi_worker, backup.fit (a resumed epoch's metrics)"),
     "Trainer._compute_loss / _loss_tracker / _call_has_training_arg": (
         "what Keras' torch train_step calls", "distribution.torch_ddp (DDP's train step)"),
     "backend.tensorflow.trainer.reduce_per_replica / _collective_all_reduce_multi_worker": (
@@ -34,6 +34,9 @@ PRIVATE = {
     "Optimizer._all_reduce_sum_gradients / _clip_gradients": (
         "TensorFlow's optimizer: the all-reduce and the clipping",
         "distribution.tf_multi_worker.clip_after_all_reduce"),
+    "Trainer._initial_epoch": (
+        "the epoch `fit` starts at, set by a callback's `on_train_begin` (as Keras' "
+        "BackupAndRestore does)", "backup.StepBackup, callbacks.ResumeDataStream"),
     "RandAugment._AUGMENT_LAYERS": (
         "the names of RandAugment's sub-layers", "data.augment.switch_randaugment"),
     "BaseImagePreprocessingLayer.backend.set_backend": (
@@ -78,6 +81,17 @@ def symbolic_build(model, data_spec):
     stops `fit` from building them again from a batch."""
     model._symbolic_build(data_batch=data_spec)
     model._maybe_symbolic_build = lambda *args, **kwargs: None
+
+
+def build_metrics(model, data_spec):
+    """Builds the compiled metrics' state now (Keras' TensorFlow trainer
+    otherwise builds it while tracing the first step), so that a resumed
+    epoch's running means can be restored before its first step. (TensorFlow
+    only: on JAX a symbolic build before `fit` changed the resumed run's
+    numbers; the JAX and torch trainers build the metrics before
+    `on_train_begin` anyway.)"""
+    if not all(getattr(m, "built", True) for m in model.metrics):
+        model._symbolic_build(data_batch=data_spec)
 
 
 def compute_loss(model, x, y, y_pred, sample_weight):
@@ -137,6 +151,14 @@ def set_histogram(layer, fn):
     layer._custom_histogram_fixed_width = fn
 
 
+def initial_epoch(model):
+    return int(getattr(model, "_initial_epoch", None) or 0)
+
+
+def set_initial_epoch(model, epoch):
+    model._initial_epoch = None if epoch is None else int(epoch)
+
+
 def histogram_is_set(layer):
     return "_custom_histogram_fixed_width" in vars(layer)
 
@@ -170,6 +192,15 @@ def _checks():
         m(np.zeros((1, 2), "float32"))
         assert loss_tracker(m) is not None and call_has_training_arg(m) in (True, False)
 
+    def initial():
+        import inspect
+
+        m = model()
+        set_initial_epoch(m, 2)
+        assert initial_epoch(m) == 2
+        fit = inspect.getsource(type(m).fit)  # the backend trainer's fit reads it
+        assert "self._initial_epoch or initial_epoch" in fit, "fit no longer reads _initial_epoch"
+
     def tensorflow():
         if keras.backend.backend() != "tensorflow":
             return
@@ -202,6 +233,7 @@ def _checks():
                 assert callable(getattr(classes[cls], m, None)), f"{cls}.{m}"
 
     return dict(flatten_layers=flatten, variable_value=value, trainer=trainer,
+                initial_epoch=initial,
                 tensorflow=tensorflow, augment=augment, attention=attention,
                 overridden=overridden)
 

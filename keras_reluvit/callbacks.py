@@ -5,11 +5,18 @@ import os
 import keras
 
 
-def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1)):
-    """`BackupAndRestore` (resume a killed run where it stopped; with
-    `dataset`, also the data stream: see `ResumeDataStream`),
-    `TensorBoard` logs and a `ModelCheckpoint` of the last epoch, all under
-    `output`.
+def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1), every=None,
+            keep=2):
+    """TensorBoard logs, a `ModelCheckpoint` of the last epoch and a
+    `kr.backup.StepBackup` (last in the list: it records each epoch's full
+    logs), all under `output`.
+
+    The backup (`output/backup/`, in a cluster `backup/process_<i>/`) is
+    taken at each epoch's end and, with `every`, every `every` steps (the
+    newest `keep` kept). Rerunning the same `model.fit` after a kill resumes
+    at the last epoch backed up, with that epoch's data stream when
+    `dataset` (the one-epoch training set that `fit` repeats) is given;
+    `kr.backup.fit` also resumes mid-epoch and saves on SIGTERM / SIGINT.
 
     Example:
 
@@ -18,43 +25,21 @@ def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1)):
               callbacks=kr.callbacks.default("runs/s16_relu", dataset=train))
     ```
     """
+    from keras_reluvit.backup import StepBackup
+
     output = os.path.expanduser(os.fspath(output))
     os.makedirs(output, exist_ok=True)
     index, count = process
-    if count == 1:
-        callbacks = [
-            keras.callbacks.BackupAndRestore(os.path.join(output, "backup"), save_freq="epoch",
-                                             delete_checkpoint=False),
-            keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")),
-        ]
-        if checkpoint_every_epoch:
-            callbacks.append(keras.callbacks.ModelCheckpoint(os.path.join(output, "last.keras")))
-    else:  # a cluster: each process its own backup, process 0 the rest
-        callbacks = [ClusterBackupAndRestore(os.path.join(output, "backup", f"process_{index}"))]
-        if index == 0:
-            callbacks.append(keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")))
-        if checkpoint_every_epoch:
-            callbacks.append(ChiefCheckpoint(os.path.join(output, "last.keras")))
-    if dataset is not None:
-        callbacks.insert(1, ResumeDataStream(dataset))
-    return callbacks
-
-
-class ClusterBackupAndRestore(keras.callbacks.BackupAndRestore):
-    """`BackupAndRestore` for one process of a multi-process cluster: every
-    process saves (its own directory) from host-local copies of the weights
-    (sharded ones gathered: a collective all processes enter each epoch) and
-    restores from it; the weights are then laid out by the distribution
-    again."""
-
-    def __init__(self, backup_dir):
-        super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False)
-
-    def on_epoch_end(self, epoch, logs=None):
-        from keras_reluvit.distribution import chief_writes
-
-        with chief_writes(self.model):
-            super().on_epoch_end(epoch, logs)
+    callbacks = []
+    if index == 0:  # in a cluster: process 0 writes the logs
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(output, "tensorboard")))
+    if checkpoint_every_epoch:
+        path = os.path.join(output, "last.keras")
+        callbacks.append(keras.callbacks.ModelCheckpoint(path) if count == 1
+                         else ChiefCheckpoint(path))
+    backup = os.path.join(output, "backup", *([f"process_{index}"] if count > 1 else []))
+    return callbacks + [StepBackup(backup, every=every, keep=keep, process=process,
+                                   dataset=dataset)]
 
 
 class ChiefCheckpoint(keras.callbacks.Callback):
@@ -124,7 +109,9 @@ class ResumeDataStream(keras.callbacks.Callback):
         self.skipped = 0
 
     def on_train_begin(self, logs=None):
-        epoch = int(getattr(self.model, "_initial_epoch", None) or 0)
+        from keras_reluvit import _keras_compat as compat
+
+        epoch = compat.initial_epoch(self.model)
         for _ in range(epoch):
             iter(self.dataset)
         self.skipped = epoch

@@ -61,6 +61,9 @@ def _train(args):
         layer_decay=args.layer_decay,
         lr=args.lr,
         val_fraction=args.val_fraction,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+        accum_steps=args.accum_steps,
     )
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config["dataset"], config["data_dir"], args.manual_dir)
@@ -383,6 +386,13 @@ def parser():
                    help="seconds to wait for the cluster to form (default 120); under torchrun "
                    "its own rendezvous waits first: pass torchrun --rdzv-conf timeout=SECONDS "
                    "(static, --master-addr) or join_timeout=SECONDS (c10d)")
+    t.add_argument("--checkpoint-every", type=int, help="updates between backups in "
+                   "OUTPUT/backup, mid-epoch (default: the recipe's: 1000 for the ImageNet "
+                   "recipes, else 0: at each epoch's end only)")
+    t.add_argument("--keep-checkpoints", type=int, default=2, help="backups kept (the newest)")
+    t.add_argument("--accum-steps", type=int, help="gradient accumulation: each update "
+                   "averages K micro-batches of batch-size / K (the recipe's batch on a "
+                   "smaller slice; default the recipe's, 1)")
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
     t.add_argument("--quiet", action="store_true", help="one line per epoch")
     t.set_defaults(func=_train)
@@ -488,11 +498,21 @@ EXTRA_OF = {
 }
 
 
+def _preempted():
+    """`kr.backup.Preempted` once a run imported it (the CLI does not import
+    Keras before it must)."""
+    backup = sys.modules.get("keras_reluvit.backup")
+    return backup.Preempted if backup is not None else ()
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except _preempted() as e:  # saved: a rerun continues (exit 0, as a preemptible job expects)
+        print(f"keras-reluvit: {e}", flush=True)
+        return 0
+    except (ValueError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
         print(f"keras-reluvit: error: {e}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as e:

@@ -164,6 +164,12 @@ RECIPES = {
     ),
 }
 
+# An ImageNet epoch is hours of a pod: those runs back up every 1000 steps
+# (big_vision's `ckpt_steps`), mid-epoch, as well as at each epoch's end.
+for _recipe in RECIPES.values():
+    if str(_recipe.get("dataset", "")).startswith("imagenet"):
+        _recipe.setdefault("checkpoint_every", 1000)
+
 
 @dataclasses.dataclass
 class Recipe(collections.abc.MutableMapping):
@@ -193,6 +199,10 @@ class Recipe(collections.abc.MutableMapping):
     model: dict = dataclasses.field(default_factory=dict)
     augment: dict = dataclasses.field(default_factory=dict)
     augment_by_variant: dict = None
+    # Long runs: steps between backups (None: at each epoch's end) and
+    # gradient accumulation (K micro-batches of batch_size / K per update).
+    checkpoint_every: int = None
+    accum_steps: int = 1
 
     @classmethod
     def fields(cls):
@@ -351,13 +361,15 @@ class LayerDecaySGD(_LayerScaledLR, keras.optimizers.SGD):
 
 
 def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=None,
-            layer_decay=None, **compile_kwargs):
+            layer_decay=None, accum_steps=None, **compile_kwargs):
     """Compiles `model` with the recipe's optimizer, schedule, loss, metrics.
 
     Args:
         model: a keras_reluvit ViT (or any Keras classifier on one-hot labels).
         recipe: a recipe name or dict (see `RECIPES`, `describe()`).
-        steps_per_epoch: optimizer steps per epoch (`len(train)`).
+        steps_per_epoch: optimizer updates per epoch (`len(train)`; with
+            `accum_steps` K, the batches of `batch_size` per epoch, each read
+            as K micro-batches).
         batch_size: your global batch size; default the recipe's. Sets the
             learning-rate scaling described in the module docstring.
         epochs: default the recipe's.
@@ -366,6 +378,10 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
         layer_decay: layer-wise learning-rate decay (BEiT / timm; see
             `keras_reluvit.finetune.layer_decay_scales`); default the
             recipe's (`adamw_finetune`: 0.75; others none). 1.0 or 0 is off.
+        accum_steps: gradient accumulation: each update averages the
+            gradients of K micro-batches (`fit` then steps K times per
+            update; Keras' `gradient_accumulation_steps`), and the schedule
+            counts updates (`PerUpdate`). Default the recipe's (1: off).
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
             On TensorFlow `jit_compile` defaults to True (XLA) unless
             `run_eagerly` is set or a `keras.distribution` is active: Keras'
@@ -378,6 +394,9 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
     recipe = get(recipe) if isinstance(recipe, str) else recipe
     batch_size = batch_size or recipe["batch_size"]
     epochs = epochs or recipe["epochs"]
+    accum = int(recipe.get("accum_steps") or 1) if accum_steps is None else int(accum_steps)
+    if accum < 1:
+        raise ValueError(f"accum_steps must be at least 1, got {accum_steps!r}.")
     lr, warmup, total = scaled(recipe, batch_size, steps_per_epoch, epochs, lr)
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0,
@@ -385,7 +404,9 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
         warmup_target=lr,
         warmup_steps=warmup,
     )
-    optimizer = _optimizer(model, recipe, schedule, layer_decay)
+    if accum > 1:
+        schedule = PerUpdate(schedule, accum)
+    optimizer = _optimizer(model, recipe, schedule, layer_decay, accum)
     loss, metrics = loss_and_metrics(model, recipe)
     if recipe["loss"] == "sigmoid_xent":
         head = _head(model)
@@ -420,7 +441,30 @@ def loss_and_metrics(model, recipe):
     return loss, metrics
 
 
-def _optimizer(model, recipe, schedule, layer_decay=None):
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class PerUpdate(keras.optimizers.schedules.LearningRateSchedule):
+    """`schedule` counted in updates when each update accumulates `steps`
+    micro-steps: Keras' optimizer asks its schedule with the micro-step
+    count (`gradient_accumulation_steps` leaves the count per micro-step),
+    so the u-th update would read the schedule at u * steps."""
+
+    def __init__(self, schedule, steps):
+        self.schedule = schedule
+        self.steps = int(steps)
+
+    def __call__(self, step):
+        return self.schedule(keras.ops.floor_divide(step, self.steps))
+
+    def get_config(self):
+        return dict(schedule=keras.saving.serialize_keras_object(self.schedule),
+                    steps=self.steps)
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["steps"])
+
+
+def _optimizer(model, recipe, schedule, layer_decay=None, accum=1):
     """The recipe's optimizer (AdamW, or SGD with momentum), with per-layer
     learning rates when `layer_decay` (or the recipe's) is set."""
     from keras_reluvit import finetune
@@ -429,7 +473,8 @@ def _optimizer(model, recipe, schedule, layer_decay=None):
     scales = (finetune.layer_decay_scales(model, decay)
               if decay and float(decay) != 1.0 else None)
     kind = recipe.get("optimizer", "adamw")
-    common = dict(learning_rate=schedule, global_clipnorm=recipe.get("grad_clip"))
+    common = dict(learning_rate=schedule, global_clipnorm=recipe.get("grad_clip"),
+                  **(dict(gradient_accumulation_steps=accum) if accum > 1 else {}))
     if kind == "sgd":
         cls = LayerDecaySGD if scales else keras.optimizers.SGD
         extra = dict(layer_scales=scales) if scales else {}

@@ -37,6 +37,9 @@ class RunSettings:
     layer_decay: float = None
     lr: float = None
     val_fraction: float = VAL_FRACTION
+    checkpoint_every: int = None  # steps between backups; 0: each epoch only; None: the recipe's
+    keep_checkpoints: int = 2
+    accum_steps: int = None  # None: the recipe's (1)
 
     @classmethod
     def fields(cls):

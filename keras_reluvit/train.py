@@ -2,9 +2,11 @@
 
 `train(...)` is what `keras-reluvit train` runs. It writes into `output`:
 
-- `backup/` — `BackupAndRestore` state; rerunning the same command after a
-  kill resumes at the last finished epoch, with that epoch's data stream
-  (in a multi-process cluster: `backup/process_<i>`, one per process);
+- `backup/` — `kr.backup.StepBackup`'s `step_<n>/` folders (each epoch's
+  end, every `checkpoint_every` updates, and on SIGTERM / SIGINT);
+  rerunning the same command after a kill or a preemption resumes at the
+  step saved, on the data stream the uninterrupted run had there (in a
+  multi-process cluster: `backup/process_<i>`, one per process);
 - `tensorboard/` — TensorBoard logs;
 - `config.json` — everything needed to rebuild the run and the model;
 - `split.json` — on a folder of images: how its splits were made and, where
@@ -12,7 +14,7 @@
   that `keras-reluvit eval` holds out what the run held out;
 - `last.keras` (each epoch) and `model.keras` (final);
 - `metrics.json` — final evaluation, the per-epoch history and the loss
-  after every step (`step_loss`);
+  after every step (`step_loss`), of the whole run (a resumed run's too);
 - `curves.png` — loss and accuracy curves;
 - `saved_model/1/` — a TF SavedModel (with `export=True`), in the version
   folder TF Serving loads (`--model_base_path=.../saved_model`).
@@ -25,6 +27,7 @@ import time
 
 import keras
 
+from keras_reluvit import backup as kr_backup
 from keras_reluvit import callbacks as kr_callbacks
 from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
@@ -111,8 +114,22 @@ def build_config(settings=None, **kwargs):
         layer_decay=s.layer_decay,
         lr=s.lr,
         val_fraction=float(s.val_fraction),
+        checkpoint_every=(r["checkpoint_every"] if s.checkpoint_every is None
+                          else int(s.checkpoint_every) or None),
+        keep_checkpoints=int(s.keep_checkpoints),
+        accum_steps=_accum_steps(s.accum_steps or r["accum_steps"], batch_size),
         model=model_cfg,
     )
+
+
+def _accum_steps(accum, batch_size):
+    accum = int(accum)
+    if accum < 1:
+        raise ValueError(f"accum_steps must be at least 1, got {accum}.")
+    if batch_size % accum:
+        raise ValueError(f"accum_steps={accum} must divide the batch size {batch_size}: each "
+                         "update is accum_steps micro-batches of batch_size / accum_steps.")
+    return accum
 
 
 def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_shards):
@@ -174,7 +191,13 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     # The data are loaded once, at the model's resolution and by its
     # preprocessing (a checkpoint's own), before the seed is set: preparing a
     # data set on the first run draws from Python's RNG, and a rerun must
-    # initialise the same model (and TensorFlow's shuffles read the seed).
+    # initialise the same model. TensorFlow's global seed is set first: the
+    # pipeline's shuffles and draws pair it with their own seeds, so that the
+    # data stream does not depend on what ran before in the process (a
+    # second run in a notebook, a test) -- only on `seed`.
+    import tensorflow as tf
+
+    tf.random.set_seed(config["seed"])
     engine = Engine()
     if config.get("init"):
         classes = load_data(pipelines=False)
@@ -205,30 +228,34 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
                 with open(os.path.join(output, image_folder.SPLIT_FILE), "w") as f:
                     json.dump(folder.split_record(), f)
         recipe = recipes.get(config["recipe"], model_cfg.get("variant"))
+        accum = int(config.get("accum_steps") or 1)
         recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
                         epochs=config["epochs"], lr=config.get("lr"),
-                        layer_decay=config.get("layer_decay"))
+                        layer_decay=config.get("layer_decay"), accum_steps=accum)
     engine.prepare(model)  # torch clusters: DistributedDataParallel
     # TensorFlow clusters: each worker's own shard (no re-batching, no auto-sharding)
-    train_data, val_data = engine.distribute(model, d.train.repeat(), d.val)
-    steps = kr_callbacks.StepLosses()
+    _, val_data = engine.distribute(model, d.train, d.val)
+    every = config.get("checkpoint_every")
+    callbacks = kr_callbacks.default(output, process=(index, count),
+                                     every=every * accum if every else None,
+                                     keep=config.get("keep_checkpoints", 2))
+    backup = callbacks.pop()  # kr_backup.fit places it last
     start = time.time()
-    # One iterator for the whole run, one new pass per epoch: a resumed run
-    # fast-forwards to the pass of the epoch it resumes (ResumeDataStream).
+    # One iterator for the whole run, one new pass per epoch; a resumed run
+    # continues the data stream at the step it saved.
     with image_folder.naming_unreadable(folder):
-        history = model.fit(train_data, steps_per_epoch=d.steps_per_epoch,
-                            validation_data=val_data, epochs=config["epochs"],
-                            callbacks=kr_callbacks.default(output, dataset=d.train,
-                                                           process=(index, count))
-                            + [steps] + list(extra_callbacks),
-                            verbose=verbose if chief else 0)
+        kr_backup.fit(model, kr_backup.split_batches(d.train, accum), config["epochs"], backup,
+                      validation_data=val_data, callbacks=callbacks + list(extra_callbacks),
+                      steps_per_epoch=d.steps_per_epoch * accum,
+                      verbose=verbose if chief else 0,
+                      distribute=lambda ds: engine.distribute(model, ds)[0])
         train_seconds = time.time() - start
         final = (model.evaluate(val_data, return_dict=True, verbose=0)
                  if d.val is not None else {})
     metrics = dict(
         final={k: float(v) for k, v in final.items()},
-        history={k: [float(x) for x in v] for k, v in history.history.items()},
-        step_loss=steps.losses,
+        history=backup.history,
+        step_loss=backup.step_loss,
         optimizer_steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
         train_seconds=train_seconds,
     )

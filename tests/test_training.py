@@ -11,7 +11,6 @@ import pytest
 import keras_reluvit as kr
 from keras_reluvit import data as D
 from keras_reluvit import recipes
-from keras_reluvit import train as T
 
 
 @pytest.fixture(scope="session")
@@ -303,38 +302,6 @@ def test_recipes_are_data_and_scale_with_batch():
     assert "s16_i1k_90ep" in recipes.describe() and "randaug" in recipes.describe("augreg_i1k")
     with pytest.raises(ValueError, match="Unknown recipe"):
         recipes.get("nope")
-
-
-def small_config(digits_dir, epochs):
-    cfg = T.build_config(recipe="digits", epochs=epochs, data_dir=str(digits_dir), batch_size=128)
-    cfg["model"].update(width=32, depth=1, num_heads=2, mlp_dim=64)
-    return cfg
-
-
-class Interrupt(keras.callbacks.Callback):
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == 0:
-            raise KeyboardInterrupt("simulated kill")
-
-
-def test_interrupted_run_resumes_with_the_same_number_of_steps(tmp_path, digits_dir):
-    cfg = small_config(digits_dir, epochs=2)
-    _, full = T.train(cfg, tmp_path / "full", export=False, verbose=0)
-    with pytest.raises(KeyboardInterrupt):
-        T.train(cfg, tmp_path / "resumed", export=False, verbose=0, extra_callbacks=[Interrupt()])
-    assert not (tmp_path / "resumed" / "model.keras").exists()
-    _, resumed = T.train(cfg, tmp_path / "resumed", export=False, verbose=0)
-    steps = json.loads((tmp_path / "full" / "config.json").read_text())["steps_per_epoch"]
-    assert full["optimizer_steps"] == resumed["optimizer_steps"] == 2 * steps
-    # The resumed run only trained the remaining epoch.
-    assert len(resumed["history"]["loss"]) == 1 and len(full["history"]["loss"]) == 2
-    for name in ("config.json", "model.keras", "metrics.json", "curves.png", "last.keras"):
-        assert (tmp_path / "full" / name).exists(), name
-    assert any((tmp_path / "full" / "tensorboard").rglob("*tfevents*"))
-    cfg_back = json.loads((tmp_path / "full" / "config.json").read_text())
-    rebuilt = kr.ViT(**cfg_back["model"])
-    assert cfg_back["distribution"] is None and cfg_back["processes"] == 1  # one device
-    assert rebuilt.count_params() == keras.saving.load_model(tmp_path / "full" / "model.keras").count_params()
 
 
 # The CLI's train and eval on every backend: test_finetune.py (a folder of

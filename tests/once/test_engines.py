@@ -26,6 +26,8 @@ from conftest import free_port
 from conftest import run_together
 from conftest import subprocess_env
 
+from keras_reluvit.backup import StepBackup
+
 # The CLI, with a callback that writes each step's loss (as Keras reports it:
 # the epoch's running mean) to STEP_LOG/<process>.jsonl and SIGKILLs both
 # processes at (epoch, batch).
@@ -206,22 +208,26 @@ def test_killed_cluster_trains_like_one_process_and_resumes(backend, tmp_path, s
             [1, b] for b in range(4)]
         np.testing.assert_allclose([s[2] for s in process[:11]], ref_steps[:11],
                                    rtol=FIRST_EPOCH)
-    for i in range(2):
-        meta = json.loads((out / "backup" / f"process_{i}" / "training_metadata.json")
-                          .read_text())
-        assert meta["epoch"] == 1
+    for i in range(2):  # each process' newest backup: the end of epoch 1
+        record = StepBackup(out / "backup" / f"process_{i}").latest()
+        assert (record["epoch"], record["done"], record["step"]) == (1, 0, 11)
     assert not (out / "model.keras").exists()
 
     resumed = cluster(backend, script, train_args(data_dir, out), tmp_path / "resumed")
     for code, stdout, stderr in resumed:
         assert code == 0, stderr[-3000:]
     a, b = metrics(out), metrics(ref)
-    # The rerun trained only the 2nd epoch, on that epoch's data stream.
-    assert len(a["history"]["loss"]) == 1 and a["optimizer_steps"] == b["optimizer_steps"] == 22
+    # The rerun trained only the 2nd epoch, on that epoch's data stream ...
+    for process in steps(tmp_path / "resumed").values():
+        assert [s[:2] for s in process] == [[1, b] for b in range(11)]
+    assert a["optimizer_steps"] == b["optimizer_steps"] == 22
+    # ... and its record is the whole run's: both epochs, every step.
+    assert len(a["history"]["loss"]) == 2 and len(a["step_loss"]) == 22
+    np.testing.assert_allclose(a["step_loss"][:11], b["step_loss"][:11], rtol=FIRST_EPOCH)
     # the first resumed step: the restored weights, optimizer state and data position
-    np.testing.assert_allclose(a["step_loss"][0], b["step_loss"][11], rtol=AMPLIFIED[backend])
-    np.testing.assert_allclose(a["step_loss"], b["step_loss"][11:], rtol=AMPLIFIED[backend])
-    np.testing.assert_allclose(a["history"]["val_loss"], b["history"]["val_loss"][1:],
+    np.testing.assert_allclose(a["step_loss"][11], b["step_loss"][11], rtol=AMPLIFIED[backend])
+    np.testing.assert_allclose(a["step_loss"], b["step_loss"], rtol=AMPLIFIED[backend])
+    np.testing.assert_allclose(a["history"]["val_loss"], b["history"]["val_loss"],
                                rtol=AMPLIFIED[backend])
     config = json.loads((out / "config.json").read_text())
     assert config["processes"] == 2 and config["steps_per_epoch"] == 11

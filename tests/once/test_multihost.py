@@ -17,6 +17,8 @@ from conftest import free_port
 from conftest import run_together
 from conftest import subprocess_env
 
+from keras_reluvit.backup import StepBackup
+
 # The CLI, optionally with a callback that SIGKILLs the process at (epoch, batch).
 RUN = r"""
 import json, os, sys
@@ -162,9 +164,9 @@ def test_killed_sequence_parallel_cluster_resumes_from_its_backups(tmp_path, dat
     codes = [r[0] for r in killed]
     assert set(codes) <= {-signal.SIGKILL, -signal.SIGABRT} and -signal.SIGKILL in codes, (
         codes, [r[2][-2000:] for r in killed])
-    for i in range(2):
-        meta = json.loads((out / "backup" / f"process_{i}" / "training_metadata.json").read_text())
-        assert meta["epoch"] == 1
+    for i in range(2):  # each process' newest backup: the end of epoch 1
+        record = StepBackup(out / "backup" / f"process_{i}").latest()
+        assert (record["epoch"], record["done"], record["step"]) == (1, 0, 11)
     assert not (out / "model.keras").exists()
     resumed = cluster(args)
     for code, stdout, stderr in resumed:
@@ -174,12 +176,15 @@ def test_killed_sequence_parallel_cluster_resumes_from_its_backups(tmp_path, dat
         "sequence_axis": "seq"}
     ref = reference
     a, b = metrics(out), metrics(ref)
-    # The restart trained only the 2nd epoch, on that epoch's data stream.
-    assert len(a["history"]["loss"]) == 1 and a["optimizer_steps"] == b["optimizer_steps"] == 22
+    # The restart trained only the 2nd epoch (11 more steps), on that epoch's data
+    # stream; the run's record is the whole run's (both epochs, every step).
+    assert a["optimizer_steps"] == b["optimizer_steps"] == 22
+    assert len(a["history"]["loss"]) == 2 and len(a["step_loss"]) == 22
+    assert "Epoch 2/2" in resumed[0][1] and "Epoch 1/2" not in resumed[0][1]
     # The 2nd epoch: see test_fsdp_cluster_trains_like_one_process on the tolerance.
-    np.testing.assert_allclose(a["step_loss"][0], b["step_loss"][11], rtol=1e-4)
-    np.testing.assert_allclose(a["step_loss"], b["step_loss"][11:], rtol=AMPLIFIED)
-    np.testing.assert_allclose(a["history"]["val_loss"], b["history"]["val_loss"][1:],
+    np.testing.assert_allclose(a["step_loss"][:12], b["step_loss"][:12], rtol=1e-4)
+    np.testing.assert_allclose(a["step_loss"], b["step_loss"], rtol=AMPLIFIED)
+    np.testing.assert_allclose(a["history"]["val_loss"], b["history"]["val_loss"],
                                rtol=AMPLIFIED)
     check_saved_model(out, ref, data_dir)
 

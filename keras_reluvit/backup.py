@@ -1,0 +1,350 @@
+"""A run's backup: step checkpoints, preemption, a resumed run's whole record.
+
+`StepBackup` is the callback; `fit` is `model.fit` resumed at the step the
+backup holds. Together they make a killed or preempted run, rerun, end
+equal to an uninterrupted one:
+
+- every `every` optimizer steps, at each epoch's end and when SIGTERM or
+  SIGINT arrives, the callback writes `backup/step_<n>/`: the weights and
+  optimizer state (`model.save_weights`), the running means of the epoch in
+  progress (the loss and metric states), and `record.json` -- the epoch, the
+  steps done in it, the history of the finished epochs and the loss after
+  every step so far;
+- a write goes to a temporary folder renamed into place when complete (a
+  kill during a write leaves the previous backup as it was); the newest
+  `keep` backups are kept;
+- on SIGTERM / SIGINT (a preemptible machine's notice) it saves at the next
+  step boundary and raises `Preempted`, whose message says where the run
+  stopped (`keras-reluvit train` prints it and exits 0); a second SIGINT
+  interrupts at once;
+- a loss that turns NaN or infinite stops the run with `FloatingPointError`
+  naming the step and the last good backup (which is never overwritten by
+  the bad state);
+- `fit` restores the newest backup and reads the data stream from that exact
+  position: the passes before it are fast-forwarded (each pass of a
+  `kr.data` training set has its own shuffle order and augmentation draws)
+  and the resumed epoch skips the batches already trained on.
+
+Example:
+
+```python
+train, val, info = kr.data.load("sklearn_digits", 64, image_size=32)
+backup = kr.backup.StepBackup("runs/x/backup", every=100)
+history = kr.backup.fit(model, train, epochs=30, backup=backup, validation_data=val)
+```
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import threading
+
+import keras
+import numpy as np
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+RECORD = "record.json"
+WEIGHTS = "state.weights.h5"
+METRICS = "metrics.npz"
+
+
+class Preempted(Exception):
+    """Raised by `StepBackup` after it saved the run on SIGTERM / SIGINT."""
+
+
+class StepBackup(keras.callbacks.Callback):
+    """Backs up a run every `every` steps, at each epoch's end and on
+    SIGTERM / SIGINT, in `directory/step_<n>/` (see the module docstring).
+
+    Args:
+        directory: the backup folder (one run's only).
+        every: optimizer steps (batches) between backups; None: at each
+            epoch's end only.
+        keep: how many of the newest backups to keep (>= 1).
+        signals: save and stop on SIGTERM and SIGINT (installed while `fit`
+            runs, in the main thread only). Default: when driven by
+            `kr.backup.fit` (a plain `model.fit` cannot resume mid-epoch).
+        process: `(index, count)` of this process in a cluster: each process
+            keeps its own backups; a signal is then not handled (the
+            processes could not agree on one step) and the run relies on
+            the step backups.
+        dataset: with a plain `model.fit(dataset.repeat(),
+            steps_per_epoch=len(dataset))`: the one-epoch training set, whose
+            passes before the resumed epoch are fast-forwarded (as
+            `kr.backup.fit` does).
+
+    A plain `model.fit` resumes a backup taken at an epoch's end (its
+    `initial_epoch` is set); one taken mid-epoch is an error naming
+    `kr.backup.fit`, which resumes it.
+
+    Attributes:
+        history: the whole run's per-epoch logs (those of the epochs before
+            a resume included).
+        step_loss: the loss Keras reports after every step of the whole run.
+    """
+
+    def __init__(self, directory, every=None, keep=2, signals=None, process=(0, 1),
+                 dataset=None):
+        super().__init__()
+        if every is not None and (int(every) != every or every < 1):
+            raise ValueError(f"every must be a positive number of steps or None, got {every!r}.")
+        if int(keep) < 1:
+            raise ValueError(f"keep must be at least 1, got {keep!r}.")
+        self.directory = os.path.expanduser(os.fspath(directory))
+        self.every = None if every is None else int(every)
+        self.keep = int(keep)
+        self.signals = signals
+        self.process = tuple(process)
+        self.dataset = dataset
+        self.driven = False  # set by `fit`
+        self.history, self.step_loss = {}, []
+        self.epoch, self.done, self.step = 0, 0, 0
+        self._restored = None  # the record of the backup this run resumed
+        self._metrics = None  # metric states to restore at the resumed epoch's start
+        self._signal = None
+        self._handlers = {}
+
+    # ---- reading ------------------------------------------------------------
+    def backups(self):
+        """The complete backups, newest first: [(step, path), ...]."""
+        if not os.path.isdir(self.directory):
+            return []
+        found = []
+        for name in os.listdir(self.directory):
+            m = STEP_DIR.match(name)
+            path = os.path.join(self.directory, name)
+            if m and os.path.exists(os.path.join(path, RECORD)):
+                found.append((int(m.group(1)), path))
+        return sorted(found, reverse=True)
+
+    def latest(self):
+        """The newest backup's record (a dict with its `path`), or None.
+        A backup that cannot be read is passed over for the one before it,
+        said in one line."""
+        for _, path in self.backups():
+            try:
+                with open(os.path.join(path, RECORD)) as f:
+                    record = json.load(f)
+            except (OSError, ValueError) as e:
+                print(f"keras_reluvit: backup {path} cannot be read ({e}); using the one "
+                      "before it.", flush=True)
+                continue
+            return dict(record, path=path)
+        return None
+
+    def resume_point(self):
+        """(epoch, steps done in it) of the newest backup; (0, 0) if none."""
+        record = self.latest()
+        return (record["epoch"], record["done"]) if record else (0, 0)
+
+    # ---- the callback -------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        if self._restored is None:
+            self._restore()
+            if not self.driven:
+                self._resume_plain_fit()
+        signals = self.driven if self.signals is None else self.signals
+        if (signals and self.process[1] == 1
+                and threading.current_thread() is threading.main_thread()):
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self._handlers[s] = signal.signal(s, self._on_signal)
+
+    def on_train_end(self, logs=None):
+        self._uninstall()
+        if not self.driven:
+            from keras_reluvit import _keras_compat as compat
+
+            compat.set_initial_epoch(self.model, None)  # Keras keeps it for the next fit
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch and self._metrics is not None:  # the resumed epoch
+            variables = self.model.metrics_variables
+            if len(self._metrics) != len(variables):
+                raise ValueError(f"The backup {self._restored['path']} holds "
+                                 f"{len(self._metrics)} metric states; the model has "
+                                 f"{len(variables)}: was it compiled with other metrics?")
+            for v, value in zip(variables, self._metrics):
+                v.assign(value)
+        else:
+            self.epoch, self.done = epoch, 0
+        self._metrics = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = logs or {}
+        self.step += 1
+        self.done += 1
+        if "loss" in logs:
+            loss = float(logs["loss"])
+            if not math.isfinite(loss):
+                self._uninstall()
+                last = self.latest()
+                raise FloatingPointError(
+                    f"The loss is {loss} after step {self.done} of epoch {self.epoch + 1} "
+                    f"(step {self.step} of the run). The last good backup: "
+                    + (f"{last['path']} (epoch {last['epoch'] + 1}, step {last['done']}); "
+                       "rerunning resumes from it." if last else "none (nothing was saved)."))
+            self.step_loss.append(loss)
+        if self._signal is not None:
+            name = signal.Signals(self._signal).name
+            path = self.save()
+            self._uninstall()
+            raise Preempted(
+                f"stopped by {name} after step {self.done} of epoch {self.epoch + 1} (step "
+                f"{self.step} of the run), saved in {path}: rerun the same command to continue.")
+        if self.every and self.step % self.every == 0:
+            self.save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        for k, v in (logs or {}).items():
+            self.history.setdefault(k, []).append(float(v))
+        self.epoch, self.done = epoch + 1, 0
+        self.save()
+
+    # ---- writing ------------------------------------------------------------
+    def save(self):
+        """Writes the state after the current step; returns its folder."""
+        from keras_reluvit.distribution import chief_writes
+
+        final = os.path.join(self.directory, f"step_{self.step:09d}")
+        if os.path.exists(os.path.join(final, RECORD)):
+            return final  # this step is saved (a step that ends an epoch)
+        tmp = os.path.join(self.directory, f".tmp_step_{self.step:09d}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        with chief_writes(self.model):  # a cluster: sharded weights gathered
+            self.model.save_weights(os.path.join(tmp, WEIGHTS))
+        np.savez(os.path.join(tmp, METRICS),
+                 *[keras.ops.convert_to_numpy(v.value) for v in self.model.metrics_variables])
+        record = dict(epoch=self.epoch, done=self.done, step=self.step, history=self.history,
+                      step_loss=self.step_loss, every=self.every)
+        with open(os.path.join(tmp, RECORD), "w") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)  # atomic: the folder appears complete or not at all
+        for _, old in self.backups()[self.keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    # ---- internals ----------------------------------------------------------
+    def _restore(self):
+        record = self.latest()
+        self._restored = record or {}
+        if not record:
+            return
+        model = self.model
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        model.load_weights(os.path.join(record["path"], WEIGHTS))
+        with np.load(os.path.join(record["path"], METRICS)) as f:
+            self._metrics = [f[f"arr_{i}"] for i in range(len(f.files))] if record["done"] else None
+        self.epoch, self.done, self.step = record["epoch"], record["done"], record["step"]
+        self.history = {k: list(v) for k, v in record["history"].items()}
+        self.step_loss = list(record["step_loss"])
+
+    def restore(self, model):
+        """Loads the newest backup into `model` now (`fit` does, when the
+        run it resumes has no epoch left)."""
+        self.set_model(model)
+        if self._restored is None:
+            self._restore()
+
+    def _resume_plain_fit(self):
+        from keras_reluvit import _keras_compat as compat
+
+        if self.done:
+            raise ValueError(
+                f"The backup in {self.directory} was taken after step {self.done} of epoch "
+                f"{self.epoch + 1}: model.fit cannot start mid-epoch. Resume it with "
+                "kr.backup.fit(model, train, epochs, backup=...).")
+        compat.set_initial_epoch(self.model, self.epoch)
+        if self.dataset is not None:
+            for _ in range(self.epoch):
+                iter(self.dataset)
+
+    def _on_signal(self, signum, frame):
+        if self._signal == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: now
+        self._signal = signum
+
+    def _uninstall(self):
+        for s, handler in self._handlers.items():
+            signal.signal(s, handler)
+        self._handlers = {}
+
+
+def fit(model, dataset, epochs, backup, validation_data=None, callbacks=(),
+        steps_per_epoch=None, verbose="auto", distribute=None):
+    """`model.fit` over `dataset`, one pass per epoch, resumed at the step
+    `backup` (a `StepBackup`) holds, on the data stream the uninterrupted run
+    had there; returns the whole run's history (a dict of per-epoch lists).
+
+    A `kr.data` training set draws a new shuffle order and new augmentation
+    draws for each pass (each iterator created from it). The passes before
+    the backup's epoch are created without being read (cheap: tf.data starts
+    work on the first read); the resumed epoch skips the batches already
+    trained on (they are read and dropped: up to one epoch's input work) and
+    ends at the epoch's usual step; the later epochs read one iterator of
+    `dataset.repeat()`.
+
+    Args:
+        dataset: the one-epoch training `tf.data.Dataset`
+            (`kr.data.load(...).train`).
+        steps_per_epoch: default `len(dataset)`.
+        distribute: a function `dataset -> what fit takes` (a TensorFlow
+            cluster's distributed dataset).
+    """
+    steps = int(steps_per_epoch or len(dataset))
+    distribute = distribute or (lambda ds: ds)
+    epoch, done = backup.resume_point()
+    if done >= steps:
+        raise ValueError(f"The backup in {backup.directory} is at step {done} of an epoch of "
+                         f"{steps} steps: was it written by another run (batch size, data)?")
+    backup.driven = True
+    for _ in range(epoch):
+        iter(dataset)
+    if epoch >= epochs:  # the run had finished (killed while writing its artefacts)
+        backup.restore(model)
+        return backup.history
+    kwargs = dict(validation_data=validation_data, verbose=verbose,
+                  callbacks=list(callbacks) + [backup])
+    if done:  # the metrics' running means are restored before the epoch's first step
+        if keras.backend.backend() == "tensorflow":  # its trainer builds them in the first step
+            from keras_reluvit import _keras_compat as compat
+
+            compat.build_metrics(model, dataset.element_spec)
+        # Its cardinality hidden: Keras' TensorFlow trainer creates (and so
+        # draws) a new iterator after an epoch that ends a finite data set.
+        rest = dataset.skip(done).filter(lambda *_: True)
+        model.fit(distribute(rest), steps_per_epoch=steps - done,
+                  initial_epoch=epoch, epochs=epoch + 1, **kwargs)
+        epoch += 1
+    if epoch < epochs:
+        model.fit(distribute(dataset.repeat()), steps_per_epoch=steps, initial_epoch=epoch,
+                  epochs=epochs, **kwargs)
+    return backup.history
+
+
+def split_batches(dataset, parts):
+    """Each batch of `dataset` as `parts` consecutive micro-batches of equal
+    size (the batch size must be a multiple of `parts`): gradient
+    accumulation over them is the update of the whole batch, on the same
+    images, augmentation draws and MixUp pairs."""
+    import tensorflow as tf
+
+    parts = int(parts)
+    if parts == 1:
+        return dataset
+
+    def split(*batch):
+        def one(t):
+            n = tf.shape(t)[0]
+            tf.debugging.assert_equal(n % parts, 0, message="batch not divisible by accum_steps")
+            return tf.reshape(t, tf.concat([[parts, n // parts], tf.shape(t)[1:]], 0))
+        return tf.data.Dataset.from_tensor_slices(tuple(one(t) for t in batch))
+
+    return dataset.flat_map(split)

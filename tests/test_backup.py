@@ -1,0 +1,218 @@
+"""Long runs on the current backend: step backups (kept, pruned, written
+atomically, the newest unreadable one passed over), SIGTERM mid-epoch (saved,
+then resumed to the uninterrupted run's end), a loss that turns NaN, and
+gradient accumulation (K micro-batches = one batch of K times the size)."""
+
+import json
+import os
+import signal
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_reluvit as kr
+from keras_reluvit import backup as B
+from keras_reluvit import train as T
+
+
+@pytest.fixture(scope="module")
+def digits_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tfds_digits")
+
+
+def small_config(digits_dir, epochs, **kwargs):
+    cfg = T.build_config(recipe="digits", epochs=epochs, data_dir=str(digits_dir),
+                         batch_size=128, **kwargs)
+    cfg["model"].update(width=32, depth=1, num_heads=2, mlp_dim=64)
+    cfg["augment"].update(mixup=0.2, flip=True)  # the data stream's draws matter
+    return cfg
+
+
+def weights(model):
+    return [keras.ops.convert_to_numpy(v) for v in model.weights]
+
+
+class SignalAt(keras.callbacks.Callback):
+    """Sends `signum` to this process after batch `batch` of epoch `epoch`."""
+
+    def __init__(self, epoch, batch, signum=signal.SIGTERM):
+        super().__init__()
+        self.at, self.signum, self.epoch = (epoch, batch), signum, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp_path,
+                                                                              digits_dir):
+    cfg = small_config(digits_dir, epochs=2)
+    full_model, full = T.train(cfg, tmp_path / "full", export=False, verbose=0)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(B.Preempted, match=r"stopped by SIGTERM after step 4 of epoch 2 \(step "
+                       r"15 of the run\), saved in .*step_000000015: rerun"):
+        T.train(cfg, tmp_path / "resumed", export=False, verbose=0,
+                extra_callbacks=[SignalAt(1, 3)])
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is uninstalled
+    assert not (tmp_path / "resumed" / "model.keras").exists()
+    record = B.StepBackup(tmp_path / "resumed" / "backup").latest()
+    assert (record["epoch"], record["done"], record["step"]) == (1, 4, 15)  # 0 steps lost
+    model, resumed = T.train(cfg, tmp_path / "resumed", export=False, verbose=0)
+    steps = json.loads((tmp_path / "full" / "config.json").read_text())["steps_per_epoch"]
+    assert resumed["optimizer_steps"] == full["optimizer_steps"] == 2 * steps == 22
+    # The whole run's record: the history and every step's loss, as uninterrupted.
+    assert len(resumed["step_loss"]) == 22 and len(resumed["history"]["loss"]) == 2
+    # Bit for bit on every backend (on this CPU; the same holds across processes:
+    # tests/once/test_resume.py).
+    np.testing.assert_array_equal(resumed["step_loss"], full["step_loss"])
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        np.testing.assert_array_equal(resumed["history"][key], full["history"][key], err_msg=key)
+    for a, b in zip(weights(model), weights(full_model)):
+        np.testing.assert_array_equal(a, b)
+    for name in ("config.json", "model.keras", "metrics.json", "curves.png", "last.keras"):
+        assert (tmp_path / "full" / name).exists(), name
+    assert any((tmp_path / "full" / "tensorboard").rglob("*tfevents*"))
+    cfg_back = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert cfg_back["distribution"] is None and cfg_back["processes"] == 1  # one device
+    rebuilt = kr.ViT(**cfg_back["model"])
+    assert rebuilt.count_params() == full_model.count_params()
+
+
+# ---- the callback alone, on a tiny model ---------------------------------------------------
+def tiny(seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(1e-2), "mse", metrics=["mae"])
+    return model
+
+
+def tiny_data(n=20, batch=4):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(n, 3)).astype("float32"), rng.normal(size=(n, 2)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+        n, seed=1, reshuffle_each_iteration=True).batch(batch, drop_remainder=True)
+
+
+def test_backups_every_n_steps_keep_the_newest_and_resume_a_finished_run(tmp_path):
+    model, data = tiny(), tiny_data()  # 5 steps per epoch
+    backup = B.StepBackup(tmp_path / "b", every=2, keep=3)
+    B.fit(model, data, 3, backup, verbose=0)
+    names = sorted(os.listdir(tmp_path / "b"))
+    # Saved at steps 2, 4, 5 (epoch end), 6, 8, 10, 12, 14, 15: the newest 3 kept.
+    assert names == ["step_000000012", "step_000000014", "step_000000015"], names
+    last = backup.latest()
+    assert (last["epoch"], last["done"], last["step"]) == (3, 0, 15)
+    assert len(last["step_loss"]) == 15 and len(last["history"]["loss"]) == 3
+    # A rerun of a finished run trains nothing and has the run's weights and record.
+    again = tiny(seed=1)
+    history = B.fit(again, data, 3, B.StepBackup(tmp_path / "b", every=2), verbose=0)
+    assert history == last["history"]
+    for a, b in zip(weights(again), weights(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_write_killed_midway_leaves_the_previous_backup(tmp_path, monkeypatch, capsys):
+    model, data = tiny(), tiny_data()
+    backup = B.StepBackup(tmp_path / "b", every=2)
+    B.fit(model, data, 1, backup, verbose=0)  # steps 2, 4, 5
+    good = backup.latest()
+    # The next write dies after the weights, before its record (a kill mid-write).
+    monkeypatch.setattr(B.json, "dump", lambda *a, **k: (_ for _ in ()).throw(OSError("killed")))
+    backup.step += 1
+    with pytest.raises(OSError, match="killed"):
+        backup.save()
+    monkeypatch.undo()
+    assert os.path.isdir(tmp_path / "b" / ".tmp_step_000000006")  # the half-written folder
+    assert backup.latest()["path"] == good["path"]  # ... is not a backup
+    # A backup whose record cannot be read is passed over for the one before, said.
+    with open(os.path.join(good["path"], B.RECORD), "w") as f:
+        f.write('{"epoch": 1, "do')
+    capsys.readouterr()
+    previous = backup.latest()
+    assert previous["step"] == 4
+    out = capsys.readouterr().out
+    assert f"backup {good['path']} cannot be read" in out and out.count("\n") == 1, out
+
+
+def test_a_loss_that_turns_nan_stops_naming_the_step_and_the_last_good_backup(tmp_path):
+    model = tiny()
+    x = np.ones((24, 3), "float32")
+    y = np.ones((24, 2), "float32")
+    y[13] = np.nan  # the 4th batch of the 1st epoch (batches of 4, in order)
+    bad = tf.data.Dataset.from_tensor_slices((x, y)).take(20).batch(4)
+    backup = B.StepBackup(tmp_path / "b", every=3)
+    with pytest.raises(FloatingPointError, match=r"loss is nan after step 4 of epoch 1 \(step "
+                       r"4 of the run\)\. The last good backup: .*step_000000003 \(epoch 1, "
+                       r"step 3\)"):
+        B.fit(model, bad, 2, backup, verbose=0)
+    assert [s for s, _ in backup.backups()] == [3]  # the NaN state is never saved
+
+
+def test_plain_model_fit_resumes_an_epoch_backup_and_refuses_a_mid_epoch_one(tmp_path):
+    data = tiny_data()
+    model = tiny()
+    model.fit(data.repeat(), steps_per_epoch=5, epochs=2, verbose=0,
+              callbacks=[B.StepBackup(tmp_path / "b")])
+    rerun = tiny(seed=1)
+    history = rerun.fit(data.repeat(), steps_per_epoch=5, epochs=3, verbose=0,
+                        callbacks=[B.StepBackup(tmp_path / "b")])
+    assert history.epoch == [2]  # resumed after the 2 epochs backed up
+    mid = B.StepBackup(tmp_path / "b", every=3)
+    B.fit(tiny(), data, 4, mid, verbose=0, steps_per_epoch=5)  # ends at step 20
+    mid.step, mid.epoch, mid.done = 21, 4, 1
+    mid.save()
+    with pytest.raises(ValueError, match=r"after step 1 of epoch 5: model.fit cannot start "
+                       r"mid-epoch\. Resume it with kr.backup.fit"):
+        tiny().fit(data.repeat(), steps_per_epoch=5, epochs=6, verbose=0,
+                   callbacks=[B.StepBackup(tmp_path / "b")])
+
+
+def test_the_backup_cadence_is_the_recipes_unless_given(tmp_path):
+    from keras_reluvit import recipes
+
+    assert recipes.get("s16_i1k_90ep").checkpoint_every == 1000  # ImageNet: mid-epoch
+    assert recipes.get("augreg_i21k", "B/16").checkpoint_every == 1000
+    assert recipes.get("digits").checkpoint_every is None  # each epoch's end only
+    assert T.build_config("digits")["checkpoint_every"] is None
+    assert T.build_config("digits", checkpoint_every=50)["checkpoint_every"] == 50
+    assert T.build_config("digits", checkpoint_every=0)["checkpoint_every"] is None
+    assert T.build_config("digits")["accum_steps"] == 1
+
+
+def test_bad_backup_arguments_are_named():
+    with pytest.raises(ValueError, match="every must be a positive number of steps"):
+        B.StepBackup("x", every=0)
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        B.StepBackup("x", keep=0)
+
+
+def test_a_second_ctrl_c_interrupts_at_once(tmp_path):
+    backup = B.StepBackup(tmp_path / "b")
+    backup._on_signal(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):
+        backup._on_signal(signal.SIGINT, None)
+
+
+# ---- gradient accumulation ---------------------------------------------------------------
+def test_accumulation_of_4_micro_batches_equals_one_step_of_the_whole_batch(tmp_path,
+                                                                           digits_dir):
+    """1 epoch (11 updates of 128 images, MixUp, global-norm clipping at 1.0,
+    a warmup over the updates): K=4 micro-batches of 32 per update against
+    one batch of 128."""
+    one, m1 = T.train(small_config(digits_dir, 1), tmp_path / "one", export=False, verbose=0)
+    acc, m4 = T.train(small_config(digits_dir, 1, accum_steps=4), tmp_path / "acc",
+                      export=False, verbose=0)
+    assert m1["optimizer_steps"] == m4["optimizer_steps"] == 11  # updates, not micro-steps
+    assert len(m4["step_loss"]) == 44
+    assert json.loads((tmp_path / "acc" / "config.json").read_text())["accum_steps"] == 4
+    # the epoch's loss: the mean over the same images
+    np.testing.assert_allclose(m4["history"]["loss"], m1["history"]["loss"], rtol=1e-5)
+    for v, a, b in zip(one.weights, weights(acc), weights(one)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6, err_msg=v.path)
+    with pytest.raises(ValueError, match="accum_steps=3 must divide the batch size 128"):
+        small_config(digits_dir, 1, accum_steps=3)
