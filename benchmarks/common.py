@@ -3,6 +3,8 @@
 import json
 import os
 import platform
+import statistics
+import time
 
 
 def machine():
@@ -16,3 +18,14 @@ def write(out_dir, name, text, payload):
         f.write(f"Machine: {machine()}\n\n{text}")
     with open(os.path.join(out_dir, name + ".json"), "w") as f:
         json.dump(dict(machine=machine(), **payload), f, indent=1)
+
+
+def median_time(fn, reps):
+    """The median of `reps` timed calls of `fn`, after one untimed call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

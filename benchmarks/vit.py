@@ -19,22 +19,11 @@ keras-hub is not a test dependency; install it beside the pinned stack with
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 from benchmarks import common
-
-
-def median_time(fn, reps):
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.common import median_time
 
 
 def keras_hub_rows(variants, batch, reps):

@@ -12,8 +12,11 @@
         --coordinator 10.0.0.1:12345 --num-processes 2 --process-id 0
 
 A smaller `--batch-size` scales the recipe's learning rate linearly and keeps
-its warmup in examples (see `keras_reluvit.recipes`). Rerunning a killed
-command resumes at its last finished epoch (`BackupAndRestore`).
+its warmup in examples (see `keras_reluvit.recipes`). The run is backed up
+every `--checkpoint-every` steps (the recipe's: 1000) and at each epoch's
+end; SIGTERM (a preemption notice) saves at the next step and exits 0.
+Rerunning the command resumes at the step saved, on the same data stream
+(`kr.backup.fit`).
 """
 
 import argparse
@@ -37,6 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, help="default: the recipe's")
     p.add_argument("--image-size", type=int, help="default: the recipe's (224)")
     p.add_argument("--output", default="runs/imagenet")
+    p.add_argument("--checkpoint-every", type=int, help="steps between backups (default: the "
+                   "recipe's, 1000; 0: each epoch's end only)")
     p.add_argument("--mesh", help="device mesh (JAX), e.g. batch=8 or batch=2,model=4")
     p.add_argument("--sharding", default="fsdp", choices=["data", "fsdp", "tensor"])
     p.add_argument("--coordinator", help="multi-host (JAX): HOST:PORT of process 0")
@@ -80,11 +85,16 @@ def main(argv=None):
           f"backend {keras.backend.backend()}")
 
     probe = next(iter(val))[0][:16]
+    every = recipe.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every
     callbacks = ([kr.callbacks.AttentionStats(probe, every=5)]
-                 + kr.callbacks.default(args.output, dataset=train, process=(index, count)))
-    # One pass per epoch of the repeated set: an exact resume after a kill.
-    model.fit(train.repeat(), steps_per_epoch=len(train), validation_data=val, epochs=epochs,
-              callbacks=callbacks, verbose=2 if index == 0 else 0)
+                 + kr.callbacks.default(args.output, process=(index, count), every=every or None))
+    # One pass per epoch; a rerun resumes at the step backed up, on the same data stream.
+    try:
+        kr.backup.fit(model, train, epochs, validation_data=val, callbacks=callbacks,
+                      verbose=2 if index == 0 else 0)
+    except kr.backup.Preempted as e:
+        print(f"train_imagenet: {e}")
+        return
     final = model.evaluate(val, return_dict=True, verbose=0)
     with kr.distribution.chief_writes(model) as chief:  # process 0 writes
         if chief:

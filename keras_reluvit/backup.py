@@ -29,8 +29,8 @@ Example:
 
 ```python
 train, val, info = kr.data.load("sklearn_digits", 64, image_size=32)
-backup = kr.backup.StepBackup("runs/x/backup", every=100)
-history = kr.backup.fit(model, train, epochs=30, backup=backup, validation_data=val)
+history = kr.backup.fit(model, train, epochs=30, validation_data=val,
+                        callbacks=kr.callbacks.default("runs/x", every=100))
 ```
 """
 
@@ -49,6 +49,7 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 RECORD = "record.json"
 WEIGHTS = "state.weights.h5"
 METRICS = "metrics.npz"
+LEGACY_RECORD, LEGACY_WEIGHTS = "training_metadata.json", "latest.weights.h5"  # 0.1
 
 
 class Preempted(Exception):
@@ -123,7 +124,10 @@ class StepBackup(keras.callbacks.Callback):
     def latest(self):
         """The newest backup's record (a dict with its `path`), or None.
         A backup that cannot be read is passed over for the one before it,
-        said in one line."""
+        said in one line. A backup of keras-reluvit 0.1 (Keras'
+        `BackupAndRestore`: the end of an epoch) is read too."""
+        if not self.backups():
+            return self._legacy()
         for _, path in self.backups():
             try:
                 with open(os.path.join(path, RECORD)) as f:
@@ -134,6 +138,15 @@ class StepBackup(keras.callbacks.Callback):
                 continue
             return dict(record, path=path)
         return None
+
+    def _legacy(self):
+        meta = os.path.join(self.directory, LEGACY_RECORD)
+        if not os.path.exists(meta):
+            return None
+        with open(meta) as f:
+            epoch = int(json.load(f)["epoch"])
+        return dict(epoch=epoch, done=0, step=None, history={}, step_loss=[],
+                    path=self.directory, legacy=True)
 
     def resume_point(self):
         """(epoch, steps done in it) of the newest backup; (0, 0) if none."""
@@ -239,9 +252,16 @@ class StepBackup(keras.callbacks.Callback):
         model = self.model
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        model.load_weights(os.path.join(record["path"], WEIGHTS))
-        with np.load(os.path.join(record["path"], METRICS)) as f:
-            self._metrics = [f[f"arr_{i}"] for i in range(len(f.files))] if record["done"] else None
+        if record.get("legacy"):
+            model.load_weights(os.path.join(record["path"], LEGACY_WEIGHTS))
+            record["step"] = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+            print(f"keras_reluvit: resumed a keras-reluvit 0.1 backup in {self.directory} at "
+                  f"epoch {record['epoch'] + 1}; the history before it is not in it.", flush=True)
+        else:
+            model.load_weights(os.path.join(record["path"], WEIGHTS))
+            with np.load(os.path.join(record["path"], METRICS)) as f:
+                self._metrics = ([f[f"arr_{i}"] for i in range(len(f.files))]
+                                 if record["done"] else None)
         self.epoch, self.done, self.step = record["epoch"], record["done"], record["step"]
         self.history = {k: list(v) for k, v in record["history"].items()}
         self.step_loss = list(record["step_loss"])
@@ -277,11 +297,13 @@ class StepBackup(keras.callbacks.Callback):
         self._handlers = {}
 
 
-def fit(model, dataset, epochs, backup, validation_data=None, callbacks=(),
+def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
         steps_per_epoch=None, verbose="auto", distribute=None):
     """`model.fit` over `dataset`, one pass per epoch, resumed at the step
-    `backup` (a `StepBackup`) holds, on the data stream the uninterrupted run
-    had there; returns the whole run's history (a dict of per-epoch lists).
+    `backup` (a `StepBackup`; default: the one in `callbacks`, as
+    `kr.callbacks.default` returns) holds, on the data stream the
+    uninterrupted run had there; returns the whole run's history (a dict of
+    per-epoch lists). SIGTERM / SIGINT save and raise `Preempted`.
 
     A `kr.data` training set draws a new shuffle order and new augmentation
     draws for each pass (each iterator created from it). The passes before
@@ -298,6 +320,14 @@ def fit(model, dataset, epochs, backup, validation_data=None, callbacks=(),
         distribute: a function `dataset -> what fit takes` (a TensorFlow
             cluster's distributed dataset).
     """
+    callbacks = list(callbacks)
+    if backup is None:
+        found = [c for c in callbacks if isinstance(c, StepBackup)]
+        if len(found) != 1:
+            raise ValueError(f"kr.backup.fit needs one StepBackup (backup=, or in callbacks as "
+                             f"kr.callbacks.default returns it); got {len(found)}.")
+        backup = found[0]
+    callbacks = [c for c in callbacks if c is not backup]
     steps = int(steps_per_epoch or len(dataset))
     distribute = distribute or (lambda ds: ds)
     epoch, done = backup.resume_point()

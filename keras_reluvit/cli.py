@@ -54,6 +54,7 @@ def _train(args):
         seed=args.seed,
         pool=args.pool,
         posemb=args.posemb,
+        remat=args.remat,
         init=args.init,
         data_shards=args.data_shards,
         trainable=args.trainable,
@@ -364,6 +365,9 @@ def parser():
     t.add_argument("--image-size", type=int)
     t.add_argument("--pool", choices=["gap", "tok", "map", "tok_gap"])
     t.add_argument("--posemb", choices=["learn", "sincos2d"])
+    t.add_argument("--remat", help="recompute each block's activations in the backward pass "
+                   "to save memory: full, or a jax.checkpoint_policies name (see "
+                   "keras_reluvit.remat)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--mesh", help="device mesh, e.g. batch=2,model=4 (JAX)")
     t.add_argument("--sharding", choices=["data", "fsdp", "tensor"],

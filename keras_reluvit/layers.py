@@ -11,6 +11,7 @@ import math
 import keras
 from keras import ops
 
+from keras_reluvit import remat as remat_module
 from keras_reluvit.attention import PointwiseAttention
 from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
@@ -18,6 +19,7 @@ from keras_reluvit.attention import check_rate
 from keras_reluvit.attention_kinds import deserialize_attention
 from keras_reluvit.attention_kinds import resolve_attention
 from keras_reluvit.kernels import torch_fast
+from keras_reluvit.kernels.keras_ops import is_symbolic
 
 LN_EPS = 1e-6
 MLP_ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu")
@@ -192,6 +194,8 @@ class EncoderBlock(_AttentionOwner):
         layer_scale: None, or the initial value of per-channel scales on the
             two residual branches (LayerScale, CaiT / DeiT-3; timm `ls1`/`ls2`).
         layer_norm_epsilon: epsilon of the block's LayerNorms (1e-6).
+        remat: recompute the block's activations in the backward pass
+            (`keras_reluvit.remat`: None, `"full"` or a JAX policy name).
 
     Call `block(x, return_attention_scores=True)` to also get the
     `(B, H, T, T)` attention weights.
@@ -206,10 +210,11 @@ class EncoderBlock(_AttentionOwner):
 
     def __init__(self, num_heads, mlp_dim, attention=None, qk_norm=True,
                  mlp_activation="gelu_tanh", dropout=0.0, layer_scale=None,
-                 layer_norm_epsilon=LN_EPS, **kwargs):
+                 layer_norm_epsilon=LN_EPS, remat=None, **kwargs):
         super().__init__(num_heads, mlp_dim, attention, qk_norm, mlp_activation,
                          layer_norm_epsilon, **kwargs)
         self.dropout = check_rate(dropout, "dropout")
+        self.remat = remat_module.check(remat)
         self.layer_scale = None if layer_scale is None else float(layer_scale)
         policy = self.dtype_policy
         self.norm1 = self._norm("norm1")
@@ -234,6 +239,12 @@ class EncoderBlock(_AttentionOwner):
         return y * ops.cast(getattr(self, which), y.dtype)
 
     def call(self, x, training=None, return_attention_scores=False):
+        if self.remat and not return_attention_scores and not is_symbolic(x):
+            return remat_module.rematerialised(lambda t: self._forward(t, training),
+                                               self.remat, self)(x)
+        return self._forward(x, training, return_attention_scores)
+
+    def _forward(self, x, training=None, return_attention_scores=False):
         y = self.norm1(x)
         scores = None
         if return_attention_scores:
@@ -249,7 +260,7 @@ class EncoderBlock(_AttentionOwner):
 
     def get_config(self):
         return {**super().get_config(), "dropout": self.dropout,
-                "layer_scale": self.layer_scale}
+                "layer_scale": self.layer_scale, "remat": self.remat}
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")

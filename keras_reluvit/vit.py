@@ -75,6 +75,11 @@ class ViT(keras.Model):
             each residual branch (CaiT / DeiT-3; timm `init_values`).
         layer_norm_epsilon: epsilon of every LayerNorm (1e-6 as big_vision,
             timm and keras-hub).
+        remat: recompute each encoder block's activations in the backward
+            pass to save memory (big_vision's `remat_policy`, timm's
+            `set_grad_checkpointing`): None (off), `"full"`, or a
+            `jax.checkpoint_policies` name (JAX; whole blocks elsewhere).
+            See `keras_reluvit.remat`.
         preprocessing: how images are prepared for this model (resize, crop,
             mean/std; a dict, see `keras_reluvit.preprocessing`). Default:
             our own evaluation recipe (shorter side to 256/224 of the size,
@@ -126,6 +131,7 @@ class ViT(keras.Model):
         layer_scale=None,
         pre_norm=False,
         layer_norm_epsilon=layers.LN_EPS,
+        remat=None,
         preprocessing=None,
         label_names=None,
         dtype=None,
@@ -143,7 +149,7 @@ class ViT(keras.Model):
             num_heads=num_heads, patch_size=patch_size, class_token=class_token,
             num_register_tokens=num_register_tokens, posemb_prefix=posemb_prefix,
             fc_norm=fc_norm, layer_scale=layer_scale, pre_norm=pre_norm,
-            layer_norm_epsilon=layer_norm_epsilon, preprocessing=preprocessing,
+            layer_norm_epsilon=layer_norm_epsilon, remat=remat, preprocessing=preprocessing,
             label_names=label_names, dtype=dtype)
         parts = _build_parts(config, attention_args)
         inputs = keras.Input((*config["image_size"], 3), name="images", dtype="float32")
@@ -429,7 +435,8 @@ def _build_parts(c, attention_args):
         pre_norm=(keras.layers.LayerNormalization(name="pre_norm", epsilon=eps, dtype=policy)
                   if c["pre_norm"] else None),
         blocks=[layers.EncoderBlock(*block_args, c["dropout"], layer_scale=c["layer_scale"],
-                               layer_norm_epsilon=eps, name=f"block_{i:02d}", dtype=policy)
+                                    layer_norm_epsilon=eps, remat=c["remat"],
+                                    name=f"block_{i:02d}", dtype=policy)
                 for i in range(c["depth"])],
         norm=keras.layers.LayerNormalization(name="encoder_norm", epsilon=eps, dtype=policy),
         map_head=(layers.MAPHead(*block_args, layer_norm_epsilon=eps, name="map_head",

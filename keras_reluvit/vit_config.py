@@ -5,6 +5,7 @@ the error naming a bad one, and the config `get_config` returns."""
 import numpy as np
 
 from keras_reluvit import layers
+from keras_reluvit import remat as remat_module
 from keras_reluvit.attention import check_attention_args
 from keras_reluvit.attention import check_heads
 from keras_reluvit.attention import check_qk_norm
@@ -47,7 +48,8 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
                     representation_size, dropout, include_top, mlp_activation,
                     head_bias_init, width, depth, mlp_dim, num_heads, patch_size,
                     class_token, num_register_tokens, posemb_prefix, fc_norm, layer_scale,
-                    pre_norm, layer_norm_epsilon, preprocessing, label_names, dtype):
+                    pre_norm, layer_norm_epsilon, preprocessing, label_names, dtype,
+                    remat=None):
     """The ViT's arguments checked (a ValueError naming the argument and what
     would work) and canonical: `(config, attention_args)`, the config as
     `get_config` returns it."""
@@ -114,6 +116,6 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
         num_register_tokens=num_register_tokens, posemb_prefix=bool(posemb_prefix),
         fc_norm=bool(fc_norm), layer_scale=None if layer_scale is None else float(layer_scale),
         pre_norm=bool(pre_norm), layer_norm_epsilon=layer_norm_epsilon,
-        preprocessing=preprocessing, label_names=label_names, dtype=dtype,
+        remat=remat_module.check(remat), preprocessing=preprocessing, label_names=label_names, dtype=dtype,
     )
     return config, attention_args

@@ -32,10 +32,10 @@ suite() {  # label, then the command
 # only code, the same under every backend; tests/conftest.py), which the three
 # backend suites then leave out.
 # --durations: each lane lists its slowest tests (CI must stay within 30 min).
-# The once lane is the longer one: its wheel test, the literal reader of the
-# docs and the docs' traps run at the end of the backend lane instead, still
-# once, under torch.
-SECOND_LANE_ONCE=(tests/once/test_wheel.py tests/once/test_literal_reader.py
+# To balance the lanes, the wheel test, the README's Python blocks and the
+# docs' traps run at the end of the backend lane instead, still once, under
+# torch.
+SECOND_LANE_ONCE=(tests/once/test_wheel.py tests/once/test_readme_python.py
                   tests/once/test_traps.py)
 IGNORE_SECOND=()
 for f in "${SECOND_LANE_ONCE[@]}"; do IGNORE_SECOND+=(--ignore="$f"); done

@@ -172,6 +172,18 @@ def test_plain_model_fit_resumes_an_epoch_backup_and_refuses_a_mid_epoch_one(tmp
                    callbacks=[B.StepBackup(tmp_path / "b")])
 
 
+def test_a_backup_of_version_0_1_resumes_at_its_epoch(tmp_path, capsys):
+    data = tiny_data()
+    old = tiny()  # 0.1 backed up with Keras' BackupAndRestore
+    old.fit(data.repeat(), steps_per_epoch=5, epochs=2, verbose=0, callbacks=[
+        keras.callbacks.BackupAndRestore(str(tmp_path / "b"), delete_checkpoint=False)])
+    rerun = tiny(seed=1)
+    B.fit(rerun, data, 3, B.StepBackup(tmp_path / "b"), verbose=0)
+    assert "resumed a keras-reluvit 0.1 backup" in capsys.readouterr().out
+    assert int(keras.ops.convert_to_numpy(rerun.optimizer.iterations)) == 15  # 10 + 1 epoch
+    assert B.StepBackup(tmp_path / "b").latest()["step"] == 15
+
+
 def test_the_backup_cadence_is_the_recipes_unless_given(tmp_path):
     from keras_reluvit import recipes
 
