@@ -16,7 +16,8 @@ equal to an uninterrupted one:
 - on SIGTERM / SIGINT (a preemptible machine's notice) it saves at the next
   step boundary and raises `Preempted`, whose message says where the run
   stopped (`keras-reluvit train` prints it and exits 0); a second SIGINT
-  interrupts at once;
+  interrupts at once; in a cluster every process stops at the same step,
+  even if only one got the signal;
 - a loss that turns NaN or infinite stops the run with `FloatingPointError`
   naming the step and the last good backup (which is never overwritten by
   the bad state);
@@ -69,9 +70,9 @@ class StepBackup(keras.callbacks.Callback):
             runs, in the main thread only). Default: when driven by
             `kr.backup.fit` (a plain `model.fit` cannot resume mid-epoch).
         process: `(index, count)` of this process in a cluster: each process
-            keeps its own backups; a signal is then not handled (the
-            processes could not agree on one step) and the run relies on
-            the step backups.
+            keeps its own backups; after every step the processes agree
+            whether any got a signal (a collective), so that all save at the
+            same step and stop.
         dataset: with a plain `model.fit(dataset.repeat(),
             steps_per_epoch=len(dataset))`: the one-epoch training set, whose
             passes before the resumed epoch are fast-forwarded (as
@@ -107,6 +108,7 @@ class StepBackup(keras.callbacks.Callback):
         self._metrics = None  # metric states to restore at the resumed epoch's start
         self._signal = None
         self._handlers = {}
+        self._agree = False
 
     # ---- reading ------------------------------------------------------------
     def backups(self):
@@ -160,8 +162,8 @@ class StepBackup(keras.callbacks.Callback):
             if not self.driven:
                 self._resume_plain_fit()
         signals = self.driven if self.signals is None else self.signals
-        if (signals and self.process[1] == 1
-                and threading.current_thread() is threading.main_thread()):
+        self._agree = bool(signals) and self.process[1] > 1
+        if signals and threading.current_thread() is threading.main_thread():
             for s in (signal.SIGTERM, signal.SIGINT):
                 self._handlers[s] = signal.signal(s, self._on_signal)
 
@@ -200,8 +202,14 @@ class StepBackup(keras.callbacks.Callback):
                     + (f"{last['path']} (epoch {last['epoch'] + 1}, step {last['done']}); "
                        "rerunning resumes from it." if last else "none (nothing was saved)."))
             self.step_loss.append(loss)
-        if self._signal is not None:
-            name = signal.Signals(self._signal).name
+        stop = self._signal is not None
+        if self._agree:  # every process, every step: one answer for the cluster
+            from keras_reluvit.distribution import any_process
+
+            stop = any_process(stop)
+        if stop:
+            name = (signal.Signals(self._signal).name if self._signal is not None
+                    else "a signal to another process")
             path = self.save()
             self._uninstall()
             raise Preempted(
@@ -229,8 +237,9 @@ class StepBackup(keras.callbacks.Callback):
         os.makedirs(tmp)
         with chief_writes(self.model):  # a cluster: sharded weights gathered
             self.model.save_weights(os.path.join(tmp, WEIGHTS))
-        np.savez(os.path.join(tmp, METRICS),
-                 *[keras.ops.convert_to_numpy(v.value) for v in self.model.metrics_variables])
+        metrics = _metric_states(self.model) if self.done else []
+        if metrics is not None:
+            np.savez(os.path.join(tmp, METRICS), *metrics)
         record = dict(epoch=self.epoch, done=self.done, step=self.step, history=self.history,
                       step_loss=self.step_loss, every=self.every)
         with open(os.path.join(tmp, RECORD), "w") as f:
@@ -259,9 +268,14 @@ class StepBackup(keras.callbacks.Callback):
                   f"epoch {record['epoch'] + 1}; the history before it is not in it.", flush=True)
         else:
             model.load_weights(os.path.join(record["path"], WEIGHTS))
-            with np.load(os.path.join(record["path"], METRICS)) as f:
-                self._metrics = ([f[f"arr_{i}"] for i in range(len(f.files))]
-                                 if record["done"] else None)
+            metrics = os.path.join(record["path"], METRICS)
+            if record["done"] and os.path.exists(metrics):
+                with np.load(metrics) as f:
+                    self._metrics = [f[f"arr_{i}"] for i in range(len(f.files))]
+            elif record["done"]:
+                print(f"keras_reluvit: {record['path']} holds no running means of its epoch (a "
+                      "cluster's distributed metrics): the resumed epoch's logged loss and "
+                      "metrics average its steps from the resume on.", flush=True)
         self.epoch, self.done, self.step = record["epoch"], record["done"], record["step"]
         self.history = {k: list(v) for k, v in record["history"].items()}
         self.step_loss = list(record["step_loss"])
@@ -295,6 +309,21 @@ class StepBackup(keras.callbacks.Callback):
         for s, handler in self._handlers.items():
             signal.signal(s, handler)
         self._handlers = {}
+
+
+def _metric_states(model):
+    """The values of the model's metric states (the running means of the
+    epoch in progress), or None where they are spread over a cluster's
+    processes (a TensorFlow strategy's or JAX's non-addressable arrays): not
+    saved there."""
+    from keras_reluvit import distribution as kr_distribution
+
+    if keras.backend.backend() == "tensorflow" and kr_distribution.tf_strategy() is not None:
+        return None
+    values = [v.value for v in model.metrics_variables]
+    if any(not getattr(x, "is_fully_addressable", True) for x in values):
+        return None
+    return [keras.ops.convert_to_numpy(x) for x in values]
 
 
 def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),

@@ -41,6 +41,8 @@ from keras_reluvit.settings import RunSettings
 from keras_reluvit.variants import variant_with_patch
 from keras_reluvit.vit import ViT
 
+TF_PIPELINE_SEED = 87654321  # tensorflow/python/framework/random_seed.py DEFAULT_GRAPH_SEED
+
 
 def build_config(settings=None, **kwargs):
     """The full run config (a JSON-able dict) from a recipe and overrides:
@@ -192,12 +194,14 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     # preprocessing (a checkpoint's own), before the seed is set: preparing a
     # data set on the first run draws from Python's RNG, and a rerun must
     # initialise the same model. TensorFlow's global seed is set first: the
-    # pipeline's shuffles and draws pair it with their own seeds, so that the
-    # data stream does not depend on what ran before in the process (a
-    # second run in a notebook, a test) -- only on `seed`.
+    # pipeline's shuffles and draws pair it with their own seeds, so the data
+    # stream must not depend on what ran before in the process (a run resumed
+    # in the notebook that was interrupted, a second run) -- only on `seed`.
+    # The constant is TensorFlow's DEFAULT_GRAPH_SEED, the global part a fresh
+    # process pairs with explicit seeds: the streams are those of before.
     import tensorflow as tf
 
-    tf.random.set_seed(config["seed"])
+    tf.random.set_seed(TF_PIPELINE_SEED)
     engine = Engine()
     if config.get("init"):
         classes = load_data(pipelines=False)

@@ -196,6 +196,20 @@ def test_the_backup_cadence_is_the_recipes_unless_given(tmp_path):
     assert T.build_config("digits")["accum_steps"] == 1
 
 
+def test_backups_of_another_process_count_are_an_error(tmp_path):
+    from keras_reluvit import callbacks as C
+
+    for i in range(2):  # a cluster of 2 backed up
+        os.makedirs(tmp_path / "run" / "backup" / f"process_{i}" / "step_000000011")
+    with pytest.raises(ValueError, match=r"holds the backups of a run of 2 processes; this run "
+                       r"has 1\. Resuming onto another process count is not supported"):
+        C.default(tmp_path / "run")
+    assert isinstance(C.default(tmp_path / "run", process=(1, 2))[-1], B.StepBackup)
+    os.makedirs(tmp_path / "one" / "backup" / "step_000000005")
+    with pytest.raises(ValueError, match="a run of 1 process; this run has 2"):
+        C.default(tmp_path / "one", process=(0, 2))
+
+
 def test_bad_backup_arguments_are_named():
     with pytest.raises(ValueError, match="every must be a positive number of steps"):
         B.StepBackup("x", every=0)

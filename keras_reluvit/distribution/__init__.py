@@ -47,6 +47,7 @@ DistributedDataParallel through `model.fit`) and `tf_multi_worker`
 (TensorFlow's MultiWorkerMirroredStrategy through `model.fit`).
 """
 
+from keras_reluvit.distribution.cluster import any_process
 from keras_reluvit.distribution.cluster import barrier
 from keras_reluvit.distribution.cluster import chief_writes
 from keras_reluvit.distribution.cluster import initialize
@@ -69,7 +70,7 @@ from keras_reluvit.distribution.tf_multi_worker import clip_after_all_reduce
 from keras_reluvit.distribution.tf_multi_worker import multi_worker
 from keras_reluvit.distribution.torch_ddp import ddp
 
-__all__ = ["Engine", "RULES", "STRATEGIES", "ViTModelParallel", "barrier", "check_mesh", "chief_writes",
+__all__ = ["Engine", "RULES", "STRATEGIES", "ViTModelParallel", "any_process", "barrier", "check_mesh", "chief_writes",
            "clip_after_all_reduce", "data_parallel", "ddp", "describe", "initialize", "layout_map",
            "mesh_from_spec", "model_parallel", "multi_worker", "process_count", "process_index",
            "shard", "strategy", "tf_strategy"]

@@ -312,6 +312,32 @@ def barrier(name):
         s.reduce("SUM", s.run(lambda: keras.ops.ones(())), axis=None)
 
 
+def any_process(flag):
+    """True on every process when `flag` is True on any: a collective, every
+    process calls it at the same point (`kr.backup.StepBackup` after each
+    step, so that a signal to one process stops all at one step)."""
+    if process_count() == 1:
+        return bool(flag)
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        return bool(np.max(multihost_utils.process_allgather(np.int32(bool(flag)))))
+    if backend == "torch":
+        import torch
+
+        dist = torch_distributed()
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend() == "nccl" else "cpu")
+        value = torch.tensor([int(bool(flag))], device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+    s = _TF_STRATEGY
+    total = s.reduce("SUM", s.run(lambda: keras.ops.cast(bool(flag), "float32")), axis=None)
+    return bool(keras.ops.convert_to_numpy(total) > 0)
+
+
 @contextlib.contextmanager
 def chief_writes(model):
     """`with chief_writes(model) as chief: if chief: model.save(...)`.

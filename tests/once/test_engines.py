@@ -3,8 +3,9 @@ PyTorch DistributedDataParallel under torchrun (gloo on 127.0.0.1) and
 TensorFlow's MultiWorkerMirroredStrategy from TF_CONFIG (localhost ports).
 
 Each cluster trains the CLI's default run (the embedded digits, 2 epochs of
-11 steps, global batch 128), is SIGKILLed in its second epoch, is rerun with
-the same command and resumes from its backups. Compared with one process
+11 steps, global batch 128), is stopped in its second epoch (SIGTERM to
+torchrun or to one TF worker: every process saves the same step; or
+SIGKILL), is rerun with the same command and resumes from its backups. Compared with one process
 reading the same global batches (`--data-shards 2`): the per-step losses of
 the first epoch (reported by *both* processes: the metrics are reduced over
 them), of the resumed second epoch, and the saved model's logits. A process
@@ -46,6 +47,10 @@ class KillTogether(Kill):
         if [self.epoch, batch] == kill_at:
             distribution.barrier("kill")  # both processes reach the step, then both die
         super().on_train_batch_end(batch, logs)
+        stop = json.loads(os.environ.get("SIGTERM_AT", "null"))  # [epoch, batch, process, whom]
+        if stop and [self.epoch, batch, distribution.process_index()] == stop[:3]:
+            import signal
+            os.kill(os.getppid() if stop[3] == "launcher" else os.getpid(), signal.SIGTERM)
 if os.environ.get("NO_ALL_REDUCE"):  # a broken cluster: DDP's gradient sync switched off
     from keras_reluvit.distribution import torch_ddp as D
     route = D._route_through
@@ -96,6 +101,7 @@ sys.exit(cli.main(sys.argv[1:]))
 # (test_cluster_sgd_steps_equal_one_process).
 FIRST_EPOCH = 1e-5
 AMPLIFIED = {"torch": 1e-3, "tensorflow": 5e-4}
+
 TIMEOUT = 300  # seconds, every process
 
 
@@ -235,6 +241,53 @@ def test_killed_cluster_trains_like_one_process_and_resumes(backend, tmp_path, s
         "torch": "DistributedDataParallel", "tensorflow": "MultiWorkerMirroredStrategy"}[backend]
     assert sorted(os.listdir(out / "backup")) == ["process_0", "process_1"]
     assert (out / "saved_model" / "1" / "saved_model.pb").exists()
+    check_saved_model(out, ref, data_dir, backend)
+
+
+# How a preemption reaches a cluster: SIGTERM to torchrun (it passes the signal
+# to its workers), or to one TensorFlow worker only (its peer learns of it
+# through the processes' agreement after every step).
+STOPPED = {"torch": [1, 3, 0, "launcher"], "tensorflow": [1, 3, 1, "self"]}
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_a_cluster_sent_sigterm_stops_at_one_step_and_resumes_there(backend, tmp_path, script,
+                                                                     data_dir, reference):
+    ref, ref_steps = reference(backend)
+    out = tmp_path / "cluster"
+    stopped = cluster(backend, script, train_args(data_dir, out) + ["--no-export"],
+                      tmp_path / "stopped", extra_env={"SIGTERM_AT": json.dumps(STOPPED[backend])})
+    lines = [line for _, stdout, _ in stopped for line in stdout.splitlines()
+             if "stopped by" in line]
+    if backend == "tensorflow":  # each worker exits 0, saying why it stopped
+        assert [r[0] for r in stopped] == [0, 0], [r[2][-2000:] for r in stopped]
+        assert ["stopped by a signal to another process" in lines[0],
+                "stopped by SIGTERM" in lines[1]] == [True, True], lines
+    else:  # both workers got torchrun's SIGTERM, saved and exited 0; torchrun says it was signalled
+        assert len(lines) == 2 and all("stopped by SIGTERM" in x for x in lines), (
+            lines, stopped[0][2][-3000:])
+    records = [StepBackup(out / "backup" / f"process_{i}").latest() for i in range(2)]
+    # every process saved the same step, mid-epoch, and trained nothing after it
+    assert records[0]["step"] == records[1]["step"] and records[0]["epoch"] == 1, records
+    done = records[0]["done"]
+    assert 4 <= done < 11, records
+    for process in steps(tmp_path / "stopped").values():
+        assert len(process) == 11 + done
+
+    resumed = cluster(backend, script, train_args(data_dir, out), tmp_path / "resumed")
+    for code, stdout, stderr in resumed:
+        assert code == 0, stderr[-3000:]
+    for process in steps(tmp_path / "resumed").values():  # the rest of epoch 2 only
+        assert [s[:2] for s in process] == [[1, b] for b in range(11 - done)]
+    a, b = metrics(out), metrics(ref)
+    assert a["optimizer_steps"] == b["optimizer_steps"] == 22 and len(a["step_loss"]) == 22
+    np.testing.assert_allclose(a["step_loss"][:11], b["step_loss"][:11], rtol=FIRST_EPOCH)
+    if backend == "torch":  # the resumed epoch's running means restored: every step as one process
+        np.testing.assert_allclose(a["step_loss"], b["step_loss"], rtol=AMPLIFIED[backend])
+    # (TensorFlow's distributed metric states are not backed up: its resumed
+    # epoch's logged loss averages the steps after the resume; the weights:)
+    np.testing.assert_allclose(a["history"]["val_loss"], b["history"]["val_loss"],
+                               rtol=AMPLIFIED[backend])
     check_saved_model(out, ref, data_dir, backend)
 
 
