@@ -88,7 +88,7 @@ def torch_bytes(model, batch):
     return total
 
 
-def main(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=8)
@@ -97,7 +97,11 @@ def main(argv=None):
                    "backward (slow on a CPU)")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--out")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     backend = keras.backend.backend()
     policies = {"jax": [None, "dots_saveable", "full"], "torch": [None, "full"]}.get(backend)
     if policies is None:
