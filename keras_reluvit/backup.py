@@ -105,6 +105,7 @@ class StepBackup(keras.callbacks.Callback):
         self.history, self.step_loss = {}, []
         self.epoch, self.done, self.step = 0, 0, 0
         self._restored = None  # the record of the backup this run resumed
+        self._pending = None  # the newest backup's record, read by resume_point
         self._metrics = None  # metric states to restore at the resumed epoch's start
         self._signal = None
         self._handlers = {}
@@ -128,9 +129,10 @@ class StepBackup(keras.callbacks.Callback):
         A backup that cannot be read is passed over for the one before it,
         said in one line. A backup of keras-reluvit 0.1 (Keras'
         `BackupAndRestore`: the end of an epoch) is read too."""
-        if not self.backups():
+        backups = self.backups()
+        if not backups:
             return self._legacy()
-        for _, path in self.backups():
+        for _, path in backups:
             try:
                 with open(os.path.join(path, RECORD)) as f:
                     record = json.load(f)
@@ -151,8 +153,10 @@ class StepBackup(keras.callbacks.Callback):
                     path=self.directory, legacy=True)
 
     def resume_point(self):
-        """(epoch, steps done in it) of the newest backup; (0, 0) if none."""
-        record = self.latest()
+        """(epoch, steps done in it) of the newest backup; (0, 0) if none.
+        That backup is the one the run then restores (read once)."""
+        self._pending = self.latest()
+        record = self._pending
         return (record["epoch"], record["done"]) if record else (0, 0)
 
     # ---- the callback -------------------------------------------------------
@@ -254,7 +258,8 @@ class StepBackup(keras.callbacks.Callback):
 
     # ---- internals ----------------------------------------------------------
     def _restore(self):
-        record = self.latest()
+        record = self._pending if self._pending is not None else self.latest()
+        self._pending = None
         self._restored = record or {}
         if not record:
             return
@@ -309,6 +314,24 @@ class StepBackup(keras.callbacks.Callback):
         for s, handler in self._handlers.items():
             signal.signal(s, handler)
         self._handlers = {}
+
+
+def check_backup_layout(root, count):
+    """A ValueError when the backups in `root` were written by a run of
+    another process count (resuming them onto this one is not supported; a
+    run that ignored them would restart at step 0 without a word)."""
+    if not os.path.isdir(root):
+        return
+    names = os.listdir(root)
+    processes = sorted(int(n.split("_")[1]) for n in names
+                       if n.startswith("process_") and n.split("_")[1].isdigit())
+    single = any(n.startswith("step_") or n == "training_metadata.json" for n in names)
+    had = len(processes) if processes else (1 if single else None)
+    if had is not None and had != count:
+        raise ValueError(
+            f"{root} holds the backups of a run of {had} process{'es' if had > 1 else ''}; this "
+            f"run has {count}. Resuming onto another process count is not supported: rerun with "
+            f"{had}, or start anew in another --output.")
 
 
 def _metric_states(model):
@@ -387,23 +410,3 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
                   epochs=epochs, **kwargs)
     return backup.history
 
-
-def split_batches(dataset, parts):
-    """Each batch of `dataset` as `parts` consecutive micro-batches of equal
-    size (the batch size must be a multiple of `parts`): gradient
-    accumulation over them is the update of the whole batch, on the same
-    images, augmentation draws and MixUp pairs."""
-    import tensorflow as tf
-
-    parts = int(parts)
-    if parts == 1:
-        return dataset
-
-    def split(*batch):
-        def one(t):
-            n = tf.shape(t)[0]
-            tf.debugging.assert_equal(n % parts, 0, message="batch not divisible by accum_steps")
-            return tf.reshape(t, tf.concat([[parts, n // parts], tf.shape(t)[1:]], 0))
-        return tf.data.Dataset.from_tensor_slices(tuple(one(t) for t in batch))
-
-    return dataset.flat_map(split)

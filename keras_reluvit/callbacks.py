@@ -26,6 +26,7 @@ def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1), e
     ```
     """
     from keras_reluvit.backup import StepBackup
+    from keras_reluvit.backup import check_backup_layout
 
     output = os.path.expanduser(os.fspath(output))
     os.makedirs(output, exist_ok=True)
@@ -42,24 +43,6 @@ def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1), e
     backup = os.path.join(root, *([f"process_{index}"] if count > 1 else []))
     return callbacks + [StepBackup(backup, every=every, keep=keep, process=process,
                                    dataset=dataset)]
-
-
-def check_backup_layout(root, count):
-    """A ValueError when the backups in `root` were written by a run of
-    another process count (resuming them onto this one is not supported; a
-    run that ignored them would restart at step 0 without a word)."""
-    if not os.path.isdir(root):
-        return
-    names = os.listdir(root)
-    processes = sorted(int(n.split("_")[1]) for n in names
-                       if n.startswith("process_") and n.split("_")[1].isdigit())
-    single = any(n.startswith("step_") or n == "training_metadata.json" for n in names)
-    had = len(processes) if processes else (1 if single else None)
-    if had is not None and had != count:
-        raise ValueError(
-            f"{root} holds the backups of a run of {had} process{'es' if had > 1 else ''}; this "
-            f"run has {count}. Resuming onto another process count is not supported: rerun with "
-            f"{had}, or start anew in another --output.")
 
 
 class ChiefCheckpoint(keras.callbacks.Callback):

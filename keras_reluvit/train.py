@@ -33,6 +33,7 @@ from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
 from keras_reluvit import recipes
 from keras_reluvit.data import folders as image_folder
+from keras_reluvit.data.pipeline import split_batches
 from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.settings import LORA_RANK
 from keras_reluvit.settings import TRAINABLE_DEFAULT
@@ -248,7 +249,7 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     # One iterator for the whole run, one new pass per epoch; a resumed run
     # continues the data stream at the step it saved.
     with image_folder.naming_unreadable(folder):
-        kr_backup.fit(model, kr_backup.split_batches(d.train, accum), config["epochs"], backup,
+        kr_backup.fit(model, split_batches(d.train, accum), config["epochs"], backup,
                       validation_data=val_data, callbacks=callbacks + list(extra_callbacks),
                       steps_per_epoch=d.steps_per_epoch * accum,
                       verbose=verbose if chief else 0,

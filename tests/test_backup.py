@@ -137,6 +137,11 @@ def test_a_write_killed_midway_leaves_the_previous_backup(tmp_path, monkeypatch,
     assert previous["step"] == 4
     out = capsys.readouterr().out
     assert f"backup {good['path']} cannot be read" in out and out.count("\n") == 1, out
+    # A resume reads the newest backup once: said once, restored from step 4.
+    resumed = B.StepBackup(tmp_path / "b", every=2)
+    B.fit(tiny(seed=1), data, 2, resumed, verbose=0)
+    assert capsys.readouterr().out.count("cannot be read") == 1
+    assert resumed.step == 10 and len(resumed.step_loss) == 10
 
 
 def test_a_loss_that_turns_nan_stops_naming_the_step_and_the_last_good_backup(tmp_path):

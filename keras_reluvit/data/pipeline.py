@@ -172,3 +172,22 @@ def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
     ds = ds.map(example, num_parallel_calls=tf.data.AUTOTUNE)
     return pipeline(ds, num_classes, model.image_size, batch_size or 32, train, augment, seed,
                     shuffle_buffer=shuffle_buffer, preprocessing=model.preprocessing)
+
+def split_batches(dataset, parts):
+    """Each batch of `dataset` as `parts` consecutive micro-batches of equal
+    size (the batch size must be a multiple of `parts`): gradient
+    accumulation over them is the update of the whole batch, on the same
+    images, augmentation draws and MixUp pairs."""
+    tf = _tf()
+    parts = int(parts)
+    if parts == 1:
+        return dataset
+
+    def split(*batch):
+        def one(t):
+            n = tf.shape(t)[0]
+            tf.debugging.assert_equal(n % parts, 0, message="batch not divisible by accum_steps")
+            return tf.reshape(t, tf.concat([[parts, n // parts], tf.shape(t)[1:]], 0))
+        return tf.data.Dataset.from_tensor_slices(tuple(one(t) for t in batch))
+
+    return dataset.flat_map(split)
