@@ -72,7 +72,8 @@ class StepBackup(keras.callbacks.Callback):
         process: `(index, count)` of this process in a cluster: each process
             keeps its own backups; after every step the processes agree
             whether any got a signal (a collective), so that all save at the
-            same step and stop.
+            same step and stop. A process stopped by another's signal passes
+            over the next SIGTERM / SIGINT it gets (its own copy, late).
         dataset: with a plain `model.fit(dataset.repeat(),
             steps_per_epoch=len(dataset))`: the one-epoch training set, whose
             passes before the resumed epoch are fast-forwarded (as
@@ -215,7 +216,10 @@ class StepBackup(keras.callbacks.Callback):
             name = (signal.Signals(self._signal).name if self._signal is not None
                     else "a signal to another process")
             path = self.save()
-            self._uninstall()
+            # Stopped by another process' signal: this one's own copy of it
+            # is likely on its way (a launcher signals its workers one by
+            # one) and must not kill it before it reports and exits.
+            self._uninstall(late=self._signal is None)
             raise Preempted(
                 f"stopped by {name} after step {self.done} of epoch {self.epoch + 1} (step "
                 f"{self.step} of the run), saved in {path}: rerun the same command to continue.")
@@ -310,10 +314,19 @@ class StepBackup(keras.callbacks.Callback):
             raise KeyboardInterrupt  # a second Ctrl-C: now
         self._signal = signum
 
-    def _uninstall(self):
+    def _uninstall(self, late=False):
+        """Puts the handlers `on_train_begin` replaced back; `late`: each
+        signal's next arrival is passed over first (once), then it is
+        handled as before."""
         for s, handler in self._handlers.items():
-            signal.signal(s, handler)
+            signal.signal(s, _once_ignored(handler) if late else handler)
         self._handlers = {}
+
+
+def _once_ignored(handler):
+    def ignore(signum, frame):
+        signal.signal(signum, handler)
+    return ignore
 
 
 def check_backup_layout(root, count):

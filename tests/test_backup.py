@@ -222,6 +222,32 @@ def test_bad_backup_arguments_are_named():
         B.StepBackup("x", keep=0)
 
 
+def test_a_process_stopped_by_anothers_signal_survives_its_own_late_copy(tmp_path,
+                                                                         monkeypatch):
+    """In a cluster, the processes agree after every step; one that stops on a
+    peer's SIGTERM gets its own copy later (torchrun signals its workers one by
+    one): that copy is passed over, so the process reports and exits 0; the
+    next one is handled as before."""
+    import keras_reluvit.distribution as D
+
+    calls = []
+    monkeypatch.setattr(D, "any_process", lambda flag: calls.append(flag) or len(calls) == 3)
+    received = []
+    before = signal.signal(signal.SIGTERM, lambda *_: received.append(1))
+    try:
+        with pytest.raises(B.Preempted, match="stopped by a signal to another process after "
+                                              "step 3 of epoch 1"):
+            B.fit(tiny(), tiny_data(), 2, B.StepBackup(tmp_path / "b", process=(0, 2)),
+                  verbose=0)
+        assert calls == [False] * 3  # this process had no signal of its own
+        os.kill(os.getpid(), signal.SIGTERM)  # its own copy, late: passed over
+        assert received == []
+        os.kill(os.getpid(), signal.SIGTERM)  # the next: the handler from before
+        assert received == [1]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_a_second_ctrl_c_interrupts_at_once(tmp_path):
     backup = B.StepBackup(tmp_path / "b")
     backup._on_signal(signal.SIGINT, None)

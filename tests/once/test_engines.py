@@ -263,9 +263,12 @@ def test_a_cluster_sent_sigterm_stops_at_one_step_and_resumes_there(backend, tmp
         assert [r[0] for r in stopped] == [0, 0], [r[2][-2000:] for r in stopped]
         assert ["stopped by a signal to another process" in lines[0],
                 "stopped by SIGTERM" in lines[1]] == [True, True], lines
-    else:  # both workers got torchrun's SIGTERM, saved and exited 0; torchrun says it was signalled
-        assert len(lines) == 2 and all("stopped by SIGTERM" in x for x in lines), (
-            lines, stopped[0][2][-3000:])
+    else:  # both workers got torchrun's SIGTERM, one after the other: each saved and said so
+        # (one may stop on the other's signal, before its own copy, which then must not kill it)
+        assert len(lines) == 2 and "stopped by SIGTERM" in " ".join(lines) and all(
+            "stopped by SIGTERM" in x or "stopped by a signal to another process" in x
+            for x in lines), (lines, stopped[0][2][-3000:])
+        assert "forcefully exiting" not in stopped[0][2], stopped[0][2][-3000:]
     records = [StepBackup(out / "backup" / f"process_{i}").latest() for i in range(2)]
     # every process saved the same step, mid-epoch, and trained nothing after it
     assert records[0]["step"] == records[1]["step"] and records[0]["epoch"] == 1, records
