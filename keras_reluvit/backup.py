@@ -5,11 +5,15 @@ backup holds. Together they make a killed or preempted run, rerun, end
 equal to an uninterrupted one:
 
 - every `every` optimizer steps, at each epoch's end and when SIGTERM or
-  SIGINT arrives, the callback writes `backup/step_<n>/`: the weights and
-  optimizer state (`model.save_weights`), the running means of the epoch in
-  progress (the loss and metric states), and `record.json` -- the epoch, the
-  steps done in it, the history of the finished epochs and the loss after
-  every step so far;
+  SIGINT arrives, the callback writes `backup/step_<n>/`: the weights,
+  optimizer state and the running means of the epoch in progress (the loss
+  and metric states), and `record.json` -- the epoch, the steps done in it,
+  the history of the finished epochs and the loss after every step so far;
+- on JAX the state is an Orbax checkpoint of `model.get_state_tree()`
+  (`state/`): in a cluster every process writes the shards it holds into one
+  shared folder (nothing is gathered), and a restore places each array on the
+  model's current devices -- another mesh, device count or process count.
+  Elsewhere it is `model.save_weights`' file, one folder per process;
 - a write goes to a temporary folder renamed into place when complete (a
   kill during a write leaves the previous backup as it was); the newest
   `keep` backups are kept;
@@ -49,6 +53,7 @@ import numpy as np
 STEP_DIR = re.compile(r"^step_(\d+)$")
 RECORD = "record.json"
 WEIGHTS = "state.weights.h5"
+STATE = "state"  # JAX: an Orbax checkpoint of model.get_state_tree()
 METRICS = "metrics.npz"
 LEGACY_RECORD, LEGACY_WEIGHTS = "training_metadata.json", "latest.weights.h5"  # 0.1
 
@@ -69,8 +74,9 @@ class StepBackup(keras.callbacks.Callback):
         signals: save and stop on SIGTERM and SIGINT (installed while `fit`
             runs, in the main thread only). Default: when driven by
             `kr.backup.fit` (a plain `model.fit` cannot resume mid-epoch).
-        process: `(index, count)` of this process in a cluster: each process
-            keeps its own backups; after every step the processes agree
+        process: `(index, count)` of this process in a cluster: on JAX all
+            write one backup (`directory` is shared; process 0 writes the
+            record), elsewhere each keeps its own; after every step they agree
             whether any got a signal (a collective), so that all save at the
             same step and stop. A process stopped by another's signal passes
             over the next SIGTERM / SIGINT it gets (its own copy, late).
@@ -78,6 +84,8 @@ class StepBackup(keras.callbacks.Callback):
             steps_per_epoch=len(dataset))`: the one-epoch training set, whose
             passes before the resumed epoch are fast-forwarded (as
             `kr.backup.fit` does).
+        info: a dict saved in every record (how the run's data are laid out:
+            `keras-reluvit train` keeps its data shards there).
 
     A plain `model.fit` resumes a backup taken at an epoch's end (its
     `initial_epoch` is set); one taken mid-epoch is an error naming
@@ -90,7 +98,7 @@ class StepBackup(keras.callbacks.Callback):
     """
 
     def __init__(self, directory, every=None, keep=2, signals=None, process=(0, 1),
-                 dataset=None):
+                 dataset=None, info=None):
         super().__init__()
         if every is not None and (int(every) != every or every < 1):
             raise ValueError(f"every must be a positive number of steps or None, got {every!r}.")
@@ -102,6 +110,8 @@ class StepBackup(keras.callbacks.Callback):
         self.signals = signals
         self.process = tuple(process)
         self.dataset = dataset
+        self.info = dict(info or {})
+        self.sharded = keras.backend.backend() == "jax"  # Orbax: see the module docstring
         self.driven = False  # set by `fit`
         self.history, self.step_loss = {}, []
         self.epoch, self.done, self.step = 0, 0, 0
@@ -125,11 +135,11 @@ class StepBackup(keras.callbacks.Callback):
                 found.append((int(m.group(1)), path))
         return sorted(found, reverse=True)
 
-    def latest(self):
+    def latest(self, quiet=False):
         """The newest backup's record (a dict with its `path`), or None.
         A backup that cannot be read is passed over for the one before it,
-        said in one line. A backup of keras-reluvit 0.1 (Keras'
-        `BackupAndRestore`: the end of an epoch) is read too."""
+        said in one line (unless `quiet`). A backup of keras-reluvit 0.1
+        (Keras' `BackupAndRestore`: the end of an epoch) is read too."""
         backups = self.backups()
         if not backups:
             return self._legacy()
@@ -138,8 +148,9 @@ class StepBackup(keras.callbacks.Callback):
                 with open(os.path.join(path, RECORD)) as f:
                     record = json.load(f)
             except (OSError, ValueError) as e:
-                print(f"keras_reluvit: backup {path} cannot be read ({e}); using the one "
-                      "before it.", flush=True)
+                if not quiet:
+                    print(f"keras_reluvit: backup {path} cannot be read ({e}); using the one "
+                          "before it.", flush=True)
                 continue
             return dict(record, path=path)
         return None
@@ -241,24 +252,45 @@ class StepBackup(keras.callbacks.Callback):
         if os.path.exists(os.path.join(final, RECORD)):
             return final  # this step is saved (a step that ends an epoch)
         tmp = os.path.join(self.directory, f".tmp_step_{self.step:09d}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        with chief_writes(self.model):  # a cluster: sharded weights gathered
-            self.model.save_weights(os.path.join(tmp, WEIGHTS))
-        metrics = _metric_states(self.model) if self.done else []
-        if metrics is not None:
-            np.savez(os.path.join(tmp, METRICS), *metrics)
-        record = dict(epoch=self.epoch, done=self.done, step=self.step, history=self.history,
-                      step_loss=self.step_loss, every=self.every)
-        with open(os.path.join(tmp, RECORD), "w") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)  # atomic: the folder appears complete or not at all
-        for _, old in self.backups()[self.keep:]:
-            shutil.rmtree(old, ignore_errors=True)
+        # On JAX the processes of a cluster write one backup; process 0 its record.
+        shared = self.sharded and self.process[1] > 1
+        writer = not shared or self.process[0] == 0
+        if writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        if self.sharded:
+            self._barrier("made")
+            ocp = _orbax()  # every process writes the shards it holds (a collective)
+            state = {"pytree": _state(self.model, lambda v: v.value)}
+            if self.done and self.model.metrics_variables:  # an epoch in progress
+                state["running_means"] = _state(self.model, lambda v: v.value, metrics=True)
+            ocp.save_checkpointables(os.path.join(tmp, STATE), state)
+        else:
+            with chief_writes(self.model):  # a TF / torch cluster: local full copies
+                self.model.save_weights(os.path.join(tmp, WEIGHTS))
+            metrics = _metric_states(self.model) if self.done else []
+            if metrics is not None:
+                np.savez(os.path.join(tmp, METRICS), *metrics)
+        if writer:
+            record = dict(epoch=self.epoch, done=self.done, step=self.step,
+                          history=self.history, step_loss=self.step_loss, every=self.every,
+                          processes=self.process[1], **self.info)
+            with open(os.path.join(tmp, RECORD), "w") as f:
+                json.dump(record, f)
+                f.flush()
+                os.fsync(f.fileno())
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)  # atomic: the folder appears complete or not at all
+            for _, old in self.backups()[self.keep:]:
+                shutil.rmtree(old, ignore_errors=True)
+        self._barrier("saved")
         return final
+
+    def _barrier(self, name):
+        if self.sharded and self.process[1] > 1:
+            from keras_reluvit.distribution import barrier
+
+            barrier(f"backup_{name}_{self.step}")
 
     # ---- internals ----------------------------------------------------------
     def _restore(self):
@@ -275,6 +307,9 @@ class StepBackup(keras.callbacks.Callback):
             record["step"] = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
             print(f"keras_reluvit: resumed a keras-reluvit 0.1 backup in {self.directory} at "
                   f"epoch {record['epoch'] + 1}; the history before it is not in it.", flush=True)
+        elif os.path.isdir(os.path.join(record["path"], STATE)):
+            self._metrics = _load_state(model, os.path.join(record["path"], STATE),
+                                        metrics=bool(record["done"]))
         else:
             model.load_weights(os.path.join(record["path"], WEIGHTS))
             metrics = os.path.join(record["path"], METRICS)
@@ -329,15 +364,88 @@ def _once_ignored(handler):
     return ignore
 
 
+def _orbax():
+    try:
+        import orbax.checkpoint
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            "The backups of JAX runs are Orbax checkpoints: pip install orbax-checkpoint "
+            "(keras-reluvit[jax] installs it).", name="orbax") from e
+    return orbax.checkpoint.v1
+
+
+def _state(model, leaf, metrics=False):
+    """The model's state as lists in variable order, as `save_weights` keeps
+    it (Keras' own state tree is keyed by names that carry a counter per
+    process: `adam_w_2`); `metrics`: the metric states alone."""
+    if metrics:
+        return [leaf(v) for v in model.metrics_variables]
+    optimizer = model.optimizer.variables if model.optimizer is not None else []
+    return {"variables": [leaf(v) for v in model.variables],
+            "optimizer": [leaf(v) for v in optimizer]}
+
+
+def _load_state(model, path, metrics=False):
+    """Loads the Orbax checkpoint `path` into `model`, each array placed as
+    the model's own variable is (its current mesh, devices and processes);
+    returns the metric states it holds (to assign as the resumed epoch
+    begins: Keras resets them then) when `metrics`, else None."""
+    import jax
+
+    ocp = _orbax()
+
+    def abstract(v):
+        return jax.ShapeDtypeStruct(tuple(v.shape), v.value.dtype, sharding=v.value.sharding)
+
+    target = {"pytree": _state(model, abstract)}
+    if metrics and model.metrics_variables:
+        target["running_means"] = _state(model, abstract, metrics=True)
+    try:
+        state = ocp.load_checkpointables(path, target)
+    except (ValueError, KeyError, TypeError) as e:
+        cause = e
+        while cause.__cause__ or cause.__context__:
+            cause = cause.__cause__ or cause.__context__
+        counts = {k: len(v) for k, v in target["pytree"].items()}
+        counts["metrics"] = len(model.metrics_variables)
+        raise ValueError(f"The backup {path} does not fit this model, whose state holds "
+                         f"{counts} arrays (another architecture, optimizer or metrics?): "
+                         f"{str(cause)[:400]}") from e
+    for k, variables in _state(model, lambda v: v).items():
+        for v, value in zip(variables, state["pytree"][k]):
+            v.assign(value)
+    return state.get("running_means") if metrics else None
+
+
+def backup_folder(root, process):
+    """The folder `process` = (index, count) backs up in: `root` itself on
+    JAX (one backup for the whole cluster, restored onto any process count),
+    elsewhere `root/process_<index>` in a cluster -- and the same on JAX for
+    the per-process backups an earlier version wrote. A ValueError when the
+    backups in `root` were written per process by a run of another process
+    count (a run that ignored them would restart at step 0 without a word)."""
+    index, count = process
+    processes = _process_folders(root)
+    if keras.backend.backend() == "jax" and not processes:
+        return root
+    check_backup_layout(root, count)
+    return os.path.join(root, *([f"process_{index}"] if count > 1 else []))
+
+
+def _process_folders(root):
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return sorted(int(n.split("_")[1]) for n in names
+                  if n.startswith("process_") and n.split("_")[1].isdigit())
+
+
 def check_backup_layout(root, count):
-    """A ValueError when the backups in `root` were written by a run of
-    another process count (resuming them onto this one is not supported; a
-    run that ignored them would restart at step 0 without a word)."""
+    """A ValueError when the backups in `root` were written per process by a
+    run of another process count (TensorFlow and torch clusters: resuming
+    them onto another count is not supported)."""
     if not os.path.isdir(root):
         return
     names = os.listdir(root)
-    processes = sorted(int(n.split("_")[1]) for n in names
-                       if n.startswith("process_") and n.split("_")[1].isdigit())
+    processes = _process_folders(root)
     single = any(n.startswith("step_") or n == "training_metadata.json" for n in names)
     had = len(processes) if processes else (1 if single else None)
     if had is not None and had != count:

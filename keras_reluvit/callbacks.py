@@ -6,15 +6,16 @@ import keras
 
 
 def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1), every=None,
-            keep=2):
+            keep=2, info=None):
     """TensorBoard logs, a `ModelCheckpoint` of the last epoch and a
     `kr.backup.StepBackup` (last in the list: it records each epoch's full
     logs), all under `output`.
 
-    The backup (`output/backup/`, in a cluster `backup/process_<i>/`) is
-    taken at each epoch's end and, with `every`, every `every` steps (the
-    newest `keep` kept). Rerunning the same `model.fit` after a kill resumes
-    at the last epoch backed up, with that epoch's data stream when
+    The backup (`output/backup/`; in a TensorFlow or torch cluster
+    `backup/process_<i>/`) is taken at each epoch's end and, with `every`,
+    every `every` steps (the newest `keep` kept; `info`: see `StepBackup`).
+    Rerunning the same `model.fit` after a kill resumes at the last epoch
+    backed up, with that epoch's data stream when
     `dataset` (the one-epoch training set that `fit` repeats) is given;
     `kr.backup.fit` also resumes mid-epoch and saves on SIGTERM / SIGINT.
 
@@ -26,7 +27,7 @@ def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1), e
     ```
     """
     from keras_reluvit.backup import StepBackup
-    from keras_reluvit.backup import check_backup_layout
+    from keras_reluvit.backup import backup_folder
 
     output = os.path.expanduser(os.fspath(output))
     os.makedirs(output, exist_ok=True)
@@ -38,11 +39,9 @@ def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1), e
         path = os.path.join(output, "last.keras")
         callbacks.append(keras.callbacks.ModelCheckpoint(path) if count == 1
                          else ChiefCheckpoint(path))
-    root = os.path.join(output, "backup")
-    check_backup_layout(root, count)
-    backup = os.path.join(root, *([f"process_{index}"] if count > 1 else []))
+    backup = backup_folder(os.path.join(output, "backup"), process)
     return callbacks + [StepBackup(backup, every=every, keep=keep, process=process,
-                                   dataset=dataset)]
+                                   dataset=dataset, info=info)]
 
 
 class ChiefCheckpoint(keras.callbacks.Callback):

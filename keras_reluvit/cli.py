@@ -497,7 +497,7 @@ EXTRA_OF = {
     "tensorflow": "train", "tensorflow_datasets": "train", "sklearn": "train",
     "matplotlib": "train", "tensorboard": "train", "importlib_resources": "train",
     "tf2onnx": "onnx", "onnx": "onnx", "onnxruntime": "onnx",
-    "jax": "jax", "torch": "torch", "triton": "cuda", "huggingface_hub": "hub",
+    "jax": "jax", "orbax": "jax", "torch": "torch", "triton": "cuda", "huggingface_hub": "hub",
     "skimage": "samples", "PIL": "samples",
 }
 

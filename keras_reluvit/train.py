@@ -158,6 +158,31 @@ def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_sha
     return largest
 
 
+def _data_layout(output, shards, index, count, asked):
+    """(the run's data shards, those this process reads). A JAX run resumed
+    on fewer processes keeps its data stream: its backup records the shards
+    the run began with (one per process of its first launch), and each
+    process now reads `shards / count` of them, their batches side by side
+    in the global batch as the processes' were."""
+    record = kr_backup.StepBackup(os.path.join(output, "backup")).latest(quiet=True)
+    was = (record or {}).get("data_shards")
+    if keras.backend.backend() == "jax" and was and was != shards:
+        if asked or was % count:
+            this = f"data_shards={asked}" if asked else f"{count} processes"
+            raise ValueError(
+                f"{output} holds the backup of a run whose data stream is split in {was} "
+                f"shards; this run has {this}. Resume it on a number of processes that "
+                f"divides {was} (each reads {was} / processes shards), or start anew in "
+                "another --output.")
+        print(f"keras_reluvit: resuming a run of {was} data shards on {count} "
+              f"process{'es' if count > 1 else ''}: each reads {was // count} of them, so "
+              "the global batches continue as they were.", flush=True)
+        shards = was
+    per = shards // count
+    mine = list(range(index * per, (index + 1) * per))
+    return shards, (mine[0] if per == 1 else mine)
+
+
 def train(config, output, export=True, verbose=2, extra_callbacks=()):
     """Runs `config` (from `build_config`) and writes the artefacts to `output`.
 
@@ -176,6 +201,7 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     if count > 1 and shards != count:
         raise ValueError(f"data_shards={shards} in a cluster of {count} processes: leave it "
                          "unset (each process reads its own shard).")
+    shards, mine = _data_layout(output, shards, index, count, config.get("data_shards"))
     def load_data(image_size=None, preprocessing=None, pipelines=True):
         return kr_data.load(
             config["dataset"],
@@ -184,7 +210,7 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
             data_dir=config["data_dir"],
             augment=kr_data.Augment(**config["augment"]),
             seed=config["seed"],
-            process_index=index if count > 1 else (None if shards > 1 else 0),
+            process_index=mine,
             process_count=shards,
             preprocessing=preprocessing,
             val_fraction=config.get("val_fraction", VAL_FRACTION),
@@ -243,7 +269,8 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     every = config.get("checkpoint_every")
     callbacks = kr_callbacks.default(output, process=(index, count),
                                      every=every * accum if every else None,
-                                     keep=config.get("keep_checkpoints", 2))
+                                     keep=config.get("keep_checkpoints", 2),
+                                     info=dict(data_shards=shards))
     backup = callbacks.pop()  # kr_backup.fit places it last
     start = time.time()
     # One iterator for the whole run, one new pass per epoch; a resumed run

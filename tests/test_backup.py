@@ -209,10 +209,41 @@ def test_backups_of_another_process_count_are_an_error(tmp_path):
     with pytest.raises(ValueError, match=r"holds the backups of a run of 2 processes; this run "
                        r"has 1\. Resuming onto another process count is not supported"):
         C.default(tmp_path / "run")
-    assert isinstance(C.default(tmp_path / "run", process=(1, 2))[-1], B.StepBackup)
+    backup = C.default(tmp_path / "run", process=(1, 2))[-1]
+    assert backup.directory == str(tmp_path / "run" / "backup" / "process_1")
     os.makedirs(tmp_path / "one" / "backup" / "step_000000005")
-    with pytest.raises(ValueError, match="a run of 1 process; this run has 2"):
-        C.default(tmp_path / "one", process=(0, 2))
+    if keras.backend.backend() == "jax":  # one Orbax backup for the cluster: any process count
+        for process in [(0, 1), (0, 2), (1, 2)]:
+            backup = C.default(tmp_path / "one", process=process)[-1]
+            assert backup.directory == str(tmp_path / "one" / "backup")
+    else:
+        with pytest.raises(ValueError, match="a run of 1 process; this run has 2"):
+            C.default(tmp_path / "one", process=(0, 2))
+
+
+def test_a_jax_run_resumed_on_fewer_processes_reads_its_data_shards_side_by_side(tmp_path,
+                                                                                 capsys):
+    """The backup records the run's data shards (one per process of its first
+    launch); a JAX rerun on a process count dividing them reads shards / count
+    each, said in one line; another count is an error naming both. TensorFlow
+    and torch keep per-process backups: their layout is the process count."""
+    record = tmp_path / "backup" / "step_000000015"
+    os.makedirs(record)
+    (record / B.RECORD).write_text(json.dumps(dict(
+        epoch=1, done=4, step=15, history={}, step_loss=[], processes=2, data_shards=2)))
+    assert T._data_layout(str(tmp_path), 2, 1, 2, None) == (2, 1)  # the same cluster
+    if keras.backend.backend() != "jax":
+        assert T._data_layout(str(tmp_path), 1, 0, 1, None) == (1, 0)
+        return
+    assert T._data_layout(str(tmp_path), 1, 0, 1, None) == (2, [0, 1])
+    assert ("resuming a run of 2 data shards on 1 process: each reads 2 of them"
+            in capsys.readouterr().out)
+    for args, named in [((3, 0, 3, None), "this run has 3 processes"),
+                        ((1, 0, 1, 1), "this run has data_shards=1")]:
+        with pytest.raises(ValueError, match="a run whose data stream is split in 2 shards; "
+                                             + named):
+            T._data_layout(str(tmp_path), *args)
+    assert T._data_layout(str(tmp_path / "new"), 1, 0, 1, None) == (1, 0)  # nothing to resume
 
 
 def test_bad_backup_arguments_are_named():

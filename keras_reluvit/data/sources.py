@@ -128,7 +128,8 @@ def load(
     assembles the per-host batches into the global batch of `batch_size`.
     `process_index=None` with `process_count > 1` builds the same global
     batches in one process (host 0's batch, then host 1's, ...): a cluster's
-    run reproduced on one machine. Every process evaluates on the whole
+    run reproduced on one machine; a list of indices, those shards' batches
+    side by side (a cluster's run resumed on fewer processes). Every process evaluates on the whole
     validation split (so the metrics are those of one process).
 
     Example:
@@ -154,7 +155,10 @@ def load(
     if process_count < 1 or batch_size % process_count:
         raise ValueError(f"batch_size {batch_size} must be a multiple of the number of "
                          f"processes ({process_count}): each feeds batch_size / processes.")
-    if process_index is not None and not 0 <= int(process_index) < process_count:
+    indices = (list(range(process_count)) if process_index is None
+               else [int(i) for i in process_index] if isinstance(process_index, (list, tuple))
+               else [int(process_index)])
+    if not indices or not all(0 <= i < process_count for i in indices):
         raise ValueError(f"process_index {process_index} is out of range for {process_count} "
                          "processes.")
     local_batch = batch_size // process_count
@@ -174,17 +178,17 @@ def load(
             return pipeline(raw, num_classes, image_size, local_batch, True, augment,
                             shard_seed, cache=cache, preprocessing=preprocessing)
 
-        if process_index is not None:
-            train = shard_pipeline(int(process_index))
-        else:  # the global batches of the whole cluster, in one process
+        if len(indices) == 1:
+            train = shard_pipeline(indices[0])
+        else:  # several shards' batches side by side (the whole cluster's: global batches)
             tf = _tf()
-            train = tf.data.Dataset.zip(tuple(shard_pipeline(i) for i in range(process_count)))
+            train = tf.data.Dataset.zip(tuple(shard_pipeline(i) for i in indices))
             train = train.map(lambda *batches: tuple(
                 tf.concat([bt[k] for bt in batches], 0) for k in range(2)))
     if val_split:
         raw = source.read(source.shards(val_split, 1)[0], False, seed)
         val = pipeline(raw, num_classes, image_size,
-                       eval_batch_size or (batch_size if process_index is None else local_batch),
+                       eval_batch_size or local_batch * len(indices),
                        False, cache=cache, preprocessing=preprocessing)
     return Data(train, val, source.info, num_classes, steps, label_names)
 

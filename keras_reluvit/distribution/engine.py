@@ -93,10 +93,11 @@ class Engine:
 
     # --- the model and the data ----------------------------------------------------------
     def layout(self, mesh=None, sharding=None, sequence_axis=None, in_cluster=False):
-        """JAX: lays the model out over `mesh` ("batch=2,model=4"; a cluster
-        without one: every device on the batch axis) with `sharding`'s
-        layouts; nothing to do on the other engines."""
-        if self.backend != "jax" or not (mesh or in_cluster):
+        """JAX: lays the model out over `mesh` ("batch=2,model=4"; without
+        one, in a cluster or when `sharding` is asked for: every device on
+        the batch axis) with `sharding`'s layouts; nothing to do on the other
+        engines."""
+        if self.backend != "jax" or not (mesh or sharding or in_cluster):
             return None
         spec = mesh or f"batch={len(keras.distribution.list_devices())}"
         dist = layouts.model_parallel(layouts.mesh_from_spec(spec), sharding or "fsdp",

@@ -31,8 +31,31 @@ class KillTogether(Kill):  # both processes reach the step, then both die
             from keras_reluvit import distribution
             distribution.barrier("kill")
         super().on_train_batch_end(batch, logs)
+# Process 0 writes every weight and optimizer variable (gathered) to DUMP
+# after step DUMP_AT of a run, or before the first step of a resumed one.
+class Dump(keras.callbacks.Callback):
+    at = json.loads(os.environ.get("DUMP_AT", "null"))
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+    def dump(self):
+        import numpy as np
+        from jax.experimental import multihost_utils
+        from keras_reluvit import distribution
+        values = [v.value for v in self.model.variables + self.model.optimizer.variables]
+        values = [np.asarray(x if x.is_fully_addressable
+                             else multihost_utils.process_allgather(x, tiled=True))
+                  for x in values]
+        if distribution.process_index() == 0:
+            np.savez(os.environ["DUMP"], *values)
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.at == "resumed":
+            self.at = None
+            self.dump()
+    def on_train_batch_end(self, batch, logs=None):
+        if [self.epoch, batch] == self.at:
+            self.dump()
 original = T.train
-T.train = lambda *a, **k: original(*a, extra_callbacks=[KillTogether()], **k)
+T.train = lambda *a, **k: original(*a, extra_callbacks=[Dump(), KillTogether()], **k)
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -47,29 +70,31 @@ def train_args(data_dir, out, sharding):
             "--output", str(out), "--no-export", "--quiet", "--sharding", sharding]
 
 
-def env(devices, kill_at=None):
+def env(devices, kill_at=None, extra=()):
     e = subprocess_env("jax")
     e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     if kill_at:
         e["KILL_AT"] = json.dumps(kill_at)
+    e.update(extra)
     return e
 
 
-def cluster(args, kill_at=None, timeout=420):
+def cluster(args, kill_at=None, timeout=420, extra=()):
     """Runs `args` as processes 0 and 1; kills both if either fails or hangs."""
     port = free_port()
     procs = [subprocess.Popen(
         [sys.executable, "-c", RUN] + args + ["--coordinator", f"127.0.0.1:{port}",
                                               "--num-processes", "2", "--process-id", str(i)],
-        env=env(4, kill_at), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=env(4, kill_at, extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)]
     return run_together(procs, timeout)
 
 
-def one_process(args):
-    proc = subprocess.run([sys.executable, "-c", RUN] + args, env=env(8), capture_output=True,
-                          text=True, timeout=420)
+def one_process(args, devices=8, extra=()):
+    proc = subprocess.run([sys.executable, "-c", RUN] + args, env=env(devices, extra=extra),
+                          capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 def metrics(out):
@@ -143,8 +168,11 @@ def test_fsdp_cluster_trains_like_one_process(tmp_path, data_dir, reference):
     check_saved_model(out, ref, data_dir)
     config = json.loads((out / "config.json").read_text())
     assert config["processes"] == 2 and config["steps_per_epoch"] == 11
-    # one backup per process; the run's artefacts written once
-    assert sorted(os.listdir(out / "backup")) == ["process_0", "process_1"]
+    # one backup for the cluster (Orbax: each process wrote its shards); the run's
+    # artefacts written once
+    assert [n for n in os.listdir(out / "backup") if n.startswith("process")] == []
+    record = StepBackup(out / "backup").latest()
+    assert (record["step"], record["processes"], record["data_shards"]) == (22, 2, 2)
     assert (out / "last.keras").exists() and (out / "curves.png").exists()
 
 
@@ -164,9 +192,8 @@ def test_killed_sequence_parallel_cluster_resumes_from_its_backups(tmp_path, dat
     codes = [r[0] for r in killed]
     assert set(codes) <= {-signal.SIGKILL, -signal.SIGABRT} and -signal.SIGKILL in codes, (
         codes, [r[2][-2000:] for r in killed])
-    for i in range(2):  # each process' newest backup: the end of epoch 1
-        record = StepBackup(out / "backup" / f"process_{i}").latest()
-        assert (record["epoch"], record["done"], record["step"]) == (1, 0, 11)
+    record = StepBackup(out / "backup").latest()  # the cluster's: the end of epoch 1
+    assert (record["epoch"], record["done"], record["step"]) == (1, 0, 11)
     assert not (out / "model.keras").exists()
     resumed = cluster(args)
     for code, stdout, stderr in resumed:
@@ -233,3 +260,40 @@ def test_mesh_must_use_every_device_and_whole_batch_rows(monkeypatch):
     monkeypatch.setattr(D, "process_count", lambda: 2)
     D.check_mesh(mesh)  # 4 batch rows per process
     D.check_mesh(keras.distribution.DeviceMesh((2, 4), ["batch", "seq"], devices))
+
+
+def test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices(tmp_path, data_dir,
+                                                                        reference):
+    """2 processes x 4 devices (FSDP), SIGKILLed after step 17 with a backup
+    every 5 steps, resume as 1 process with 4 devices: the restored weights and
+    optimizer state equal, bit for bit, what the cluster held after step 15
+    (Orbax places each array on the new devices); the process reads both of
+    the run's data shards side by side, so the global batches continue as
+    they were, and the run ends like the uninterrupted one."""
+    out = tmp_path / "run"
+    args = train_args(data_dir, out, "fsdp") + ["--checkpoint-every", "5"]
+    killed = cluster(args, kill_at=[1, 5],
+                     extra={"DUMP_AT": "[1, 3]", "DUMP": str(tmp_path / "saved.npz")})
+    codes = [r[0] for r in killed]
+    assert set(codes) <= {-signal.SIGKILL, -signal.SIGABRT} and -signal.SIGKILL in codes, (
+        codes, [r[2][-2000:] for r in killed])
+    record = StepBackup(out / "backup").latest()
+    assert (record["epoch"], record["done"], record["step"]) == (1, 4, 15), record
+    assert (record["processes"], record["data_shards"]) == (2, 2)
+    resumed = one_process(args, devices=4,
+                          extra={"DUMP_AT": '"resumed"', "DUMP": str(tmp_path / "restored.npz")})
+    assert ("resuming a run of 2 data shards on 1 process: each reads 2 of them"
+            in resumed.stdout), resumed.stdout[-2000:]
+    with np.load(tmp_path / "saved.npz") as a, np.load(tmp_path / "restored.npz") as b:
+        assert len(a.files) == len(b.files) > 40
+        for k in a.files:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    config = json.loads((out / "config.json").read_text())
+    assert config["processes"] == 1 and config["distribution"]["mesh"] == {"batch": 4}, config
+    a, b = metrics(out), metrics(reference)
+    assert a["optimizer_steps"] == 22 and len(a["step_loss"]) == 22
+    # steps 1-15 the cluster's, 16-22 the resumed process' on the same global batches
+    np.testing.assert_allclose(a["step_loss"][:11], b["step_loss"][:11], rtol=1e-4)
+    np.testing.assert_allclose(a["step_loss"], b["step_loss"], rtol=AMPLIFIED)
+    np.testing.assert_allclose(a["history"]["val_loss"], b["history"]["val_loss"],
+                               rtol=AMPLIFIED)
