@@ -55,6 +55,7 @@ def _train(args):
         pool=args.pool,
         posemb=args.posemb,
         remat=args.remat,
+        drop_path=args.drop_path,
         init=args.init,
         data_shards=args.data_shards,
         trainable=args.trainable,
@@ -368,6 +369,9 @@ def parser():
     t.add_argument("--remat", help="recompute each block's activations in the backward pass "
                    "to save memory: full, or a jax.checkpoint_policies name (see "
                    "keras_reluvit.remat)")
+    t.add_argument("--drop-path", type=float, metavar="RATE",
+                   help="stochastic depth: the last block's rate, linearly from 0 in the first "
+                   "(timm's --drop-path; ViT(drop_path=))")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--mesh", help="device mesh, e.g. batch=2,model=4 (JAX)")
     t.add_argument("--sharding", choices=["data", "fsdp", "tensor"],

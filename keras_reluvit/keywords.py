@@ -20,7 +20,7 @@ FOREIGN = {
     "global_pool": "pool ('gap' for 'avg', 'tok' for 'token', 'map')",
     "reg_tokens": "num_register_tokens", "no_embed_class": "posemb_prefix (= not no_embed_class)",
     "init_values": "layer_scale", "act_layer": "mlp_activation",
-    "drop_path_rate": "nothing yet: stochastic depth is not implemented",
+    "drop_path_rate": "drop_path",
     "attn_drop_rate": "nothing: attention-weight dropout is not implemented",
     "in_chans": "nothing: the models take RGB images (3 channels)",
     "qkv_bias": "nothing: the q/k/v projections always have biases",

@@ -196,6 +196,11 @@ class EncoderBlock(_AttentionOwner):
         layer_norm_epsilon: epsilon of the block's LayerNorms (1e-6).
         remat: recompute the block's activations in the backward pass
             (`keras_reluvit.remat`: None, `"full"` or a JAX policy name).
+        drop_path: stochastic depth (timm's `DropPath`): in training each
+            residual branch is dropped for a whole sample with this
+            probability and the kept ones scaled by `1 / (1 - drop_path)`;
+            nothing at inference. Keras' `Dropout` with a per-sample
+            `noise_shape`. `ViT(drop_path=r)` sets it per block, 0 to `r`.
 
     Call `block(x, return_attention_scores=True)` to also get the
     `(B, H, T, T)` attention weights.
@@ -210,10 +215,11 @@ class EncoderBlock(_AttentionOwner):
 
     def __init__(self, num_heads, mlp_dim, attention=None, qk_norm=True,
                  mlp_activation="gelu_tanh", dropout=0.0, layer_scale=None,
-                 layer_norm_epsilon=LN_EPS, remat=None, **kwargs):
+                 layer_norm_epsilon=LN_EPS, remat=None, drop_path=0.0, **kwargs):
         super().__init__(num_heads, mlp_dim, attention, qk_norm, mlp_activation,
                          layer_norm_epsilon, **kwargs)
         self.dropout = check_rate(dropout, "dropout")
+        self.drop_path = check_rate(drop_path, "drop_path")
         self.remat = remat_module.check(remat)
         self.layer_scale = None if layer_scale is None else float(layer_scale)
         policy = self.dtype_policy
@@ -221,6 +227,17 @@ class EncoderBlock(_AttentionOwner):
         self.norm2 = self._norm("norm2")
         self.mlp = MLPBlock(mlp_dim, mlp_activation, self.dropout, name="mlp", dtype=policy)
         self.drop = keras.layers.Dropout(self.dropout, dtype=policy)
+        # Made only when on: a layer draws its seed from Python's RNG, which
+        # would move every later initialiser's draws for a given seed.
+        self.stochastic_depth = (
+            keras.layers.Dropout(self.drop_path, noise_shape=(None, 1, 1), dtype=policy)
+            if self.drop_path else None)
+
+    def _residual(self, y, which, training):
+        y = self.drop(self._scale(y, which), training=training)
+        if self.stochastic_depth is None:
+            return y
+        return self.stochastic_depth(y, training=training)
 
     def build(self, input_shape):
         self.attn = self._attention(input_shape[-1])
@@ -251,16 +268,17 @@ class EncoderBlock(_AttentionOwner):
             y, scores = self.attn(y, y, training=training, return_attention_scores=True)
         else:
             y = self.attn(y, y, training=training)
-        x = x + self.drop(self._scale(y, "ls1"), training=training)
+        x = x + self._residual(y, "ls1", training)
         y = self.mlp(self.norm2(x), training=training)
-        x = x + self.drop(self._scale(y, "ls2"), training=training)
+        x = x + self._residual(y, "ls2", training)
         if return_attention_scores:
             return x, scores
         return x
 
     def get_config(self):
         return {**super().get_config(), "dropout": self.dropout,
-                "layer_scale": self.layer_scale, "remat": self.remat}
+                "layer_scale": self.layer_scale, "remat": self.remat,
+                "drop_path": self.drop_path}
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")

@@ -80,6 +80,10 @@ class ViT(keras.Model):
             `set_grad_checkpointing`): None (off), `"full"`, or a
             `jax.checkpoint_policies` name (JAX; whole blocks elsewhere).
             See `keras_reluvit.remat`.
+        drop_path: stochastic depth rate (timm's `drop_path_rate`): block
+            `i` of `depth` drops each residual branch per sample with
+            probability `drop_path * i / (depth - 1)`, linearly from 0 as in
+            timm and DeiT (`EncoderBlock(drop_path=)`); off at inference.
         preprocessing: how images are prepared for this model (resize, crop,
             mean/std; a dict, see `keras_reluvit.preprocessing`). Default:
             our own evaluation recipe (shorter side to 256/224 of the size,
@@ -132,6 +136,7 @@ class ViT(keras.Model):
         pre_norm=False,
         layer_norm_epsilon=layers.LN_EPS,
         remat=None,
+        drop_path=0.0,
         preprocessing=None,
         label_names=None,
         dtype=None,
@@ -149,8 +154,8 @@ class ViT(keras.Model):
             num_heads=num_heads, patch_size=patch_size, class_token=class_token,
             num_register_tokens=num_register_tokens, posemb_prefix=posemb_prefix,
             fc_norm=fc_norm, layer_scale=layer_scale, pre_norm=pre_norm,
-            layer_norm_epsilon=layer_norm_epsilon, remat=remat, preprocessing=preprocessing,
-            label_names=label_names, dtype=dtype)
+            layer_norm_epsilon=layer_norm_epsilon, remat=remat, drop_path=drop_path,
+            preprocessing=preprocessing, label_names=label_names, dtype=dtype)
         parts = _build_parts(config, attention_args)
         inputs = keras.Input((*config["image_size"], 3), name="images", dtype="float32")
         outputs = _forward(parts, inputs)["output"]
@@ -406,6 +411,12 @@ def _quantization_mode(model):
                          "model.quantize(mode)).")
     return modes.pop() if modes else None
 
+def drop_path_rates(rate, depth):
+    """Each block's stochastic depth rate: linearly from 0 (the first block)
+    to `rate` (the last), as timm's `torch.linspace(0, rate, depth)`."""
+    return [rate * i / (depth - 1) if depth > 1 else 0.0 for i in range(depth)]
+
+
 def _build_parts(c, attention_args):
     """The layers of a ViT with the checked config `c`, by role (what
     `_forward` wires: stem, tokens, prefix tokens, position embedding,
@@ -436,8 +447,8 @@ def _build_parts(c, attention_args):
                   if c["pre_norm"] else None),
         blocks=[layers.EncoderBlock(*block_args, c["dropout"], layer_scale=c["layer_scale"],
                                     layer_norm_epsilon=eps, remat=c["remat"],
-                                    name=f"block_{i:02d}", dtype=policy)
-                for i in range(c["depth"])],
+                                    drop_path=rate, name=f"block_{i:02d}", dtype=policy)
+                for i, rate in enumerate(drop_path_rates(c["drop_path"], c["depth"]))],
         norm=keras.layers.LayerNormalization(name="encoder_norm", epsilon=eps, dtype=policy),
         map_head=(layers.MAPHead(*block_args, layer_norm_epsilon=eps, name="map_head",
                             dtype=policy) if c["pool"] == "map" else None),

@@ -49,7 +49,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
                     head_bias_init, width, depth, mlp_dim, num_heads, patch_size,
                     class_token, num_register_tokens, posemb_prefix, fc_norm, layer_scale,
                     pre_norm, layer_norm_epsilon, preprocessing, label_names, dtype,
-                    remat=None):
+                    remat=None, drop_path=0.0):
     """The ViT's arguments checked (a ValueError naming the argument and what
     would work) and canonical: `(config, attention_args)`, the config as
     `get_config` returns it."""
@@ -80,6 +80,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
         raise ValueError(f"Unknown posemb {posemb!r}; valid: {POSEMBS}.")
     layers.check_mlp_activation(mlp_activation)
     dropout = check_rate(dropout, "dropout")
+    drop_path = check_rate(drop_path, "drop_path")
     if include_top:
         num_classes = _positive_int(num_classes, "num_classes")
     if representation_size is not None:
@@ -116,6 +117,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
         num_register_tokens=num_register_tokens, posemb_prefix=bool(posemb_prefix),
         fc_norm=bool(fc_norm), layer_scale=None if layer_scale is None else float(layer_scale),
         pre_norm=bool(pre_norm), layer_norm_epsilon=layer_norm_epsilon,
-        remat=remat_module.check(remat), preprocessing=preprocessing, label_names=label_names, dtype=dtype,
+        remat=remat_module.check(remat), drop_path=float(drop_path),
+        preprocessing=preprocessing, label_names=label_names, dtype=dtype,
     )
     return config, attention_args

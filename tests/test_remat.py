@@ -10,10 +10,10 @@ from conftest import grads
 import keras_reluvit as kr
 
 
-def tiny(remat, dropout=0.0):
+def tiny(remat, dropout=0.0, drop_path=0.0):
     keras.utils.set_random_seed(3)
     model = kr.ViT("Ti/8", image_size=16, num_classes=5, width=32, depth=2, num_heads=2,
-                   mlp_dim=64, remat=remat, dropout=dropout)
+                   mlp_dim=64, remat=remat, dropout=dropout, drop_path=drop_path)
     rng = np.random.default_rng(0)  # perturbed: the head starts at zero
     model.set_weights([w + rng.normal(0, 0.05, w.shape).astype(w.dtype)
                        for w in model.get_weights()])
@@ -61,12 +61,14 @@ def test_a_training_step_with_remat_equals_the_plain_one(tmp_path):
                                rtol=1e-6, atol=1e-6)
 
 
-def test_remat_with_dropout_replays_the_forward_masks():
-    """Dropout inside a recomputed block: the recomputation must draw the
-    forward pass's masks (a second draw would give the gradient of other
-    masks, silently). Same seeds, same masks: the gradients of the plain
-    model's. Then a training step runs and moves the weights."""
-    plain, rematted = tiny(None, dropout=0.2), tiny("full", dropout=0.2)
+@pytest.mark.parametrize("regulariser", [dict(dropout=0.2), dict(drop_path=0.5)])
+def test_remat_with_dropout_replays_the_forward_masks(regulariser):
+    """Dropout (or stochastic depth) inside a recomputed block: the
+    recomputation must draw the forward pass's masks (a second draw would
+    give the gradient of other masks, silently). Same seeds, same masks: the
+    gradients of the plain model's. Then a training step runs and moves the
+    weights."""
+    plain, rematted = tiny(None, **regulariser), tiny("full", **regulariser)
     x = images()
 
     def loss(model):

@@ -51,6 +51,8 @@ def test_build_config_takes_the_dataclass_or_its_fields():
     config = T.build_config(batch_size=64, pool="tok")  # a model override
     assert config["model"]["pool"] == "tok" and config["val_fraction"] == settings.VAL_FRACTION
     assert config["lora_rank"] == settings.LORA_RANK
+    assert T.build_config(batch_size=64, drop_path=0.1)["model"]["drop_path"] == 0.1
+    assert "drop_path" not in T.build_config(batch_size=64, drop_path=None)["model"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.seed = 1
 

@@ -520,7 +520,8 @@ def test_bicubic_posemb_resampling_is_pytorchs(old, new, antialias):
     (lambda: kr.ViT("Ti/16", hidden_dim=32), "'hidden_dim'", "use width"),  # keras-hub
     (lambda: kr.ViT("Ti/16", num_hidden_layers=2), "'num_hidden_layers'", "use depth"),  # HF
     (lambda: kr.ViT("Ti/16", num_clases=3), "'num_clases'", "did you mean 'num_classes'"),
-    (lambda: kr.ViT_B16(drop_path_rate=0.1), "'drop_path_rate'", "not implemented"),
+    (lambda: kr.ViT_B16(drop_path_rate=0.1), "'drop_path_rate'", "use drop_path"),  # timm
+    (lambda: kr.ViT_B16(attn_drop_rate=0.1), "'attn_drop_rate'", "not implemented"),
 ])
 def test_unknown_keywords_are_refused_naming_ours(call, named, hint):
     """A misspelled or foreign keyword never builds a model as if nothing had
