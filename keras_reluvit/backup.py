@@ -264,7 +264,7 @@ class StepBackup(keras.callbacks.Callback):
             state = {"pytree": _state(self.model, lambda v: v.value)}
             if self.done and self.model.metrics_variables:  # an epoch in progress
                 state["running_means"] = _state(self.model, lambda v: v.value, metrics=True)
-            ocp.save_checkpointables(os.path.join(tmp, STATE), state)
+            ocp.save_checkpointables(os.path.abspath(os.path.join(tmp, STATE)), state)
         else:
             with chief_writes(self.model):  # a TF / torch cluster: local full copies
                 self.model.save_weights(os.path.join(tmp, WEIGHTS))
@@ -401,7 +401,7 @@ def _load_state(model, path, metrics=False):
     if metrics and model.metrics_variables:
         target["running_means"] = _state(model, abstract, metrics=True)
     try:
-        state = ocp.load_checkpointables(path, target)
+        state = ocp.load_checkpointables(os.path.abspath(path), target)
     except (ValueError, KeyError, TypeError) as e:
         cause = e
         while cause.__cause__ or cause.__context__:

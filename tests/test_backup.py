@@ -98,9 +98,11 @@ def tiny_data(n=20, batch=4):
         n, seed=1, reshuffle_each_iteration=True).batch(batch, drop_remainder=True)
 
 
-def test_backups_every_n_steps_keep_the_newest_and_resume_a_finished_run(tmp_path):
+def test_backups_every_n_steps_keep_the_newest_and_resume_a_finished_run(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative folder (Orbax, on JAX, takes absolute paths only)
     model, data = tiny(), tiny_data()  # 5 steps per epoch
-    backup = B.StepBackup(tmp_path / "b", every=2, keep=3)
+    backup = B.StepBackup("b", every=2, keep=3)
     B.fit(model, data, 3, backup, verbose=0)
     names = sorted(os.listdir(tmp_path / "b"))
     # Saved at steps 2, 4, 5 (epoch end), 6, 8, 10, 12, 14, 15: the newest 3 kept.
@@ -110,7 +112,7 @@ def test_backups_every_n_steps_keep_the_newest_and_resume_a_finished_run(tmp_pat
     assert len(last["step_loss"]) == 15 and len(last["history"]["loss"]) == 3
     # A rerun of a finished run trains nothing and has the run's weights and record.
     again = tiny(seed=1)
-    history = B.fit(again, data, 3, B.StepBackup(tmp_path / "b", every=2), verbose=0)
+    history = B.fit(again, data, 3, B.StepBackup("b", every=2), verbose=0)
     assert history == last["history"]
     for a, b in zip(weights(again), weights(model)):
         np.testing.assert_array_equal(a, b)
