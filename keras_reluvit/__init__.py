@@ -14,7 +14,8 @@ __all__ = [
     "VARIANTS", "ViT", "ViT_B8", "ViT_B16", "ViT_B32", "ViT_H14", "ViT_L8", "ViT_L16",
     "ViT_L32", "ViT_S8", "ViT_S16", "ViT_S32", "ViT_Ti8", "ViT_Ti16", "ViT_Ti32",
     "attention_kinds", "attention_presets", "backup", "callbacks", "data", "decode_predictions",
-    "distribution", "export", "finetune", "get_kernel", "image_folder", "imagenet1k_labels", "load_checkpoint",
+    "distribution", "export", "fewshot", "finetune", "get_kernel", "image_folder",
+    "imagenet1k_labels", "load_checkpoint",
     "load_image", "load_model", "load_weights", "pointwise_attention", "preprocess",
     "preprocessing", "recipes", "resample_posemb", "resize_model", "set_kernel",
     "transfer_weights", "use_kernel",
@@ -39,6 +40,7 @@ if not _command_line_help_only():
     from keras_reluvit import data
     from keras_reluvit import distribution
     from keras_reluvit import export
+    from keras_reluvit import fewshot
     from keras_reluvit import finetune
     from keras_reluvit import preprocessing
     from keras_reluvit import recipes
