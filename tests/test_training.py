@@ -191,6 +191,73 @@ def test_train_pipeline_is_seeded_and_mixup_rows_sum_to_one(digits_dir):
     assert not np.array_equal(np.asarray(other[0]), np.asarray(first[0][0]))
 
 
+def erased_boxes(images, fill):
+    """(erased?, box height, box width) of each image that was `fill`
+    everywhere before: the erased pixels must form one full rectangle."""
+    out = []
+    for image in images:
+        mask = (image != fill).any(-1)
+        if not mask.any():
+            out.append((False, 0, 0))
+            continue
+        rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+        box = mask[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+        assert box.all() and mask.sum() == box.size  # one rectangle, every channel
+        assert (image[mask] != fill).all()
+        out.append((True, len(rows), len(cols)))
+    return out
+
+
+@pytest.mark.backend_independent
+def test_random_erasing_draws_timms_boxes_of_normal_noise():
+    """timm's RandomErasing (DeiT: probability 0.25, area 2-33 %, aspect
+    0.3-3.3 log-uniform, per-pixel N(0, 1), one box): over 3000 images the
+    erased share is the probability, every box is one a draw in those ranges
+    rounds to, tall and wide boxes are equally likely, the noise is N(0, 1)."""
+    import tensorflow as tf
+
+    size, p, n = 40, 0.25, 3000
+    image = tf.fill([size, size, 3], 5.0)
+    ds = tf.data.Dataset.range(n).map(
+        lambda i: D.random_erasing(image, p, tf.stack([i, tf.constant(11, tf.int64)])))
+    images = np.stack(list(ds.as_numpy_iterator()))
+    boxes = erased_boxes(images, 5.0)
+    erased = np.array([b[0] for b in boxes])
+    assert abs(erased.mean() - p) < 4 * np.sqrt(p * (1 - p) / n), erased.mean()
+    hw = np.array([(h, w) for e, h, w in boxes if e], float)
+    h, w = hw[:, 0], hw[:, 1]
+    # Some area a in [0.02, 1/3] of the image and aspect r in [0.3, 3.3] round to (h, w):
+    # a in [(h - .5)(w - .5), (h + .5)(w + .5)], r in [(h - .5)/(w + .5), (h + .5)/(w - .5)].
+    area = size * size
+    assert ((h + .5) * (w + .5) >= 0.02 * area).all() and ((h - .5) * (w - .5) <= area / 3).all()
+    assert ((h + .5) / (w - .5) >= 0.3).all() and ((h - .5) / (w + .5) <= 1 / 0.3).all()
+    assert (h < size).all() and (w < size).all()
+    log_aspect = np.log(h / w)
+    assert abs(log_aspect.mean()) < 0.1 and (log_aspect > np.log(2)).mean() > 0.1
+    assert (log_aspect < -np.log(2)).mean() > 0.1
+    assert 0.08 < np.median(h * w / area) < 0.2  # area uniform in [0.02, 1/3]: 0.18, less rejections
+    noise = images[images != 5.0]
+    assert abs(noise.mean()) < 0.02 and abs(noise.std() - 1) < 0.02
+
+
+@pytest.mark.backend_independent
+def test_the_train_pipeline_erases_with_the_augments_probability(digits_dir):
+    """`Augment(erase=p)` in `kr.data.load`: the same stream as without it
+    except one rectangle of noise in about p of the images."""
+    base = D.Augment(crop_area=(0.5, 1.0))
+    plain = next(iter(D.load("sklearn_digits", 128, 32, digits_dir, base, seed=3).train))[0]
+    erasing = D.Augment(crop_area=(0.5, 1.0), erase=0.5)
+    erased = next(iter(D.load("sklearn_digits", 128, 32, digits_dir, erasing, seed=3).train))[0]
+    plain, erased = np.asarray(plain), np.asarray(erased)
+    changed = [(a != b).any() for a, b in zip(plain, erased)]
+    assert 0.3 < np.mean(changed) < 0.7, np.mean(changed)
+    for a, b in zip(plain, erased):
+        mask = (a != b).any(-1)
+        if mask.any():
+            rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+            assert mask[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].mean() > 0.99  # a box
+
+
 @pytest.mark.backend_independent
 def test_unprepared_imagenet_error_names_the_archives(tmp_path):
     with pytest.raises(FileNotFoundError) as e:

@@ -1,8 +1,9 @@
 """Training augmentation in tf.data: big_vision's inception crop (only the
 window of a JPEG decoded), Keras' RandAugment one op at a time with keyed
-draws, and big_vision's MixUp."""
+draws, timm's random erasing and big_vision's MixUp."""
 
 import dataclasses
+import math
 
 from keras_reluvit import _keras_compat as compat
 from keras_reluvit.data.tfds import _tf
@@ -13,13 +14,15 @@ from keras_reluvit.preprocessing import tf_preprocess
 @dataclasses.dataclass
 class Augment:
     """Training augmentation. `randaug=(num_ops, magnitude)` as big_vision;
-    `mixup` is the Beta parameter p (0 = off)."""
+    `mixup` is the Beta parameter p (0 = off); `erase` the probability of
+    timm's random erasing (`--reprob`; DeiT's 0.25; see `random_erasing`)."""
 
     crop_area: tuple = (0.05, 1.0)
     crop_aspect: tuple = (3 / 4, 4 / 3)
     flip: bool = True
     randaug: tuple = None
     mixup: float = 0.0
+    erase: float = 0.0
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -173,6 +176,44 @@ def switch_randaugment(layer, image, key=None):
                                [lambda n=n, im=image: branch(n, im) for n in names])
         image = tf.ensure_shape(image, shape)
     return image
+
+
+# timm's RandomErasing (DeiT's settings): the erased share of the image, its
+# aspect ratio drawn log-uniformly, and the attempts at a box that fits.
+ERASE_AREA = (0.02, 1 / 3)
+ERASE_ASPECT = (0.3, 1 / 0.3)
+ERASE_ATTEMPTS = 10
+
+
+def random_erasing(image, probability, seed):
+    """timm's `RandomErasing(probability, mode="pixel")` of one normalised
+    image (`[H, W, C]`, after the model's normalisation): with
+    `probability`, a box of `ERASE_AREA` of the image (uniform) and aspect
+    ratio in `ERASE_ASPECT` (log-uniform) is filled with per-pixel standard
+    normal noise; of `ERASE_ATTEMPTS` draws the first box that fits is used
+    (none fits: the image is kept). Stateless, drawn from `seed`."""
+    tf = _tf()
+    keys = tf.random.experimental.stateless_split(seed, 5)
+    h, w = tf.shape(image)[0], tf.shape(image)[1]
+    hf, wf = tf.cast(h, tf.float32), tf.cast(w, tf.float32)
+    area = tf.random.stateless_uniform([ERASE_ATTEMPTS], keys[0], *ERASE_AREA) * hf * wf
+    log_aspect = tf.random.stateless_uniform(
+        [ERASE_ATTEMPTS], keys[1], math.log(ERASE_ASPECT[0]), math.log(ERASE_ASPECT[1]))
+    aspect = tf.exp(log_aspect)
+    box_h = tf.cast(tf.round(tf.sqrt(area * aspect)), tf.int32)
+    box_w = tf.cast(tf.round(tf.sqrt(area / aspect)), tf.int32)
+    fits = (box_h < h) & (box_w < w)
+    first = tf.argmax(tf.cast(fits, tf.int32))  # the first attempt that fits
+    bh, bw = box_h[first], box_w[first]
+    corner = tf.random.stateless_uniform([2], keys[2], 0.0, 1.0)
+    top = tf.cast(corner[0] * tf.cast(h - bh + 1, tf.float32), tf.int32)
+    left = tf.cast(corner[1] * tf.cast(w - bw + 1, tf.float32), tf.int32)
+    rows, cols = tf.range(h)[:, None, None], tf.range(w)[None, :, None]
+    inside = (rows >= top) & (rows < top + bh) & (cols >= left) & (cols < left + bw)
+    erase = tf.random.stateless_uniform([], keys[3]) < probability
+    inside = inside & tf.reduce_any(fits) & erase
+    noise = tf.random.stateless_normal(tf.shape(image), keys[4], dtype=image.dtype)
+    return tf.where(inside, noise, image)
 
 
 def mixup(images, labels, p, seed):

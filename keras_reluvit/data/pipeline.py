@@ -5,6 +5,7 @@ from keras_reluvit.data.augment import Augment
 from keras_reluvit.data.augment import decode_inception_crop
 from keras_reluvit.data.augment import inception_crop
 from keras_reluvit.data.augment import mixup
+from keras_reluvit.data.augment import random_erasing
 from keras_reluvit.data.augment import switch_randaugment
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.preprocessing import check_preprocessing
@@ -85,6 +86,8 @@ def pipeline(
             if randaug is not None:  # keyed by the example's own random draw
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
             image = normalise(tf.clip_by_value(image, 0.0, 255.0), recipe)
+            if aug.erase > 0:  # timm's: after the normalisation, noise of the normalised scale
+                image = random_erasing(image, float(aug.erase), tf.stack([rnd, 3]))
         else:
             image = tf_preprocess(
                 decode_image(data, dct, recipe["alpha"]) if encoded else data,
