@@ -258,6 +258,98 @@ def test_the_train_pipeline_erases_with_the_augments_probability(digits_dir):
             assert mask[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].mean() > 0.99  # a box
 
 
+def timm_mixed(n_batches, batch=16, size=12, classes=16, **options):
+    """Batches of images each filled with its own value (its index) mixed by
+    `timm_mix`: (images, labels) stacked, and the values each image held."""
+    import tensorflow as tf
+
+    values = np.arange(batch, dtype="float32")
+    images = tf.constant(np.broadcast_to(values[:, None, None, None], (batch, size, size, 3)))
+    labels = tf.one_hot(np.arange(batch) % classes, classes)
+    out = [D.timm_mix(images, labels, tf.constant([i, 5], tf.int64), **options)
+           for i in range(n_batches)]
+    return (np.stack([o[0].numpy() for o in out]), np.stack([o[1].numpy() for o in out]),
+            values)
+
+
+@pytest.mark.backend_independent
+def test_timm_cutmix_label_weight_is_the_pasted_share_of_every_image():
+    """CutMix per image (timm's "elem" mode, no smoothing): each image holds a
+    box of its partner in the reversed batch, and its label weight on its own
+    class equals the share of its own pixels, exactly (timm's correct_lam)."""
+    images, labels, values = timm_mixed(20, mixup_alpha=0.0, cutmix_alpha=1.0, mode="elem",
+                                        label_smoothing=0.0)
+    b = len(values)
+    shares = []
+    for imgs, labs in zip(images, labels):
+        for i in range(b):
+            own = (imgs[i] == values[i]).all(-1).mean()
+            partner = (imgs[i] == values[b - 1 - i]).all(-1).mean()
+            assert own + partner == 1.0  # pixels are one image's or the other's
+            np.testing.assert_allclose(labs[i, i], own, rtol=1e-6)
+            np.testing.assert_allclose(labs[i, b - 1 - i], partner, rtol=1e-6)
+            shares.append(partner)
+    # lam ~ Beta(1, 1), box sides int(12 sqrt(1 - lam)) with the centre uniform
+    # (clipped at the borders): less than 1 - lam on average, sometimes nothing
+    assert 0.15 < np.mean(shares) < 0.5 and np.mean(np.array(shares) == 0) < 0.3
+
+
+@pytest.mark.backend_independent
+def test_timm_mix_switches_at_its_rate_and_draws_beta_lambdas():
+    """Per image: CutMix (only whole pixels of one image or the other) with
+    switch_prob 0.5, MixUp otherwise; MixUp's lam ~ Beta(0.8, 0.8): mean 1/2,
+    variance 1 / (4 (2 alpha + 1)); labels smoothed as timm's mixup_target."""
+    images, labels, values = timm_mixed(40, mixup_alpha=0.8, cutmix_alpha=1.0, mode="elem",
+                                        label_smoothing=0.1)
+    b, k = len(values), labels.shape[-1]
+    cut, lams = [], []
+    for imgs, labs in zip(images, labels):
+        for i in range(b):
+            pixels = imgs[i, ..., 0]
+            whole = np.isin(pixels, [values[i], values[b - 1 - i]]).all()
+            cut.append(whole)
+            if not whole:  # MixUp: every pixel lam * own + (1 - lam) * partner
+                lam = (pixels[0, 0] - values[b - 1 - i]) / (values[i] - values[b - 1 - i])
+                np.testing.assert_allclose(pixels, pixels[0, 0], rtol=1e-6)
+                lams.append(lam)
+                off, on = 0.1 / k, 1 - 0.1 + 0.1 / k
+                np.testing.assert_allclose(labs[i, i], lam * on + (1 - lam) * off, atol=1e-5)
+    n = len(cut)
+    assert abs(np.mean(cut) - 0.5) < 4 * np.sqrt(0.25 / n), np.mean(cut)
+    lams = np.array(lams)
+    assert abs(lams.mean() - 0.5) < 0.03, lams.mean()
+    assert abs(lams.var() - 1 / (4 * 2.6)) < 0.012, lams.var()
+
+
+@pytest.mark.backend_independent
+def test_timm_mix_per_batch_and_its_probability():
+    """"batch" mode: one draw for the whole batch; `prob` 0.3: about 30 % of
+    the batches mixed, the rest only label-smoothed."""
+    images, labels, values = timm_mixed(400, mode="batch", prob=0.3, label_smoothing=0.1)
+    mixed = [not (imgs[..., 0] == values[:, None, None]).all() for imgs in images]
+    assert abs(np.mean(mixed) - 0.3) < 4 * np.sqrt(0.21 / 400), np.mean(mixed)
+    for imgs, labs, m in zip(images, labels, mixed):
+        lam = labs[:, np.arange(16)].diagonal()  # weight on the own class (k = 16)
+        assert np.allclose(lam, lam[0])  # one lam for the batch
+        if not m:
+            np.testing.assert_allclose(labs, 0.1 / 16 + 0.9 * np.eye(16), atol=1e-6)
+    with pytest.raises(ValueError, match="Unknown timm_mix mode 'pair'"):
+        timm_mixed(1, mode="pair")
+
+
+@pytest.mark.backend_independent
+def test_the_train_pipeline_mixes_as_timm_when_asked(digits_dir):
+    aug = D.Augment(crop_area=(0.5, 1.0), timm_mix={"mixup_alpha": 0.8, "cutmix_alpha": 1.0,
+                                                    "label_smoothing": 0.1})
+    x, y = next(iter(D.load("sklearn_digits", 64, 32, digits_dir, aug, seed=3).train))
+    y = np.asarray(y)
+    np.testing.assert_allclose(y.sum(1), 1.0, rtol=1e-5)
+    assert y.min() >= 0.1 / 10 - 1e-6 and y.max(1).min() < 1.0  # smoothed, mixed
+    with pytest.raises(ValueError, match="mixup .* and timm_mix .* both on"):
+        D.load("sklearn_digits", 64, 32, digits_dir, D.Augment(mixup=0.2, timm_mix={}),
+               seed=3)
+
+
 @pytest.mark.backend_independent
 def test_unprepared_imagenet_error_names_the_archives(tmp_path):
     with pytest.raises(FileNotFoundError) as e:

@@ -46,6 +46,7 @@ from keras_reluvit.data.augment import random_crop
 from keras_reluvit.data.augment import random_erasing
 from keras_reluvit.data.augment import resize_small_central_crop
 from keras_reluvit.data.augment import switch_randaugment
+from keras_reluvit.data.augment import timm_mix
 from keras_reluvit.data.pipeline import for_model
 from keras_reluvit.data.pipeline import pipeline
 from keras_reluvit.data.sources import Data
@@ -62,4 +63,5 @@ from keras_reluvit.data.tfds import prepare
 __all__ = ["Augment", "Data", "ILSVRC_HELP", "Info", "MANUAL_FILES", "SPLITS", "builder",
            "crop_window", "decode_inception_crop", "decode_random_crop", "default_manual_dir",
            "for_model", "imagenet", "inception_crop", "load", "mixup", "pipeline", "prepare",
-           "random_crop", "random_erasing", "resize_small_central_crop", "switch_randaugment", "folders"]
+           "random_crop", "random_erasing", "resize_small_central_crop", "switch_randaugment",
+           "timm_mix", "folders"]

@@ -15,7 +15,10 @@ from keras_reluvit.preprocessing import tf_preprocess
 class Augment:
     """Training augmentation. `randaug=(num_ops, magnitude)` as big_vision;
     `mixup` is the Beta parameter p (0 = off); `erase` the probability of
-    timm's random erasing (`--reprob`; DeiT's 0.25; see `random_erasing`)."""
+    timm's random erasing (`--reprob`; DeiT's 0.25; see `random_erasing`);
+    `timm_mix` the arguments of timm's MixUp / CutMix (`timm_mix`, e.g.
+    DeiT's `{"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing":
+    0.1}`), instead of `mixup`."""
 
     crop_area: tuple = (0.05, 1.0)
     crop_aspect: tuple = (3 / 4, 4 / 3)
@@ -23,6 +26,7 @@ class Augment:
     randaug: tuple = None
     mixup: float = 0.0
     erase: float = 0.0
+    timm_mix: dict = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -214,6 +218,75 @@ def random_erasing(image, probability, seed):
     inside = inside & tf.reduce_any(fits) & erase
     noise = tf.random.stateless_normal(tf.shape(image), keys[4], dtype=image.dtype)
     return tf.where(inside, noise, image)
+
+
+TIMM_MIX_MODES = ("batch", "elem")
+
+
+def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
+             switch_prob=0.5, mode="batch", label_smoothing=0.1):
+    """timm's `Mixup` of one batch (`[B, H, W, C]` images, one-hot labels).
+
+    With probability `prob`, each batch (`mode="batch"`: one draw for the
+    batch) or each image (`"elem"`) is mixed with the batch in reverse order
+    (timm's `x.flip(0)`): CutMix with probability `switch_prob` when both
+    alphas are on, else the one that is, with `lam ~ Beta(alpha, alpha)`.
+    MixUp: `lam * x + (1 - lam) * x_flipped`. CutMix: a box of side
+    `sqrt(1 - lam)` of the image's (integer sizes, its centre uniform,
+    clipped at the borders) is pasted from the flipped image and `lam`
+    corrected to the share not pasted (timm's `correct_lam`). Labels are
+    smoothed first (`1 - s + s / K` on the class, `s / K` elsewhere) and
+    mixed with the same `lam`. Stateless, drawn from `seed`."""
+    tf = _tf()
+    if mode not in TIMM_MIX_MODES:
+        raise ValueError(f"Unknown timm_mix mode {mode!r}; valid: {TIMM_MIX_MODES}.")
+    if not (mixup_alpha > 0 or cutmix_alpha > 0):
+        raise ValueError("timm_mix needs mixup_alpha > 0 or cutmix_alpha > 0.")
+    keys = tf.random.experimental.stateless_split(seed, 7)
+    shape = tf.shape(images)
+    batch, h, w = shape[0], shape[1], shape[2]
+    n = batch if mode == "elem" else 1
+
+    def beta(alpha, k1, k2):
+        if alpha <= 0:
+            return tf.ones([n])
+        g1 = tf.random.stateless_gamma([n], k1, alpha=alpha)
+        g2 = tf.random.stateless_gamma([n], k2, alpha=alpha)
+        return g1 / (g1 + g2)
+
+    if mixup_alpha > 0 and cutmix_alpha > 0:
+        use_cutmix = tf.random.stateless_uniform([n], keys[0]) < switch_prob
+    else:
+        use_cutmix = tf.fill([n], cutmix_alpha > 0)
+    lam = tf.where(use_cutmix, beta(cutmix_alpha, keys[1], keys[2]),
+                   beta(mixup_alpha, keys[3], keys[4]))
+    apply = tf.random.stateless_uniform([n], keys[5]) < prob
+    lam = tf.where(apply, lam, tf.ones_like(lam))
+    use_cutmix = use_cutmix & apply
+    # CutMix's box (timm's rand_bbox): sides int(size * sqrt(1 - lam)), centre uniform.
+    cut = tf.sqrt(1.0 - lam)
+    cut_h = tf.cast(tf.cast(h, tf.float32) * cut, tf.int32)
+    cut_w = tf.cast(tf.cast(w, tf.float32) * cut, tf.int32)
+    centre = tf.random.stateless_uniform([n, 2], keys[6])
+    cy = tf.cast(centre[:, 0] * tf.cast(h, tf.float32), tf.int32)
+    cx = tf.cast(centre[:, 1] * tf.cast(w, tf.float32), tf.int32)
+    y1, y2 = tf.clip_by_value(cy - cut_h // 2, 0, h), tf.clip_by_value(cy + cut_h // 2, 0, h)
+    x1, x2 = tf.clip_by_value(cx - cut_w // 2, 0, w), tf.clip_by_value(cx + cut_w // 2, 0, w)
+    pasted = tf.cast((y2 - y1) * (x2 - x1), tf.float32) / tf.cast(h * w, tf.float32)
+    lam = tf.where(use_cutmix, 1.0 - pasted, lam)
+    rows = tf.range(h)[None, :, None]
+    cols = tf.range(w)[None, None, :]
+    box = ((rows >= y1[:, None, None]) & (rows < y2[:, None, None])
+           & (cols >= x1[:, None, None]) & (cols < x2[:, None, None])
+           & use_cutmix[:, None, None])
+    flipped = tf.reverse(images, [0])
+    lam_x = tf.reshape(tf.where(use_cutmix, tf.ones_like(lam), lam), [n, 1, 1, 1])
+    mixed = lam_x * images + (1.0 - lam_x) * flipped
+    mixed = tf.where(box[..., None], flipped, mixed)
+    k = tf.cast(tf.shape(labels)[-1], labels.dtype)
+    smooth = labels * (1.0 - label_smoothing) + label_smoothing / k
+    lam_y = tf.reshape(lam, [n, 1])
+    return mixed, lam_y * smooth + (1.0 - lam_y) * tf.reverse(smooth, [0])
 
 
 def mixup(images, labels, p, seed):

@@ -7,6 +7,7 @@ from keras_reluvit.data.augment import inception_crop
 from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.augment import random_erasing
 from keras_reluvit.data.augment import switch_randaugment
+from keras_reluvit.data.augment import timm_mix
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.preprocessing import decode_image
@@ -111,7 +112,15 @@ def pipeline(
     # Train batches are full (one epoch = one pass, len(train) = steps).
     drop = train if drop_remainder is None else drop_remainder
     ds = ds.batch(batch_size, drop_remainder=drop, num_parallel_calls=AUTO)
-    if train and aug.mixup > 0:
+    if train and aug.timm_mix is not None:
+        if aug.mixup > 0:
+            raise ValueError("Augment: mixup (big_vision's) and timm_mix (timm's MixUp / CutMix) "
+                             "both on; choose one.")
+        options = dict(aug.timm_mix)
+        ds = tf.data.Dataset.zip((ds, randoms(1)))
+        ds = ds.map(lambda b, r: timm_mix(*b, tf.stack([r, 1]), **options),
+                    num_parallel_calls=AUTO)
+    elif train and aug.mixup > 0:
         p = float(aug.mixup)
         ds = tf.data.Dataset.zip((ds, randoms(1)))
         ds = ds.map(
