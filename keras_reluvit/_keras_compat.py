@@ -46,6 +46,10 @@ PRIVATE = {
         "Equalization's histogram (bound per instance)", "data.augment"),
     "SeedGenerator.next": (
         "the draw Keras' random layers ask a seed generator for", "data.augment._keyed"),
+    "Optimizer._model_variables_moving_average / _iterations": (
+        "the EMA of the weights an optimizer built with `use_ema` keeps; its step count in "
+        "micro-steps (`iterations` counts updates under gradient accumulation)",
+        "recipes (RecipeAdamW / RecipeSGD, swap_ema)"),
     "MultiHeadAttention private attributes": (
         "_query_dense, _key_dense, _value_dense, _output_dense, _num_heads, _key_dim, "
         "_value_dim, _use_bias, _dropout, _attention_axes, _output_shape",
@@ -56,7 +60,8 @@ PRIVATE = {
 OVERRIDDEN = {
     "keras.layers.MultiHeadAttention": ("_compute_attention", "_make_output_dense"),
     "keras.optimizers.Optimizer": ("_get_current_learning_rate", "_apply_weight_decay",
-                                   "_backend_update_step"),
+                                   "_backend_update_step",
+                                   "_update_model_variables_moving_average"),
 }
 
 
@@ -151,6 +156,18 @@ def set_histogram(layer, fn):
     layer._custom_histogram_fixed_width = fn
 
 
+def ema_averages(optimizer):
+    """The EMA variables of an optimizer built with `use_ema` (one per
+    trainable variable, in their order)."""
+    return optimizer._model_variables_moving_average
+
+
+def micro_steps(optimizer):
+    """The steps an optimizer has taken, each micro-step of gradient
+    accumulation counted (`iterations` counts the updates)."""
+    return optimizer._iterations
+
+
 def initial_epoch(model):
     return int(getattr(model, "_initial_epoch", None) or 0)
 
@@ -225,6 +242,18 @@ def _checks():
                      "_attention_axes", "_output_shape"):
             assert hasattr(mha, name), name
 
+    def ema():
+        v = keras.Variable(np.ones(2, "float32"))
+        optimizer = keras.optimizers.SGD(use_ema=True)
+        optimizer.build([v])
+        assert len(ema_averages(optimizer)) == 1
+        assert tuple(ema_averages(optimizer)[0].shape) == (2,)
+        accumulating = keras.optimizers.SGD(gradient_accumulation_steps=2)
+        accumulating.build([v])
+        accumulating.apply([keras.ops.ones(2)], [v])
+        assert int(keras.ops.convert_to_numpy(micro_steps(accumulating))) == 1
+        assert int(keras.ops.convert_to_numpy(accumulating.iterations)) == 0
+
     def overridden():
         classes = {"keras.layers.MultiHeadAttention": layers.MultiHeadAttention,
                    "keras.optimizers.Optimizer": keras.optimizers.Optimizer}
@@ -233,7 +262,7 @@ def _checks():
                 assert callable(getattr(classes[cls], m, None)), f"{cls}.{m}"
 
     return dict(flatten_layers=flatten, variable_value=value, trainer=trainer,
-                initial_epoch=initial,
+                initial_epoch=initial, ema_averages=ema,
                 tensorflow=tensorflow, augment=augment, attention=attention,
                 overridden=overridden)
 

@@ -60,6 +60,29 @@ class ChiefCheckpoint(keras.callbacks.Callback):
                 self.model.save(self.path)
 
 
+class EMAEvaluation(keras.callbacks.Callback):
+    """Evaluates the weights' EMA (a recipe optimizer's, `ema=`) on
+    `validation_data` at each epoch's end, beside the trained weights Keras
+    validates: its numbers join the epoch's logs as `ema_val_<metric>`
+    (history, and the `TensorBoard` callback when this one comes first).
+    The weights are swapped back before training goes on."""
+
+    def __init__(self, validation_data):
+        super().__init__()
+        self.validation_data = validation_data
+
+    def on_epoch_end(self, epoch, logs=None):
+        from keras_reluvit.recipes import swap_ema
+
+        swap_ema(self.model)
+        try:
+            result = self.model.evaluate(self.validation_data, return_dict=True, verbose=0)
+        finally:
+            swap_ema(self.model)
+        if logs is not None:
+            logs.update({f"ema_val_{k}": float(v) for k, v in result.items()})
+
+
 class StepLosses(keras.callbacks.Callback):
     """Records the training loss Keras reports after every step (the running
     mean of the epoch so far) in `losses`, one list over the whole run."""

@@ -66,6 +66,7 @@ def _train(args):
         checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
         accum_steps=args.accum_steps,
+        ema=args.ema,
     )
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config["dataset"], config["data_dir"], args.manual_dir)
@@ -401,6 +402,10 @@ def parser():
     t.add_argument("--accum-steps", type=int, help="gradient accumulation: each update "
                    "averages K micro-batches of batch-size / K (the recipe's batch on a "
                    "smaller slice; default the recipe's, 1)")
+    t.add_argument("--ema", type=float, metavar="DECAY",
+                   help="keep timm's EMA of the weights with this decay (DeiT: 0.99996), "
+                   "evaluated beside the trained weights each epoch; model.keras and the export "
+                   "then hold the EMA (default the recipe's: off; 0: off)")
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
     t.add_argument("--quiet", action="store_true", help="one line per epoch")
     t.set_defaults(func=_train)

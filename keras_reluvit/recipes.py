@@ -28,6 +28,8 @@ import json
 import keras
 import numpy as np
 
+from keras_reluvit import _keras_compat as compat
+
 _AUGREG_I1K_AUG = {  # variant: (randaug, mixup) -- vit_i1k.py
     "Ti/16": ((2, 0), 0.0),
     "S/32": ((2, 15), 0.2),
@@ -164,6 +166,31 @@ RECIPES = {
     ),
 }
 
+# DeiT (Touvron et al. 2021, facebookresearch/deit main.py's defaults; Table 1 / 7 of
+# the paper: 72.2 / 79.8 / 81.8 % top-1): AdamW lr 5e-4 per 512 images (1e-3 at 1024),
+# weight decay 0.05 (torch's: here the decay at the peak lr, 0.05 x 1e-3), 5 warmup
+# epochs then cosine, RandAugment m9, timm's MixUp 0.8 / CutMix 1.0 with label smoothing
+# 0.1 in the targets, random erasing 0.25, stochastic depth 0.1, the weights' EMA 0.99996.
+_DEIT = dict(dataset="imagenet2012", image_size=224, epochs=300, batch_size=1024,
+             optimizer="adamw", lr=1e-3, wd=5e-5, warmup_epochs=5, loss="softmax_xent",
+             head_bias_init=0.0, ema=0.99996,
+             augment=dict(randaug=(2, 9), erase=0.25,
+                          timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
+                                        label_smoothing=0.1)))
+_DEIT_DIFFERS = (" Differs from DeiT's: qk-layernorm on (the paper's setting for ReLU/L; "
+                 "DeiT has none: qk_norm=False); RandAugment is Keras' (2 ops at magnitude 9) "
+                 "for timm's rand-m9-mstd0.5-inc1; no repeated augmentation (DeiT's 3x "
+                 "RASampler); the cosine ends at 0 (timm's at 1e-5).")
+for _name, _variant, _top1 in (("deit_ti16_300ep", "Ti/16", 72.2),
+                               ("deit_s16_300ep", "S/16", 79.8),
+                               ("deit_b16_300ep", "B/16", 81.8)):
+    RECIPES[_name] = dict(
+        description=f"DeiT-{_variant[:-3]} (Touvron et al. 2021, facebookresearch/deit "
+        f"main.py; {_top1}% top-1 with softmax attention, the paper's Table 7)." + _DEIT_DIFFERS,
+        model=dict(variant=_variant, pool="tok", posemb="learn", mlp_activation="gelu",
+                   drop_path=0.1),
+        **_DEIT)
+
 # An ImageNet epoch is hours of a pod: those runs back up every 1000 steps
 # (big_vision's `ckpt_steps`), mid-epoch, as well as at each epoch's end.
 for _recipe in RECIPES.values():
@@ -203,6 +230,9 @@ class Recipe(collections.abc.MutableMapping):
     # gradient accumulation (K micro-batches of batch_size / K per update).
     checkpoint_every: int = None
     accum_steps: int = 1
+    # timm's EMA of the weights: the decay (None: off) and ModelEmaV3's warm-up.
+    ema: float = None
+    ema_warmup: bool = False
 
     @classmethod
     def fields(cls):
@@ -304,17 +334,57 @@ def scaled(recipe, batch_size, steps_per_epoch, epochs, lr=None):
     return lr, warmup, total
 
 
-class _LayerScaledLR:
-    """A Keras optimizer whose learning rate is multiplied per variable by
-    `layer_scales[variable.path]` (1.0 where absent): the update step and
+class _RecipeOptimizer:
+    """A Keras optimizer with what the recipes add to it.
+
+    Layer-wise learning rates: the learning rate is multiplied per variable
+    by `layer_scales[variable.path]` (1.0 where absent); the update step and
     the decoupled weight decay of each group of equal scales run through the
     optimizer's own code (every backend's, tf.distribute's included) with
-    `learning_rate` scaled for that group."""
+    `learning_rate` scaled for that group.
 
-    def __init__(self, *args, layer_scales=None, **kwargs):
+    The weights' EMA as timm keeps it (`use_ema=True`, `ema_momentum` the
+    decay d): the average starts as the initial weights and after update t
+    (1, 2, ...) becomes `d_t * average + (1 - d_t) * weights`, `d_t = d`, or
+    with `ema_warmup` timm's `ModelEmaV3` warm-up `min(d, 1 - (1 + t)^(-2/3))`;
+    micro-steps of gradient accumulation leave it. Keras' own EMA copies the
+    weights at the first step and has no warm-up. The averages live in the
+    optimizer's variables (a backup keeps them); `fit` does not swap them into
+    the model at its end (a resumed run fits twice): `swap_ema(model)` does.
+    """
+
+    def __init__(self, *args, layer_scales=None, ema_warmup=False, **kwargs):
         super().__init__(*args, **kwargs)
         self.layer_scales = {str(k): float(v) for k, v in (layer_scales or {}).items()}
+        self.ema_warmup = bool(ema_warmup)
         self._group_scale = 1.0
+
+    def build(self, variables):
+        super().build(variables)
+        if self.use_ema:  # timm: the average starts as the model
+            for v, average in zip(variables, compat.ema_averages(self)):
+                if average is not None:
+                    average.assign(keras.ops.copy(v))  # its own buffer (JAX donates both)
+
+    def _update_model_variables_moving_average(self, trainable_variables):
+        if not self.use_ema:
+            return
+        ops = keras.ops
+        steps = self.gradient_accumulation_steps or 1
+        after = ops.cast(compat.micro_steps(self) + 1, "float32")  # micro-steps, this one too
+        t = ops.floor(after / steps)  # updates so far, this one included
+        decay = ops.cast(self.ema_momentum, "float32")
+        if self.ema_warmup:
+            decay = ops.minimum(decay, 1.0 - ops.power(1.0 + t, -2.0 / 3.0))
+        if steps > 1:  # a micro-step that updates nothing leaves the average
+            decay = ops.where(ops.equal(ops.mod(after, steps), 0), decay, 1.0)
+        for var, average in zip(trainable_variables, compat.ema_averages(self)):
+            if average is not None:
+                d = ops.cast(decay, var.dtype)
+                average.assign(d * average + (1.0 - d) * var)
+
+    def finalize_variable_values(self, var_list):
+        """Keeps the trained weights (see the class docstring)."""
 
     def _get_current_learning_rate(self):
         lr = super()._get_current_learning_rate()
@@ -346,22 +416,49 @@ class _LayerScaledLR:
                 self._group_scale = 1.0
 
     def get_config(self):
-        return {**super().get_config(), "layer_scales": self.layer_scales}
+        return {**super().get_config(), "layer_scales": self.layer_scales,
+                "ema_warmup": self.ema_warmup}
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
-class LayerDecayAdamW(_LayerScaledLR, keras.optimizers.AdamW):
+class RecipeAdamW(_RecipeOptimizer, keras.optimizers.AdamW):
     """`keras.optimizers.AdamW` with per-variable learning-rate multipliers
-    (`layer_scales`, e.g. `finetune.layer_decay_scales`)."""
+    (`layer_scales`, e.g. `finetune.layer_decay_scales`) and timm's EMA of
+    the weights (`use_ema`, `ema_momentum`, `ema_warmup`)."""
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
-class LayerDecaySGD(_LayerScaledLR, keras.optimizers.SGD):
-    """`keras.optimizers.SGD` with per-variable learning-rate multipliers."""
+class RecipeSGD(_RecipeOptimizer, keras.optimizers.SGD):
+    """`keras.optimizers.SGD`, with the same additions as `RecipeAdamW`."""
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class LayerDecayAdamW(RecipeAdamW):
+    """`RecipeAdamW` by its name in models saved before 0.2."""
+
+
+@keras.saving.register_keras_serializable(package="keras_reluvit")
+class LayerDecaySGD(RecipeSGD):
+    """`RecipeSGD` by its name in models saved before 0.2."""
+
+
+def swap_ema(model):
+    """Swaps the weights' EMA (kept by a recipe optimizer with `use_ema`)
+    and the model's trainable weights: call it once to evaluate, save or
+    export the EMA, again to swap back."""
+    optimizer = model.optimizer
+    if optimizer is None or not getattr(optimizer, "use_ema", False):
+        raise ValueError("The model's optimizer keeps no EMA of the weights (compile it with a "
+                         "recipe and ema=, keras-reluvit train --ema DECAY).")
+    for v, average in zip(model.trainable_variables, compat.ema_averages(optimizer)):
+        if average is not None:
+            value = keras.ops.copy(v.value)  # not a view: torch and TF assign in place
+            v.assign(average)
+            average.assign(value)
 
 
 def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=None,
-            layer_decay=None, accum_steps=None, **compile_kwargs):
+            layer_decay=None, accum_steps=None, ema=None, **compile_kwargs):
     """Compiles `model` with the recipe's optimizer, schedule, loss, metrics.
 
     Args:
@@ -382,6 +479,9 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
             gradients of K micro-batches (`fit` then steps K times per
             update; Keras' `gradient_accumulation_steps`), and the schedule
             counts updates (`PerUpdate`). Default the recipe's (1: off).
+        ema: keep timm's EMA of the weights with this decay (e.g. DeiT's
+            0.99996; the recipe's `ema_warmup`: timm's ModelEmaV3 warm-up);
+            default the recipe's (None: off). See `RecipeAdamW`, `swap_ema`.
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
             On TensorFlow `jit_compile` defaults to True (XLA) unless
             `run_eagerly` is set or a `keras.distribution` is active: Keras'
@@ -406,7 +506,7 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
     )
     if accum > 1:
         schedule = PerUpdate(schedule, accum)
-    optimizer = _optimizer(model, recipe, schedule, layer_decay, accum)
+    optimizer = _optimizer(model, recipe, schedule, layer_decay, accum, ema)
     loss, metrics = loss_and_metrics(model, recipe)
     if recipe["loss"] == "sigmoid_xent":
         head = _head(model)
@@ -464,25 +564,32 @@ class PerUpdate(keras.optimizers.schedules.LearningRateSchedule):
         return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["steps"])
 
 
-def _optimizer(model, recipe, schedule, layer_decay=None, accum=1):
+def _optimizer(model, recipe, schedule, layer_decay=None, accum=1, ema=None):
     """The recipe's optimizer (AdamW, or SGD with momentum), with per-layer
-    learning rates when `layer_decay` (or the recipe's) is set."""
+    learning rates when `layer_decay` (or the recipe's) is set and timm's
+    EMA of the weights when `ema` (or the recipe's) is a decay."""
     from keras_reluvit import finetune
 
     decay = recipe.get("layer_decay") if layer_decay is None else layer_decay
     scales = (finetune.layer_decay_scales(model, decay)
               if decay and float(decay) != 1.0 else None)
+    ema = recipe.get("ema") if ema is None else ema
     kind = recipe.get("optimizer", "adamw")
     common = dict(learning_rate=schedule, global_clipnorm=recipe.get("grad_clip"),
                   **(dict(gradient_accumulation_steps=accum) if accum > 1 else {}))
+    ours = bool(scales or ema)
+    extra = {}
+    if scales:
+        extra["layer_scales"] = scales
+    if ema:
+        extra.update(use_ema=True, ema_momentum=float(ema),
+                     ema_warmup=bool(recipe.get("ema_warmup")))
     if kind == "sgd":
-        cls = LayerDecaySGD if scales else keras.optimizers.SGD
-        extra = dict(layer_scales=scales) if scales else {}
+        cls = RecipeSGD if ours else keras.optimizers.SGD
         return cls(momentum=recipe.get("momentum", 0.9), **common, **extra)
     if kind != "adamw":
         raise ValueError(f"Unknown optimizer {kind!r} in the recipe: adamw or sgd.")
-    cls = LayerDecayAdamW if scales else keras.optimizers.AdamW
-    extra = dict(layer_scales=scales) if scales else {}
+    cls = RecipeAdamW if ours else keras.optimizers.AdamW
     optimizer = cls(weight_decay=recipe["wd"] / recipe["lr"], beta_1=0.9, beta_2=0.999,
                     epsilon=1e-8, **common, **extra)
     # Decay `.*/kernel` only, as big_vision. By variable (not by name regex:

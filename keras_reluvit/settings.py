@@ -40,6 +40,7 @@ class RunSettings:
     checkpoint_every: int = None  # steps between backups; 0: each epoch only; None: the recipe's
     keep_checkpoints: int = 2
     accum_steps: int = None  # None: the recipe's (1)
+    ema: float = None  # timm's EMA of the weights, its decay; None: the recipe's (off); 0: off
 
     @classmethod
     def fields(cls):

@@ -121,6 +121,7 @@ def build_config(settings=None, **kwargs):
                           else int(s.checkpoint_every) or None),
         keep_checkpoints=int(s.keep_checkpoints),
         accum_steps=_accum_steps(s.accum_steps or r["accum_steps"], batch_size),
+        ema=(r["ema"] if s.ema is None else s.ema) or None,
         model=model_cfg,
     )
 
@@ -262,7 +263,8 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         accum = int(config.get("accum_steps") or 1)
         recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
                         epochs=config["epochs"], lr=config.get("lr"),
-                        layer_decay=config.get("layer_decay"), accum_steps=accum)
+                        layer_decay=config.get("layer_decay"), accum_steps=accum,
+                        ema=config.get("ema"))
     engine.prepare(model)  # torch clusters: DistributedDataParallel
     # TensorFlow clusters: each worker's own shard (no re-batching, no auto-sharding)
     _, val_data = engine.distribute(model, d.train, d.val)
@@ -272,6 +274,8 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
                                      keep=config.get("keep_checkpoints", 2),
                                      info=dict(data_shards=shards))
     backup = callbacks.pop()  # kr_backup.fit places it last
+    if config.get("ema") and d.val is not None:  # first: its logs reach TensorBoard, history
+        callbacks.insert(0, kr_callbacks.EMAEvaluation(val_data))
     start = time.time()
     # One iterator for the whole run, one new pass per epoch; a resumed run
     # continues the data stream at the step it saved.
@@ -284,8 +288,19 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         train_seconds = time.time() - start
         final = (model.evaluate(val_data, return_dict=True, verbose=0)
                  if d.val is not None else {})
+        trained = {}
+        if config.get("ema"):  # the EMA is the model the run saves and exports
+            trained = final
+            recipes.swap_ema(model)
+            final = (model.evaluate(val_data, return_dict=True, verbose=0)
+                     if d.val is not None else {})
+            if chief:
+                print(f"keras_reluvit: model.keras and the export hold the weights' EMA "
+                      f"(decay {config['ema']}); metrics.json's final is its, "
+                      "final_trained the trained weights'.", flush=True)
     metrics = dict(
         final={k: float(v) for k, v in final.items()},
+        **({"final_trained": {k: float(v) for k, v in trained.items()}} if trained else {}),
         history=backup.history,
         step_loss=backup.step_loss,
         optimizer_steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),

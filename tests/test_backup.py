@@ -51,7 +51,14 @@ class SignalAt(keras.callbacks.Callback):
 
 def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp_path,
                                                                               digits_dir):
-    cfg = small_config(digits_dir, epochs=2)
+    """With DeiT's draws and state on (timm's MixUp / CutMix, random erasing,
+    stochastic depth, the weights' EMA): a run stopped mid-epoch and rerun
+    ends as the uninterrupted one, bit for bit."""
+    cfg = small_config(digits_dir, epochs=2, ema=0.9)
+    cfg["augment"].update(mixup=0.0, erase=0.25, timm_mix={"mixup_alpha": 0.8,
+                                                           "cutmix_alpha": 1.0,
+                                                           "label_smoothing": 0.1})
+    cfg["model"]["drop_path"] = 0.1
     full_model, full = T.train(cfg, tmp_path / "full", export=False, verbose=0)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(B.Preempted, match=r"stopped by SIGTERM after step 4 of epoch 2 \(step "
@@ -70,8 +77,14 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp
     # Bit for bit on every backend (on this CPU; the same holds across processes:
     # tests/once/test_resume.py).
     np.testing.assert_array_equal(resumed["step_loss"], full["step_loss"])
-    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy", "ema_val_loss",
+                "ema_val_accuracy"):
         np.testing.assert_array_equal(resumed["history"][key], full["history"][key], err_msg=key)
+    # the saved model is the EMA (the trained weights scored apart), the same after the resume
+    assert resumed["final"] == full["final"] and resumed["final_trained"] == full["final_trained"]
+    assert resumed["final"] != resumed["final_trained"]
+    np.testing.assert_allclose(full["final"]["loss"], full["history"]["ema_val_loss"][-1],
+                               rtol=1e-6)
     for a, b in zip(weights(model), weights(full_model)):
         np.testing.assert_array_equal(a, b)
     for name in ("config.json", "model.keras", "metrics.json", "curves.png", "last.keras"):

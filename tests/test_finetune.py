@@ -258,17 +258,17 @@ def test_layer_decay_gives_each_block_its_rate(kind):
 
 
 def test_layer_decay_through_the_recipe_and_a_saved_model(tmp_path):
-    """`adamw_finetune` compiles a `LayerDecayAdamW` with the 0.75 decay; a
+    """`adamw_finetune` compiles a `RecipeAdamW` with the 0.75 decay; a
     fit runs and the compiled model saves and reloads (registered class)."""
     model = perturbed(kr.ViT(**TINY, num_classes=3))
     recipes.compile(model, "adamw_finetune", steps_per_epoch=1, batch_size=4, epochs=1)
-    assert isinstance(model.optimizer, recipes.LayerDecayAdamW)
+    assert isinstance(model.optimizer, recipes.RecipeAdamW)
     assert model.optimizer.layer_scales["block_00/norm1/gamma"] == pytest.approx(0.75 ** 2)
     y = np.eye(3, dtype="float32")[[0, 1, 2, 0]]
     model.fit(images(), y, epochs=1, batch_size=4, verbose=0)
     model.save(tmp_path / "m.keras")
     again = keras.saving.load_model(tmp_path / "m.keras")
-    assert isinstance(again.optimizer, recipes.LayerDecayAdamW)
+    assert isinstance(again.optimizer, recipes.RecipeAdamW)
     assert again.optimizer.layer_scales == model.optimizer.layer_scales
     with pytest.raises(ValueError, match="layer_decay must be in"):
         finetune.layer_decay_scales(model, 1.5)
@@ -424,7 +424,7 @@ def test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_chance(pho
 def test_fine_tune_a_folder_through_the_api(photos):
     """The Python path: `kr.data.load(DIR)` -> `kr.load_checkpoint(...,
     num_classes=3)` (a fresh head) -> `recipes.compile` (big_vision's
-    transfer recipe with layer decay 0.9: `LayerDecaySGD` inside `fit`) ->
+    transfer recipe with layer decay 0.9: `RecipeSGD` inside `fit`) ->
     ACCURACY on val/ -> `decode_predictions` names the classes."""
     train, val, info = kr.data.load(str(photos / "images"), batch_size=9, image_size=32)
     assert info.label_names == ["cat", "coffee", "rocket"]
@@ -432,7 +432,7 @@ def test_fine_tune_a_folder_through_the_api(photos):
                                label_names=info.label_names)
     recipes.compile(model, "bv_transfer", steps_per_epoch=len(train), batch_size=9,
                     epochs=15, lr=0.03, layer_decay=0.9)
-    assert isinstance(model.optimizer, recipes.LayerDecaySGD)
+    assert isinstance(model.optimizer, recipes.RecipeSGD)
     model.fit(train.repeat(), steps_per_epoch=len(train), epochs=15, verbose=0)
     result = model.evaluate(val, return_dict=True, verbose=0)
     assert result["accuracy"] >= ACCURACY, result

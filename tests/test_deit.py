@@ -1,0 +1,47 @@
+"""The DeiT recipes end to end: `deit_s16_300ep` overridden to one epoch of a
+tiny model on the embedded digits runs on every backend with everything it
+turns on -- stochastic depth, timm's MixUp / CutMix with smoothed targets,
+random erasing, RandAugment, the weights' EMA evaluated beside the trained
+weights and saved as the model."""
+
+import json
+
+import keras
+import numpy as np
+
+import keras_reluvit as kr
+from keras_reluvit import _keras_compat as compat
+from keras_reluvit import recipes
+from keras_reluvit import train as T
+
+
+def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
+    r = recipes.get("deit_s16_300ep")
+    assert (r["ema"], r["model"]["drop_path"], r["augment"]["erase"]) == (0.99996, 0.1, 0.25)
+    assert r["augment"]["timm_mix"]["label_smoothing"] == 0.1 and r["label_smoothing"] == 0.0
+    cfg = T.build_config(recipe="deit_s16_300ep", dataset="sklearn_digits", epochs=1,
+                         image_size=32, batch_size=128, data_dir=str(tmp_path / "tfds"),
+                         ema=0.9)
+    cfg["model"].update(width=32, depth=3, num_heads=2, mlp_dim=64)
+    model, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0)
+    assert [b.drop_path for b in model.blocks] == [0.0, 0.05, 0.1]
+    optimizer = model.optimizer
+    assert isinstance(optimizer, recipes.RecipeAdamW) and optimizer.ema_momentum == 0.9
+    # the saved model is the EMA (swapped in at the end; the trained weights are the
+    # optimizer's now)
+    ema = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    trained = [keras.ops.convert_to_numpy(a) for a in compat.ema_averages(optimizer)]
+    assert max(np.abs(a - b).max() for a, b in zip(ema, trained)) > 1e-4
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["ema"] == 0.9 and saved["augment"]["timm_mix"]["cutmix_alpha"] == 1.0
+    history = metrics["history"]
+    assert set(history) >= {"loss", "val_loss", "ema_val_loss", "ema_val_accuracy"}
+    np.testing.assert_allclose(metrics["final"]["loss"], history["ema_val_loss"][-1],
+                               rtol=1e-5)
+    np.testing.assert_allclose(metrics["final_trained"]["loss"], history["val_loss"][-1],
+                               rtol=1e-5)
+    assert np.isfinite(metrics["step_loss"]).all() and metrics["optimizer_steps"] == 11
+    back = kr.load_model(str(tmp_path / "run" / "model.keras"))
+    assert [b.drop_path for b in back.blocks] == [0.0, 0.05, 0.1]
+    for a, b in zip(back.trainable_variables, ema):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), b)
