@@ -78,8 +78,8 @@ class StepBackup(keras.callbacks.Callback):
             write one backup (`directory` is shared; process 0 writes the
             record), elsewhere each keeps its own; after every step they agree
             whether any got a signal (a collective), so that all save at the
-            same step and stop. A process stopped by another's signal passes
-            over the next SIGTERM / SIGINT it gets (its own copy, late).
+            same step and stop; once stopped, a cluster's process passes over
+            later SIGTERM / SIGINT (copies of the signal, late).
         dataset: with a plain `model.fit(dataset.repeat(),
             steps_per_epoch=len(dataset))`: the one-epoch training set, whose
             passes before the resumed epoch are fast-forwarded (as
@@ -227,10 +227,10 @@ class StepBackup(keras.callbacks.Callback):
             name = (signal.Signals(self._signal).name if self._signal is not None
                     else "a signal to another process")
             path = self.save()
-            # Stopped by another process' signal: this one's own copy of it
-            # is likely on its way (a launcher signals its workers one by
-            # one) and must not kill it before it reports and exits.
-            self._uninstall(late=self._signal is None)
+            # In a cluster, a copy of the signal may still be on its way (a
+            # launcher signals its workers one by one): once saved, the
+            # process reports and exits without being killed by it.
+            self._uninstall(late=self._agree)
             raise Preempted(
                 f"stopped by {name} after step {self.done} of epoch {self.epoch + 1} (step "
                 f"{self.step} of the run), saved in {path}: rerun the same command to continue.")
@@ -350,18 +350,12 @@ class StepBackup(keras.callbacks.Callback):
         self._signal = signum
 
     def _uninstall(self, late=False):
-        """Puts the handlers `on_train_begin` replaced back; `late`: each
-        signal's next arrival is passed over first (once), then it is
-        handled as before."""
+        """Puts the handlers `on_train_begin` replaced back; `late` (a
+        cluster's process that stopped): SIGTERM / SIGINT are passed over
+        from now on -- the process has saved and is on its way out."""
         for s, handler in self._handlers.items():
-            signal.signal(s, _once_ignored(handler) if late else handler)
+            signal.signal(s, signal.SIG_IGN if late else handler)
         self._handlers = {}
-
-
-def _once_ignored(handler):
-    def ignore(signum, frame):
-        signal.signal(signum, handler)
-    return ignore
 
 
 def _orbax():

@@ -66,6 +66,10 @@ FULL_ONLY = (
     # keep this test's preprocessing path.
     "test_preprocessing.py::test_transformers_checkpoints_predict_like_transformers[clip]",
     "test_preprocessing.py::test_transformers_checkpoints_predict_like_transformers[dinov2]",
+    # Gradient accumulation on TensorFlow (~25 s): the same K=4 check runs on JAX and
+    # PyTorch, and Keras' accumulation is one code path (base_optimizer) on every backend.
+    "test_backup.py::test_accumulation_of_4_micro_batches_equals_one_step_of_the_whole_batch"
+    "@tensorflow",
 )
 
 
@@ -75,8 +79,17 @@ def pytest_configure(config):
         "(KRV_BACKEND_INDEPENDENT, tests/conftest.py)")
 
 
+def _full_only(item):
+    """In FULL_ONLY: a test id's end, or `end@backend` for that backend's run only."""
+    for entry in FULL_ONLY:
+        name, _, backend = entry.partition("@")
+        if item.nodeid.endswith(name) and backend in ("", keras.backend.backend()):
+            return True
+    return False
+
+
 def _deselect(item):
-    if os.environ.get("KRV_FULL_TESTS") != "1" and item.nodeid.endswith(FULL_ONLY):
+    if os.environ.get("KRV_FULL_TESTS") != "1" and _full_only(item):
         return True
     marked = item.get_closest_marker("backend_independent") is not None
     mode = os.environ.get("KRV_BACKEND_INDEPENDENT")

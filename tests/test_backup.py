@@ -272,8 +272,8 @@ def test_a_process_stopped_by_anothers_signal_survives_its_own_late_copy(tmp_pat
                                                                          monkeypatch):
     """In a cluster, the processes agree after every step; one that stops on a
     peer's SIGTERM gets its own copy later (torchrun signals its workers one by
-    one): that copy is passed over, so the process reports and exits 0; the
-    next one is handled as before."""
+    one): once it has saved, later signals are passed over, so it reports and
+    exits 0. A single process gets its own handler back at once."""
     import keras_reluvit.distribution as D
 
     calls = []
@@ -287,9 +287,18 @@ def test_a_process_stopped_by_anothers_signal_survives_its_own_late_copy(tmp_pat
                   verbose=0)
         assert calls == [False] * 3  # this process had no signal of its own
         os.kill(os.getpid(), signal.SIGTERM)  # its own copy, late: passed over
+        os.kill(os.getpid(), signal.SIGTERM)  # and any other: it has saved, it exits
         assert received == []
-        os.kill(os.getpid(), signal.SIGTERM)  # the next: the handler from before
-        assert received == [1]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    # One process: the handler from before is back at once.
+    before = signal.signal(signal.SIGTERM, lambda *_: received.append(2))
+    try:
+        with pytest.raises(B.Preempted, match="stopped by SIGTERM"):
+            B.fit(tiny(), tiny_data(), 2, B.StepBackup(tmp_path / "c"), verbose=0,
+                  callbacks=[SignalAt(0, 1)])
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert received == [2]
     finally:
         signal.signal(signal.SIGTERM, before)
 

@@ -20,7 +20,7 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
     assert (r["ema"], r["model"]["drop_path"], r["augment"]["erase"]) == (0.99996, 0.1, 0.25)
     assert r["augment"]["timm_mix"]["label_smoothing"] == 0.1 and r["label_smoothing"] == 0.0
     cfg = T.build_config(recipe="deit_s16_300ep", dataset="sklearn_digits", epochs=1,
-                         image_size=32, batch_size=128, data_dir=str(tmp_path / "tfds"),
+                         image_size=32, batch_size=256, data_dir=str(tmp_path / "tfds"),
                          ema=0.9)
     cfg["model"].update(width=32, depth=3, num_heads=2, mlp_dim=64)
     model, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0)
@@ -40,7 +40,7 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
                                rtol=1e-5)
     np.testing.assert_allclose(metrics["final_trained"]["loss"], history["val_loss"][-1],
                                rtol=1e-5)
-    assert np.isfinite(metrics["step_loss"]).all() and metrics["optimizer_steps"] == 11
+    assert np.isfinite(metrics["step_loss"]).all() and metrics["optimizer_steps"] == 5
     back = kr.load_model(str(tmp_path / "run" / "model.keras"))
     assert [b.drop_path for b in back.blocks] == [0.0, 0.05, 0.1]
     for a, b in zip(back.trainable_variables, ema):
