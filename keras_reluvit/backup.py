@@ -9,8 +9,8 @@ equal to an uninterrupted one:
   optimizer state and the running means of the epoch in progress (the loss
   and metric states), and `record.json` -- the epoch, the steps done in it,
   the history of the finished epochs and the loss after every step so far;
-- on JAX the state is an Orbax checkpoint of `model.get_state_tree()`
-  (`state/`): in a cluster every process writes the shards it holds into one
+- on JAX the state is an Orbax checkpoint of the model's and optimizer's
+  variables in their order (`state/`): in a cluster every process writes the shards it holds into one
   shared folder (nothing is gathered), and a restore places each array on the
   model's current devices -- another mesh, device count or process count.
   Elsewhere it is `model.save_weights`' file, one folder per process;
@@ -53,7 +53,7 @@ import numpy as np
 STEP_DIR = re.compile(r"^step_(\d+)$")
 RECORD = "record.json"
 WEIGHTS = "state.weights.h5"
-STATE = "state"  # JAX: an Orbax checkpoint of model.get_state_tree()
+STATE = "state"  # JAX: an Orbax checkpoint (`_state`)
 METRICS = "metrics.npz"
 LEGACY_RECORD, LEGACY_WEIGHTS = "training_metadata.json", "latest.weights.h5"  # 0.1
 
@@ -100,8 +100,7 @@ class StepBackup(keras.callbacks.Callback):
     def __init__(self, directory, every=None, keep=2, signals=None, process=(0, 1),
                  dataset=None, info=None):
         super().__init__()
-        if every is not None and (int(every) != every or every < 1):
-            raise ValueError(f"every must be a positive number of steps or None, got {every!r}.")
+        check_every(every)
         if int(keep) < 1:
             raise ValueError(f"keep must be at least 1, got {keep!r}.")
         self.directory = os.path.expanduser(os.fspath(directory))
@@ -451,17 +450,21 @@ def check_backup_layout(root, count):
 
 def _metric_states(model):
     """The values of the model's metric states (the running means of the
-    epoch in progress), or None where they are spread over a cluster's
-    processes (a TensorFlow strategy's or JAX's non-addressable arrays): not
-    saved there."""
+    epoch in progress) for a TensorFlow or torch backup, or None where they
+    are spread over a TensorFlow strategy's workers: not saved there. (JAX
+    keeps them in its Orbax checkpoint.)"""
     from keras_reluvit import distribution as kr_distribution
 
     if keras.backend.backend() == "tensorflow" and kr_distribution.tf_strategy() is not None:
         return None
-    values = [v.value for v in model.metrics_variables]
-    if any(not getattr(x, "is_fully_addressable", True) for x in values):
-        return None
-    return [keras.ops.convert_to_numpy(x) for x in values]
+    return [keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables]
+
+
+def check_every(every):
+    """`every` (steps between two events of a callback) checked: None or a
+    positive whole number."""
+    if every is not None and (int(every) != every or every < 1):
+        raise ValueError(f"every must be a positive number of steps or None, got {every!r}.")
 
 
 def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),

@@ -125,8 +125,9 @@ class FewShot(keras.callbacks.Callback):
     def __init__(self, train, test, shots=(1, 5, 10), every=None, seeds=3, l2_reg=L2_REG,
                  log_dir=None):
         super().__init__()
-        if every is not None and (int(every) != every or every < 1):
-            raise ValueError(f"every must be a positive number of steps or None, got {every!r}.")
+        from keras_reluvit.backup import check_every
+
+        check_every(every)
         shots = tuple(int(k) for k in shots)
         if not shots or min(shots) < 1:
             raise ValueError(f"shots must be positive numbers of images per class, got {shots}.")

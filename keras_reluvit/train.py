@@ -286,14 +286,16 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
                       verbose=verbose if chief else 0,
                       distribute=lambda ds: engine.distribute(model, ds)[0])
         train_seconds = time.time() - start
-        final = (model.evaluate(val_data, return_dict=True, verbose=0)
-                 if d.val is not None else {})
-        trained = {}
+
+        def score():
+            return (model.evaluate(val_data, return_dict=True, verbose=0)
+                    if d.val is not None else {})
+
+        final, trained = score(), {}
         if config.get("ema"):  # the EMA is the model the run saves and exports
             trained = final
             recipes.swap_ema(model)
-            final = (model.evaluate(val_data, return_dict=True, verbose=0)
-                     if d.val is not None else {})
+            final = score()
             if chief:
                 print(f"keras_reluvit: model.keras and the export hold the weights' EMA "
                       f"(decay {config['ema']}); metrics.json's final is its, "

@@ -411,6 +411,7 @@ def _quantization_mode(model):
                          "model.quantize(mode)).")
     return modes.pop() if modes else None
 
+
 def drop_path_rates(rate, depth):
     """Each block's stochastic depth rate: linearly from 0 (the first block)
     to `rate` (the last), as timm's `torch.linspace(0, rate, depth)`."""

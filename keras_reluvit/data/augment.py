@@ -223,6 +223,14 @@ def random_erasing(image, probability, seed):
 TIMM_MIX_MODES = ("batch", "elem")
 
 
+def _beta(shape, alpha, key1, key2):
+    """Beta(alpha, alpha) draws as the ratio of two Gamma(alpha) draws."""
+    tf = _tf()
+    g1 = tf.random.stateless_gamma(shape, key1, alpha=alpha)
+    g2 = tf.random.stateless_gamma(shape, key2, alpha=alpha)
+    return g1 / (g1 + g2)
+
+
 def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
              switch_prob=0.5, mode="batch", label_smoothing=0.1):
     """timm's `Mixup` of one batch (`[B, H, W, C]` images, one-hot labels).
@@ -248,11 +256,7 @@ def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
     n = batch if mode == "elem" else 1
 
     def beta(alpha, k1, k2):
-        if alpha <= 0:
-            return tf.ones([n])
-        g1 = tf.random.stateless_gamma([n], k1, alpha=alpha)
-        g2 = tf.random.stateless_gamma([n], k2, alpha=alpha)
-        return g1 / (g1 + g2)
+        return _beta([n], alpha, k1, k2) if alpha > 0 else tf.ones([n])
 
     if mixup_alpha > 0 and cutmix_alpha > 0:
         use_cutmix = tf.random.stateless_uniform([n], keys[0]) < switch_prob
@@ -294,9 +298,7 @@ def mixup(images, labels, p, seed):
     every example mixed with the batch rolled by one (images and labels)."""
     tf = _tf()
     s1, s2 = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    g1 = tf.random.stateless_gamma([], s1, alpha=p)
-    g2 = tf.random.stateless_gamma([], s2, alpha=p)
-    a = g1 / (g1 + g2)
+    a = _beta([], p, s1, s2)
     a = tf.maximum(a, 1.0 - a)
     def mix(x):
         return a * x + (1.0 - a) * tf.roll(x, shift=1, axis=0)

@@ -185,6 +185,7 @@ def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
     return pipeline(ds, num_classes, model.image_size, batch_size or 32, train, augment, seed,
                     shuffle_buffer=shuffle_buffer, preprocessing=model.preprocessing)
 
+
 def split_batches(dataset, parts):
     """Each batch of `dataset` as `parts` consecutive micro-batches of equal
     size (the batch size must be a multiple of `parts`): gradient
