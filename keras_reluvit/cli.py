@@ -67,6 +67,7 @@ def _train(args):
         keep_checkpoints=args.keep_checkpoints,
         accum_steps=args.accum_steps,
         ema=args.ema,
+        aug_repeats=args.aug_repeats,
     )
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config["dataset"], config["data_dir"], args.manual_dir)
@@ -406,6 +407,10 @@ def parser():
                    help="keep timm's EMA of the weights with this decay (DeiT: 0.99996), "
                    "evaluated beside the trained weights each epoch; model.keras and the export "
                    "then hold the EMA (default the recipe's: off; 0: off)")
+    t.add_argument("--aug-repeats", type=int, metavar="N",
+                   help="DeiT's repeated augmentation: each epoch a new random 1/N of the "
+                   "images, each N times with its own draws, in as many steps (DeiT: 3; default "
+                   "the recipe's; 1: off)")
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
     t.add_argument("--quiet", action="store_true", help="one line per epoch")
     t.set_defaults(func=_train)

@@ -41,6 +41,7 @@ class RunSettings:
     keep_checkpoints: int = 2
     accum_steps: int = None  # None: the recipe's (1)
     ema: float = None  # timm's EMA of the weights, its decay; None: the recipe's (off); 0: off
+    aug_repeats: int = None  # DeiT's repeated augmentation; None: the recipe's; 1: off
 
     @classmethod
     def fields(cls):

@@ -109,7 +109,7 @@ def build_config(settings=None, **kwargs):
         epochs=s.epochs or r["epochs"],
         batch_size=batch_size,
         image_size=s.image_size or r["image_size"],
-        augment=r.get("augment", {}),
+        augment=_augment(r.get("augment", {}), s.aug_repeats),
         seed=s.seed,
         data_shards=s.data_shards,
         trainable=s.trainable,
@@ -124,6 +124,16 @@ def build_config(settings=None, **kwargs):
         ema=(r["ema"] if s.ema is None else s.ema) or None,
         model=model_cfg,
     )
+
+
+def _augment(augment, repeats):
+    augment = dict(augment)
+    if repeats is not None:
+        if repeats != int(repeats) or int(repeats) < 1:
+            raise ValueError(f"aug_repeats must be a whole number >= 1 (DeiT's 3; 1: off), "
+                             f"got {repeats!r}.")
+        augment["repeats"] = int(repeats)
+    return augment
 
 
 def _accum_steps(accum, batch_size):

@@ -52,10 +52,10 @@ class SignalAt(keras.callbacks.Callback):
 def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp_path,
                                                                               digits_dir):
     """With DeiT's draws and state on (timm's MixUp / CutMix, random erasing,
-    stochastic depth, the weights' EMA): a run stopped mid-epoch and rerun
+    repeated augmentation, stochastic depth, the weights' EMA): a run stopped mid-epoch and rerun
     ends as the uninterrupted one, bit for bit."""
     cfg = small_config(digits_dir, epochs=2, ema=0.9)
-    cfg["augment"].update(mixup=0.0, erase=0.25, timm_mix={"mixup_alpha": 0.8,
+    cfg["augment"].update(mixup=0.0, erase=0.25, repeats=3, timm_mix={"mixup_alpha": 0.8,
                                                            "cutmix_alpha": 1.0,
                                                            "label_smoothing": 0.1})
     cfg["model"]["drop_path"] = 0.1

@@ -8,6 +8,7 @@ import json
 
 import keras
 import numpy as np
+import pytest
 
 import keras_reluvit as kr
 from keras_reluvit import _keras_compat as compat
@@ -19,6 +20,11 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
     r = recipes.get("deit_s16_300ep")
     assert (r["ema"], r["model"]["drop_path"], r["augment"]["erase"]) == (0.99996, 0.1, 0.25)
     assert r["augment"]["timm_mix"]["label_smoothing"] == 0.1 and r["label_smoothing"] == 0.0
+    assert r["augment"]["repeats"] == 3  # DeiT's RASampler
+    off = T.build_config(recipe="deit_s16_300ep", batch_size=8, aug_repeats=1)
+    assert off["augment"]["repeats"] == 1 and r["augment"]["repeats"] == 3
+    with pytest.raises(ValueError, match="aug_repeats must be a whole number >= 1"):
+        T.build_config(recipe="deit_s16_300ep", batch_size=8, aug_repeats=0)
     cfg = T.build_config(recipe="deit_s16_300ep", dataset="sklearn_digits", epochs=1,
                          image_size=32, batch_size=256, data_dir=str(tmp_path / "tfds"),
                          ema=0.9)

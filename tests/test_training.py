@@ -258,6 +258,74 @@ def test_the_train_pipeline_erases_with_the_augments_probability(digits_dir):
             assert mask[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].mean() > 0.99  # a box
 
 
+def _epochs_of_labels(ds, epochs):
+    """Per epoch: the label of each example in stream order, and the images."""
+    out = []
+    for _ in range(epochs):
+        batches = list(ds)
+        out.append((np.concatenate([np.argmax(y, 1) for _, y in batches]),
+                    np.concatenate([np.asarray(x) for x, _ in batches])))
+    return out
+
+
+@pytest.mark.backend_independent
+def test_repeated_augmentation_shows_a_new_third_three_times_in_an_epoch_as_long():
+    """DeiT's RASampler (`Augment(repeats=3)`): each epoch holds ceil(n / 3)
+    images, each 3 times in a row with its own crop, in as many steps as
+    without; the next epoch takes other images."""
+    import tensorflow as tf
+
+    from keras_reluvit.data.pipeline import pipeline
+
+    n, batch = 60, 6  # label = the image's index
+    images = np.random.default_rng(0).integers(0, 256, (n, 16, 16, 3), dtype="uint8")
+    ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": np.arange(n)})
+    aug = D.Augment(crop_area=(0.3, 1.0), flip=False)
+    plain = pipeline(ds, n, 8, batch, True, aug, seed=1)
+    rep = pipeline(ds, n, 8, batch, True, D.Augment(crop_area=(0.3, 1.0), flip=False,
+                                                    repeats=3), seed=1)
+    assert len(rep) == len(plain) == n // batch
+    (plain_labels, _), = _epochs_of_labels(plain, 1)
+    assert sorted(plain_labels) == list(range(n))  # one pass: every image once
+    epochs = _epochs_of_labels(rep, 2)
+    for labels, pixels in epochs:
+        assert len(labels) == n
+        values, counts = np.unique(labels, return_counts=True)
+        assert len(values) == n // 3 and (counts == 3).all()
+        runs = labels.reshape(-1, 3)  # the copies are consecutive ...
+        assert (runs == runs[:, :1]).all()
+        copies = pixels.reshape(-1, 3, *pixels.shape[1:])  # ... and cropped apart
+        assert all((c[0] != c[1]).any() and (c[1] != c[2]).any() for c in copies)
+    assert set(epochs[0][0]) != set(epochs[1][0])  # a new third each epoch
+    with pytest.raises(ValueError, match="size is unknown"):
+        pipeline(ds.filter(lambda ex: True), n, 8, batch, True, D.Augment(repeats=3))
+    with pytest.raises(ValueError, match="whole number >= 1"):
+        pipeline(ds, n, 8, batch, True, D.Augment(repeats=0))
+
+
+@pytest.mark.backend_independent
+def test_repeated_augmentation_repeats_each_process_shard(digits_dir):
+    """In a cluster each process repeats the images of its own shard: every
+    image of a process' epoch 3 times, the processes' images disjoint, the
+    steps as without repeats."""
+    import hashlib
+
+    whole = D.Augment(crop_area=(1.0, 1.0), crop_aspect=(1.0, 1.0), flip=False, repeats=3)
+    seen = []
+    for index in (0, 1):
+        data = D.load("sklearn_digits", 64, 16, digits_dir, whole, seed=2, val_split=False,
+                      process_index=index, process_count=2)
+        plain = D.load("sklearn_digits", 64, 16, digits_dir, val_split=False,
+                       process_index=index, process_count=2)
+        assert len(data.train) == len(plain.train) == data.steps_per_epoch
+        (labels, pixels), = _epochs_of_labels(data.train, 1)
+        keys = [hashlib.sha1(p.tobytes()).hexdigest() + str(y) for p, y in zip(pixels, labels)]
+        counts = sorted(np.unique(keys, return_counts=True)[1])  # the last one cut short
+        assert counts[1:] == [3] * (len(counts) - 1) and counts[0] >= 1
+        seen.append(set(keys))
+    assert not seen[0] & seen[1]
+
+
 def timm_mixed(n_batches, batch=16, size=12, classes=16, **options):
     """Batches of images each filled with its own value (its index) mixed by
     `timm_mix`: (images, labels) stacked, and the values each image held."""

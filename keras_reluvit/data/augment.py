@@ -18,7 +18,10 @@ class Augment:
     timm's random erasing (`--reprob`; DeiT's 0.25; see `random_erasing`);
     `timm_mix` the arguments of timm's MixUp / CutMix (`timm_mix`, e.g.
     DeiT's `{"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing":
-    0.1}`), instead of `mixup`."""
+    0.1}`), instead of `mixup`; `repeats` DeiT's repeated augmentation
+    (`RASampler`, timm's `--aug-repeats`; DeiT's 3): each epoch takes a new
+    random `1 / repeats` of the images and shows each `repeats` times, each
+    copy with its own draws, in the same number of steps."""
 
     crop_area: tuple = (0.05, 1.0)
     crop_aspect: tuple = (3 / 4, 4 / 3)
@@ -27,6 +30,7 @@ class Augment:
     mixup: float = 0.0
     erase: float = 0.0
     timm_mix: dict = None
+    repeats: int = 1
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -43,7 +43,9 @@ def pipeline(
 
     Train: one shuffled pass per epoch (full batches, so `len(ds)` is the
     number of steps), seeded by `seed` yet different in every epoch,
-    augmented. Eval: one pass, deterministic, the last partial batch kept.
+    augmented; with `augment.repeats` r > 1 (DeiT's repeated augmentation) an
+    epoch is as long and holds a new random 1/r of the examples, each r times
+    in a row (`repeated`). Eval: one pass, deterministic, the last partial batch kept.
     """
     tf = _tf()
     import keras
@@ -105,7 +107,8 @@ def pipeline(
         ds = ds.cache()
     if train:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        ds = tf.data.Dataset.zip((ds, randoms(0)))
+        ds = repeated(ds, aug.repeats)
+        ds = tf.data.Dataset.zip((ds, randoms(0)))  # every copy its own draws
     else:
         ds = ds.map(lambda ex: (ex, tf.constant(0, tf.int64)))
     ds = ds.map(decode, num_parallel_calls=AUTO, deterministic=True)
@@ -128,6 +131,36 @@ def pipeline(
             num_parallel_calls=AUTO,
         )
     return ds.prefetch(AUTO)
+
+
+def repeated(ds, repeats):
+    """DeiT's repeated augmentation (`RASampler`) on one pass of shuffled
+    examples `ds`: its first `ceil(n / repeats)` examples, each `repeats`
+    times in a row, `n` in all (`n`: the examples of `ds`, which must be
+    known): an epoch of the same length, a third of the images for
+    DeiT's 3, a new third each epoch when `ds` reshuffles. The copies are
+    consecutive, so they meet in one batch (as on one GPU of DeiT; on 8 its
+    sampler deals them to 3 GPUs, in the same global batch), and they are
+    augmented apart by the draws that follow.
+
+    In a cluster each process repeats the images of its own shard: the
+    global batch holds the same mix of copies as DeiT's."""
+    tf = _tf()
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"Augment(repeats=) must be a whole number >= 1 (DeiT's 3; 1: off), "
+                         f"got {repeats!r}.")
+    if repeats == 1:
+        return ds
+    n = int(ds.cardinality())
+    if n < 0:
+        raise ValueError(
+            "Repeated augmentation (Augment(repeats=)) keeps the epoch's length and needs it: "
+            "this dataset's size is unknown (after unbatch, filter, ...). Declare it with "
+            "ds.apply(tf.data.experimental.assert_cardinality(NUMBER_OF_IMAGES)).")
+    ds = ds.take(-(-n // repeats))
+    ds = ds.flat_map(lambda *ex: tf.data.Dataset.from_tensors(ex[0] if len(ex) == 1 else ex)
+                     .repeat(repeats))
+    return ds.take(n).apply(tf.data.experimental.assert_cardinality(n))
 
 
 def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
