@@ -84,6 +84,8 @@ class ViT(keras.Model):
             `i` of `depth` drops each residual branch per sample with
             probability `drop_path * i / (depth - 1)`, linearly from 0 as in
             timm and DeiT (`EncoderBlock(drop_path=)`); off at inference.
+        drop_path_schedule: `"linear"` (above) or `"uniform"`: every block
+            at `drop_path` (DeiT III's `models_v2.py`, `dpr_constant`).
         preprocessing: how images are prepared for this model (resize, crop,
             mean/std; a dict, see `keras_reluvit.preprocessing`). Default:
             our own evaluation recipe (shorter side to 256/224 of the size,
@@ -137,6 +139,7 @@ class ViT(keras.Model):
         layer_norm_epsilon=layers.LN_EPS,
         remat=None,
         drop_path=0.0,
+        drop_path_schedule="linear",
         preprocessing=None,
         label_names=None,
         dtype=None,
@@ -155,7 +158,7 @@ class ViT(keras.Model):
             num_register_tokens=num_register_tokens, posemb_prefix=posemb_prefix,
             fc_norm=fc_norm, layer_scale=layer_scale, pre_norm=pre_norm,
             layer_norm_epsilon=layer_norm_epsilon, remat=remat, drop_path=drop_path,
-            preprocessing=preprocessing, label_names=label_names, dtype=dtype)
+            drop_path_schedule=drop_path_schedule, preprocessing=preprocessing, label_names=label_names, dtype=dtype)
         parts = _build_parts(config, attention_args)
         inputs = keras.Input((*config["image_size"], 3), name="images", dtype="float32")
         outputs = _forward(parts, inputs)["output"]
@@ -412,9 +415,12 @@ def _quantization_mode(model):
     return modes.pop() if modes else None
 
 
-def drop_path_rates(rate, depth):
+def drop_path_rates(rate, depth, schedule="linear"):
     """Each block's stochastic depth rate: linearly from 0 (the first block)
-    to `rate` (the last), as timm's `torch.linspace(0, rate, depth)`."""
+    to `rate` (the last), as timm's `torch.linspace(0, rate, depth)`; or
+    `rate` for every block (`schedule="uniform"`, DeiT III)."""
+    if schedule == "uniform":
+        return [rate] * depth
     return [rate * i / (depth - 1) if depth > 1 else 0.0 for i in range(depth)]
 
 
@@ -449,7 +455,8 @@ def _build_parts(c, attention_args):
         blocks=[layers.EncoderBlock(*block_args, c["dropout"], layer_scale=c["layer_scale"],
                                     layer_norm_epsilon=eps, remat=c["remat"],
                                     drop_path=rate, name=f"block_{i:02d}", dtype=policy)
-                for i, rate in enumerate(drop_path_rates(c["drop_path"], c["depth"]))],
+                for i, rate in enumerate(drop_path_rates(c["drop_path"], c["depth"],
+                                                          c["drop_path_schedule"]))],
         norm=keras.layers.LayerNormalization(name="encoder_norm", epsilon=eps, dtype=policy),
         map_head=(layers.MAPHead(*block_args, layer_norm_epsilon=eps, name="map_head",
                             dtype=policy) if c["pool"] == "map" else None),

@@ -16,6 +16,7 @@ from keras_reluvit.variants import parse_variant
 
 POOLS = ("gap", "tok", "map", "tok_gap")
 POSEMBS = ("learn", "sincos2d")
+DROP_PATH_SCHEDULES = ("linear", "uniform")
 
 
 def _pair(value, what):
@@ -49,7 +50,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
                     head_bias_init, width, depth, mlp_dim, num_heads, patch_size,
                     class_token, num_register_tokens, posemb_prefix, fc_norm, layer_scale,
                     pre_norm, layer_norm_epsilon, preprocessing, label_names, dtype,
-                    remat=None, drop_path=0.0):
+                    remat=None, drop_path=0.0, drop_path_schedule="linear"):
     """The ViT's arguments checked (a ValueError naming the argument and what
     would work) and canonical: `(config, attention_args)`, the config as
     `get_config` returns it."""
@@ -81,6 +82,9 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
     layers.check_mlp_activation(mlp_activation)
     dropout = check_rate(dropout, "dropout")
     drop_path = check_rate(drop_path, "drop_path")
+    if drop_path_schedule not in DROP_PATH_SCHEDULES:
+        raise ValueError(f"Unknown drop_path_schedule {drop_path_schedule!r}; valid: "
+                         f"{DROP_PATH_SCHEDULES}.")
     if include_top:
         num_classes = _positive_int(num_classes, "num_classes")
     if representation_size is not None:
@@ -118,6 +122,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
         fc_norm=bool(fc_norm), layer_scale=None if layer_scale is None else float(layer_scale),
         pre_norm=bool(pre_norm), layer_norm_epsilon=layer_norm_epsilon,
         remat=remat_module.check(remat), drop_path=float(drop_path),
+        drop_path_schedule=drop_path_schedule,
         preprocessing=preprocessing, label_names=label_names, dtype=dtype,
     )
     return config, attention_args

@@ -35,6 +35,13 @@ def test_the_rate_rises_linearly_over_the_blocks_and_round_trips(tmp_path):
     assert [b.drop_path for b in back.blocks] == rates
     assert kr.ViT_S16(drop_path=0.1, num_classes=3, image_size=32).blocks[-1].drop_path == 0.1
     assert kr.ViT(**dict(TINY, depth=1), drop_path=0.3).blocks[0].drop_path == 0.0
+    # DeiT III's models_v2.py: every block at the rate
+    uniform = kr.ViT(**TINY, drop_path=0.2, drop_path_schedule="uniform")
+    assert [b.drop_path for b in uniform.blocks] == [0.2] * 5
+    uniform.save(path)
+    back = keras.saving.load_model(path)
+    assert back.get_config()["drop_path_schedule"] == "uniform"
+    assert [b.drop_path for b in back.blocks] == [0.2] * 5
 
 
 def test_whole_samples_are_dropped_at_the_rate_and_the_kept_ones_scaled():
@@ -95,3 +102,5 @@ def test_a_bad_rate_is_named():
         kr.ViT(**TINY, drop_path=1.0)
     with pytest.raises(ValueError, match="drop_path"):
         kr.EncoderBlock(num_heads=2, mlp_dim=8, drop_path=-0.1)
+    with pytest.raises(ValueError, match="Unknown drop_path_schedule 'constant'"):
+        kr.ViT(**TINY, drop_path=0.1, drop_path_schedule="constant")
