@@ -30,12 +30,14 @@ clipped to factor 1.0 (Keras caps the strength of each op at its maximum).
 
 Modules: `tfds` (preparing tfds data sets, their builders and splits),
 `folders` (a folder of images as a data set: classes, splits, the split
-record), `augment` (crops, RandAugment, MixUp), `pipeline` (examples to
+record), `augment` (crops, RandAugment, random erasing, MixUp / CutMix),
+`three_augment` (DeiT III's 3-Augment, colour jitter), `pipeline` (examples to
 batches) and `sources` (`load`: a tfds name or a folder to pipelines).
 """
 
 
 from keras_reluvit.data import folders
+from keras_reluvit.data import three_augment
 from keras_reluvit.data.augment import Augment
 from keras_reluvit.data.augment import crop_window
 from keras_reluvit.data.augment import decode_inception_crop
@@ -45,6 +47,7 @@ from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.augment import random_crop
 from keras_reluvit.data.augment import random_erasing
 from keras_reluvit.data.augment import resize_small_central_crop
+from keras_reluvit.data.augment import simple_random_crop
 from keras_reluvit.data.augment import switch_randaugment
 from keras_reluvit.data.augment import timm_mix
 from keras_reluvit.data.pipeline import for_model
@@ -63,5 +66,5 @@ from keras_reluvit.data.tfds import prepare
 __all__ = ["Augment", "Data", "ILSVRC_HELP", "Info", "MANUAL_FILES", "SPLITS", "builder",
            "crop_window", "decode_inception_crop", "decode_random_crop", "default_manual_dir",
            "for_model", "imagenet", "inception_crop", "load", "mixup", "pipeline", "prepare",
-           "random_crop", "random_erasing", "resize_small_central_crop", "switch_randaugment",
-           "timm_mix", "folders"]
+           "random_crop", "random_erasing", "resize_small_central_crop", "simple_random_crop",
+           "switch_randaugment", "three_augment", "timm_mix", "folders"]

@@ -21,7 +21,13 @@ class Augment:
     0.1}`), instead of `mixup`; `repeats` DeiT's repeated augmentation
     (`RASampler`, timm's `--aug-repeats`; DeiT's 3): each epoch takes a new
     random `1 / repeats` of the images and shows each `repeats` times, each
-    copy with its own draws, in the same number of steps."""
+    copy with its own draws, in the same number of steps; `crop`
+    `"inception"` (the random-area crop of `crop_area` / `crop_aspect`: big_vision's
+    inception crop, timm's `RandomResizedCrop`) or `"simple"` (DeiT III's
+    `--src`: the shorter side resized to the size, 4 pixels of reflection
+    padding, a random crop); `three_augment` DeiT III's 3-Augment and
+    `color_jitter` torchvision's `ColorJitter(j, j, j)` after it (DeiT III:
+    0.3; see `keras_reluvit.data.three_augment`)."""
 
     crop_area: tuple = (0.05, 1.0)
     crop_aspect: tuple = (3 / 4, 4 / 3)
@@ -31,6 +37,9 @@ class Augment:
     erase: float = 0.0
     timm_mix: dict = None
     repeats: int = 1
+    crop: str = "inception"
+    three_augment: bool = False
+    color_jitter: float = 0.0
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -76,6 +85,26 @@ def decode_random_crop(data, area, aspect, seed, dct_method="", alpha="drop"):
         return random_crop(decode_image(data, alpha=alpha), area, aspect, seed)
 
     return tf.ensure_shape(tf.cond(tf.io.is_jpeg(data), jpeg, other), (None, None, 3))
+
+
+CROPS = ("inception", "simple")
+SIMPLE_CROP_PADDING = 4  # DeiT III's RandomCrop(size, padding=4, padding_mode="reflect")
+
+
+def simple_random_crop(image, size, seed):
+    """DeiT III's simple random crop (`--src`) of decoded pixels `image`
+    (`[H, W, C]`): resized (bilinear; DeiT's bicubic) so that it covers
+    `size` with its shorter side, `SIMPLE_CROP_PADDING` pixels of reflection
+    padding, a uniformly placed crop of `size`; float32 out."""
+    tf = _tf()
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    target = tf.constant(size, tf.float32)
+    scale = tf.reduce_max(target / shape)
+    resized = tf.image.resize(image, tf.cast(tf.math.ceil(shape * scale - 1e-3), tf.int32),
+                              method="bilinear")
+    p = SIMPLE_CROP_PADDING
+    padded = tf.pad(resized, [[p, p], [p, p], [0, 0]], mode="REFLECT")
+    return tf.image.stateless_random_crop(padded, (*size, tf.shape(image)[-1]), seed)
 
 
 def inception_crop(image, size, area, aspect, seed):

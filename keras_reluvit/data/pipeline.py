@@ -1,14 +1,18 @@
 """The tf.data pipeline from examples to `model.fit` batches: decode late,
 crop first, augment, normalise by the model's recipe, batch, MixUp."""
 
+from keras_reluvit.data.augment import CROPS
 from keras_reluvit.data.augment import Augment
 from keras_reluvit.data.augment import decode_inception_crop
 from keras_reluvit.data.augment import inception_crop
 from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.augment import random_erasing
+from keras_reluvit.data.augment import simple_random_crop
 from keras_reluvit.data.augment import switch_randaugment
 from keras_reluvit.data.augment import timm_mix
 from keras_reluvit.data.tfds import _tf
+from keras_reluvit.data.three_augment import color_jitter
+from keras_reluvit.data.three_augment import three_augment
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import normalise
@@ -53,6 +57,8 @@ def pipeline(
     recipe = check_preprocessing(preprocessing)
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     aug = augment or Augment()
+    if aug.crop not in CROPS:
+        raise ValueError(f"Unknown Augment(crop={aug.crop!r}); valid: {CROPS}.")
     AUTO = tf.data.AUTOTUNE
     randaug = None
     if train and aug.randaug and aug.randaug[1] > 0:
@@ -78,7 +84,11 @@ def pipeline(
             s1, s2 = tf.unstack(
                 tf.random.experimental.stateless_split(tf.stack([rnd, 0]), 2)
             )
-            if encoded:
+            if aug.crop == "simple":  # DeiT III's --src: the whole image decoded
+                pixels = (decode_image(data, dct, recipe["alpha"]) if encoded
+                          else tf_to_rgb(data, recipe))
+                image = simple_random_crop(pixels, size, s1)
+            elif encoded:
                 image = decode_inception_crop(data, size, aug.crop_area, aug.crop_aspect, s1, dct,
                                               recipe["alpha"])
             else:
@@ -88,6 +98,10 @@ def pipeline(
                 image = tf.image.stateless_random_flip_left_right(image, s2)
             if randaug is not None:  # keyed by the example's own random draw
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
+            if aug.three_augment:  # DeiT III's, then its colour jitter
+                image = three_augment(image, tf.stack([rnd, 4]))
+            if aug.color_jitter > 0:
+                image = color_jitter(image, float(aug.color_jitter), tf.stack([rnd, 5]))
             image = normalise(tf.clip_by_value(image, 0.0, 255.0), recipe)
             if aug.erase > 0:  # timm's: after the normalisation, noise of the normalised scale
                 image = random_erasing(image, float(aug.erase), tf.stack([rnd, 3]))

@@ -1,0 +1,150 @@
+"""DeiT III's 3-Augment, colour jitter and simple random crop
+(`keras_reluvit.data.three_augment`, `Augment(three_augment=, color_jitter=,
+crop="simple")`) against Pillow's operations (what DeiT and torchvision run
+on PIL images), scipy's exact Gaussian filter, and the draws' definitions."""
+
+import numpy as np
+import pytest
+from PIL import Image
+from PIL import ImageEnhance
+from PIL import ImageFilter
+from PIL import ImageOps
+
+from keras_reluvit import data as D
+from keras_reluvit.data import three_augment as T
+
+pytestmark = pytest.mark.backend_independent
+
+
+@pytest.fixture(scope="module")
+def photo():
+    from skimage import data
+
+    return np.ascontiguousarray(data.astronaut()[::4, ::4])  # 128 x 128 RGB
+
+
+def _diff(ours, reference):
+    return np.abs(np.asarray(ours, np.float32) - np.asarray(reference, np.float32))
+
+
+def test_each_operation_is_pillows(photo):
+    """Pillow rounds to uint8 after each operation (we keep floats): at most
+    half a level apart for the exact ones, one level for the blends."""
+    import tensorflow as tf
+
+    pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
+    assert _diff(T.grayscale(x), pil.convert("L").convert("RGB")).max() <= 0.5 + 1e-4
+    assert _diff(T.solarize(x), ImageOps.solarize(pil, 128)).max() == 0
+    for factor in (0.7, 1.0, 1.3):
+        for ours, theirs in ((T.adjust_brightness, ImageEnhance.Brightness),
+                             (T.adjust_contrast, ImageEnhance.Contrast),
+                             (T.adjust_saturation, ImageEnhance.Color)):
+            d = _diff(ours(x, factor), theirs(pil).enhance(factor))
+            assert d.max() <= 1.1 and d.mean() < 0.5, (ours.__name__, factor, d.max())
+
+
+def test_the_blur_is_the_exact_gaussian_and_close_to_pillows(photo):
+    import tensorflow as tf
+    from scipy import ndimage
+
+    x = tf.constant(photo, tf.float32)
+    for sigma in (0.5, 1.0, 2.0):
+        ours = np.asarray(T.gaussian_blur(x, sigma))
+        exact = np.stack([ndimage.gaussian_filter(photo[..., c].astype("float64"), sigma,
+                                                  mode="nearest", truncate=T.BLUR_TAPS / sigma)
+                          for c in range(3)], -1)
+        np.testing.assert_allclose(ours, exact, atol=1e-3)
+        # Pillow's three box blurs approximate it: under a level on average
+        pillow = Image.fromarray(photo).filter(ImageFilter.GaussianBlur(sigma))
+        assert _diff(ours, pillow).mean() < 1.0, sigma
+
+
+def _applied(n, fn):
+    import tensorflow as tf
+
+    return [fn(tf.constant([i, 7], tf.int64)) for i in range(n)]
+
+
+def test_three_augment_picks_each_operation_a_third_of_the_time(photo):
+    import tensorflow as tf
+
+    x = tf.constant(photo, tf.float32)
+    gray, solar = np.asarray(T.grayscale(x)), np.asarray(T.solarize(x))
+    picked = {"grayscale": 0, "solarize": 0, "blur": 0}
+    n = 600
+    for out in _applied(n, lambda key: T.three_augment(x, key)):
+        out = np.asarray(out)
+        if np.array_equal(out, gray):
+            picked["grayscale"] += 1
+        elif np.array_equal(out, solar):
+            picked["solarize"] += 1
+        else:  # a blur: smoother than the photo, same mean
+            assert np.abs(np.diff(out, axis=1)).mean() < np.abs(np.diff(photo, axis=1)).mean()
+            assert abs(out.mean() - photo.mean()) < 1.0
+            picked["blur"] += 1
+    for name, count in picked.items():  # binomial(600, 1/3): sd 11.5
+        assert abs(count - n / 3) < 50, picked
+
+
+def test_color_jitter_draws_its_factors_uniformly_in_range():
+    """On a one-colour image brightness scales the gray level and contrast
+    and saturation both blend with it (its mean is itself): the brightness
+    factor and the product of the other two are read back, in any order."""
+    import tensorflow as tf
+
+    colour = np.array((120.0, 60.0, 30.0))
+    x = tf.constant(np.full((4, 4, 3), colour, np.float32))
+    gray = float(np.dot(colour, T.GRAY_WEIGHTS))
+    brightness, blends = [], []
+    for out in _applied(400, lambda key: T.color_jitter(x, 0.3, key)):
+        pixel = np.asarray(out, np.float64)[0, 0]
+        f_b = float(np.dot(pixel, T.GRAY_WEIGHTS)) / gray
+        brightness.append(f_b)
+        blends.append((pixel[0] / f_b - gray) / (colour[0] - gray))
+    brightness, blends = np.array(brightness), np.array(blends)
+    assert brightness.min() >= 0.7 - 1e-4 and brightness.max() <= 1.3 + 1e-4
+    assert abs(brightness.mean() - 1.0) < 0.02  # uniform on [0.7, 1.3]: sd 0.173
+    assert abs(brightness.std() - 0.6 / np.sqrt(12)) < 0.02
+    assert blends.min() >= 0.49 - 1e-4 and blends.max() <= 1.69 + 1e-4  # c * s
+    assert abs(blends.mean() - 1.0) < 0.04 and blends.std() > 0.2  # sd of the mean: 0.012
+
+
+def test_the_pipeline_runs_deit3s_augmentation(tmp_path):
+    """`Augment(crop="simple", three_augment=True, color_jitter=0.3)` in the
+    training pipeline: full-size crops of the padded image, one of the three
+    operations, seeded."""
+    import tensorflow as tf
+
+    from keras_reluvit.data.pipeline import pipeline
+
+    images = np.random.default_rng(0).integers(0, 256, (24, 20, 28, 3), dtype="uint8")
+    ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": np.arange(24) % 3})
+    aug = D.Augment(crop="simple", three_augment=True, color_jitter=0.3, flip=False)
+    first = [np.asarray(x) for x, _ in pipeline(ds, 3, 16, 8, True, aug, seed=4)]
+    again = [np.asarray(x) for x, _ in pipeline(ds, 3, 16, 8, True, aug, seed=4)]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert first[0].shape == (8, 16, 16, 3)
+    # grayscale is picked for about a third: equal channels (colour jitter keeps them)
+    flat = np.concatenate(first)
+    gray = [np.allclose(im[..., 0], im[..., 1], atol=1e-4) for im in flat]
+    assert 2 <= sum(gray) <= 16
+    with pytest.raises(ValueError, match="Unknown Augment\\(crop='center'\\)"):
+        pipeline(ds, 3, 16, 8, True, D.Augment(crop="center"))
+
+
+def test_simple_random_crop_is_a_shifted_window_of_the_resized_image():
+    import tensorflow as tf
+
+    from keras_reluvit.data.augment import simple_random_crop
+
+    image = tf.constant(np.arange(20 * 30 * 3, dtype=np.float32).reshape(20, 30, 3))
+    resized = np.asarray(tf.image.resize(image, (16, 24), method="bilinear"))
+    padded = np.pad(resized, [(4, 4), (4, 4), (0, 0)], mode="reflect")
+    offsets = set()
+    for i in range(40):
+        crop = np.asarray(simple_random_crop(image, (16, 16), tf.constant([i, 1], tf.int64)))
+        hits = [(y, x) for y in range(9) for x in range(17)
+                if np.array_equal(padded[y:y + 16, x:x + 16], crop)]
+        assert len(hits) == 1
+        offsets.add(hits[0])
+    assert len(offsets) > 20  # uniform over the 9 x 17 offsets
