@@ -109,7 +109,7 @@ def build_config(settings=None, **kwargs):
         epochs=s.epochs or r["epochs"],
         batch_size=batch_size,
         image_size=s.image_size or r["image_size"],
-        augment=_augment(r.get("augment", {}), s.aug_repeats),
+        augment=_augment(r.get("augment", {}), s.aug_repeats, r["loss"]),
         seed=s.seed,
         data_shards=s.data_shards,
         trainable=s.trainable,
@@ -126,8 +126,13 @@ def build_config(settings=None, **kwargs):
     )
 
 
-def _augment(augment, repeats):
+def _augment(augment, repeats, loss):
     augment = dict(augment)
+    smoothing = (augment.get("timm_mix") or {}).get("label_smoothing", 0.1)
+    if loss == "bce" and augment.get("timm_mix") is not None and smoothing > 0:
+        raise ValueError(f"The bce loss (DeiT III's) binarises the targets: with "
+                         f"timm_mix label_smoothing={smoothing} every target would be 1. Set "
+                         "it to 0 (DeiT III's) or use softmax_xent.")
     if repeats is not None:
         if repeats != int(repeats) or int(repeats) < 1:
             raise ValueError(f"aug_repeats must be a whole number >= 1 (DeiT's 3; 1: off), "
