@@ -124,10 +124,13 @@ RECIPES = {
         augment=dict(crop_area=(0.05, 1.0), flip=True),
     ),
     "adamw_finetune": dict(
-        description="timm / DeiT / BEiT-style fine-tune of a pretrained checkpoint (--init): "
-        "AdamW (decoupled weight decay 0.05 on kernels), lr 1e-3 at batch 1024 (scaled to "
-        "yours), 5 warmup epochs then cosine, layer-wise lr decay 0.75 (BEiT / MAE / timm "
-        "--layer-decay), label smoothing 0.1, RandAugment(2, 9), MixUp 0.8",
+        description="timm / BEiT / MAE-style fine-tune of a pretrained checkpoint (--init; "
+        "MAE main_finetune.py's settings, 30 epochs where MAE runs 100 for ViT-B): AdamW "
+        "(decoupled weight decay 0.05 on kernels), lr 1e-3 at batch 1024 (scaled to yours), 5 "
+        "warmup epochs then cosine, layer-wise lr decay 0.75 (BEiT / MAE / timm --layer-decay), "
+        "stochastic depth 0.1 (when the blocks train: --trainable all or lora), timm's "
+        "RandomResizedCrop, RandAugment(2, 9), timm's MixUp 0.8 / CutMix 1.0 with label "
+        "smoothing 0.1 in the targets, random erasing 0.25; the weights' EMA with --ema",
         dataset=None,
         image_size=None,
         epochs=30,
@@ -137,13 +140,14 @@ RECIPES = {
         wd=5e-5,
         warmup_epochs=5,
         layer_decay=0.75,
-        label_smoothing=0.1,
         grad_clip=None,
         loss="softmax_xent",
         head_bias_init=0.0,
         init_required=True,
-        model={},
-        augment=dict(randaug=(2, 9), mixup=0.8),
+        model=dict(drop_path=0.1),
+        augment=dict(crop_area=(0.08, 1.0), randaug=(2, 9), erase=0.25,
+                     timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
+                                   label_smoothing=0.1)),
     ),
     "relu_from_softmax": dict(
         description="fine-tune a softmax checkpoint into ReLU/L attention: load it with "

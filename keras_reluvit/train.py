@@ -42,6 +42,9 @@ from keras_reluvit.settings import RunSettings
 from keras_reluvit.variants import variant_with_patch
 from keras_reluvit.vit import ViT
 
+# What a fine-tuning recipe's `model` may set on a checkpoint's model (with --trainable
+# all or lora: a frozen backbone keeps its inference-time behaviour).
+FINE_TUNE_MODEL_KEYS = ("drop_path",)
 TF_PIPELINE_SEED = 87654321  # tensorflow/python/framework/random_seed.py DEFAULT_GRAPH_SEED
 
 
@@ -84,7 +87,10 @@ def build_config(settings=None, **kwargs):
     if s.trainable != "all" and not init:
         raise ValueError(f"trainable={s.trainable!r} fine-tunes a pretrained model: pass init= "
                          "(keras-reluvit train --init CHECKPOINT).")
-    model_cfg = {} if init else dict(r["model"])
+    model_cfg = dict(r["model"])
+    if init:  # the checkpoint's architecture; the recipe's regularisers where blocks train
+        model_cfg = {k: v for k, v in model_cfg.items()
+                     if k in FINE_TUNE_MODEL_KEYS and s.trainable != "head"}
     if variant and not init:
         model_cfg["variant"] = variant
         if recipe == "digits":  # the tiny-model overrides belong to its default

@@ -51,3 +51,19 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
     assert [b.drop_path for b in back.blocks] == [0.0, 0.05, 0.1]
     for a, b in zip(back.trainable_variables, ema):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), b)
+
+
+def test_adamw_finetune_is_timms_fine_tune(tmp_path):
+    """`adamw_finetune` turns on what timm / MAE fine-tunes use: stochastic
+    depth on the checkpoint's blocks (not on a frozen backbone), timm's
+    MixUp / CutMix with smoothed targets, random erasing, timm's crop."""
+    r = recipes.get("adamw_finetune")
+    mix = r["augment"]["timm_mix"]
+    assert (mix["mixup_alpha"], mix["cutmix_alpha"], mix["label_smoothing"]) == (0.8, 1.0, 0.1)
+    assert r["label_smoothing"] == 0.0 and r["augment"]["erase"] == 0.25  # smoothed once
+    common = dict(recipe="adamw_finetune", init=str(tmp_path / "ckpt.keras"),
+                  dataset="sklearn_digits", batch_size=8)
+    assert T.build_config(**common)["model"] == {"drop_path": 0.1}
+    assert T.build_config(**common, trainable="lora")["model"] == {"drop_path": 0.1}
+    assert T.build_config(**common, trainable="head")["model"] == {}
+    assert T.build_config(**common, drop_path=0.2)["model"] == {"drop_path": 0.2}
