@@ -129,8 +129,8 @@ RECIPES = {
         "(decoupled weight decay 0.05 on kernels), lr 1e-3 at batch 1024 (scaled to yours), 5 "
         "warmup epochs then cosine, layer-wise lr decay 0.75 (BEiT / MAE / timm --layer-decay), "
         "stochastic depth 0.1 (when the blocks train: --trainable all or lora), timm's "
-        "RandomResizedCrop, RandAugment(2, 9), timm's MixUp 0.8 / CutMix 1.0 with label "
-        "smoothing 0.1 in the targets, random erasing 0.25; the weights' EMA with --ema",
+        "RandomResizedCrop, RandAugment rand-m9-mstd0.5-inc1, MixUp 0.8 / CutMix 1.0 with "
+        "label smoothing 0.1 in the targets, random erasing 0.25; the weights' EMA with --ema",
         dataset=None,
         image_size=None,
         epochs=30,
@@ -145,7 +145,7 @@ RECIPES = {
         head_bias_init=0.0,
         init_required=True,
         model=dict(drop_path=0.1),
-        augment=dict(crop_area=(0.08, 1.0), randaug=(2, 9), erase=0.25,
+        augment=dict(crop_area=(0.08, 1.0), auto_augment="rand-m9-mstd0.5-inc1", erase=0.25,
                      timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
                                    label_smoothing=0.1)),
     ),
@@ -173,20 +173,22 @@ RECIPES = {
 # DeiT (Touvron et al. 2021, facebookresearch/deit main.py's defaults; Table 1 / 7 of
 # the paper: 72.2 / 79.8 / 81.8 % top-1): AdamW lr 5e-4 per 512 images (1e-3 at 1024),
 # weight decay 0.05 (torch's: here the decay at the peak lr, 0.05 x 1e-3), 5 warmup
-# epochs then cosine, timm's RandomResizedCrop (area 8-100 %), RandAugment m9, timm's
+# epochs then cosine, timm's RandomResizedCrop (area 8-100 %), rand-m9-mstd0.5-inc1, timm's
 # MixUp 0.8 / CutMix 1.0 with label smoothing 0.1 in the targets, random erasing 0.25,
 # repeated augmentation 3x (RASampler), stochastic depth 0.1, the weights' EMA 0.99996.
 _DEIT = dict(dataset="imagenet2012", image_size=224, epochs=300, batch_size=1024,
              optimizer="adamw", lr=1e-3, wd=5e-5, warmup_epochs=5, loss="softmax_xent",
              head_bias_init=0.0, ema=0.99996,
-             augment=dict(crop_area=(0.08, 1.0), randaug=(2, 9), erase=0.25, repeats=3,
+             augment=dict(crop_area=(0.08, 1.0), auto_augment="rand-m9-mstd0.5-inc1",
+                          erase=0.25, repeats=3,
                           timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
                                         label_smoothing=0.1)))
 _DEIT_DIFFERS = (" Differs from DeiT's: qk-layernorm on (the paper's setting for ReLU/L; "
-                 "DeiT has none: qk_norm=False); RandAugment is Keras' (2 ops at magnitude 9) "
-                 "for timm's rand-m9-mstd0.5-inc1; the 3 copies of an image (repeated "
-                 "augmentation) share one process' batch, where DeiT's RASampler deals them "
-                 "to 3 GPUs of the same global batch; the cosine ends at 0 (timm's at 1e-5).")
+                 "DeiT has none: qk_norm=False); bilinear resizing and sampling (DeiT's "
+                 "bicubic); Pillow's operations on float pixels (keras_reluvit.data."
+                 "timm_augment); the 3 copies of an image (repeated augmentation) share one "
+                 "process' batch, where DeiT's RASampler deals them to 3 GPUs of the same "
+                 "global batch; the cosine ends at 0 (timm's at 1e-5).")
 for _name, _variant, _top1 in (("deit_ti16_300ep", "Ti/16", 72.2),
                                ("deit_s16_300ep", "S/16", 79.8),
                                ("deit_b16_300ep", "B/16", 81.8)):

@@ -88,7 +88,7 @@ def test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
     assert r["model"]["layer_scale"] == 1e-4 and r["model"]["posemb_prefix"] is False
     aug = r["augment"]
     assert aug["three_augment"] and aug["color_jitter"] == 0.3 and aug["repeats"] == 3
-    assert aug["timm_mix"]["label_smoothing"] == 0.0 and aug.get("randaug") is None
+    assert aug["timm_mix"]["label_smoothing"] == 0.0 and not aug.get("auto_augment")
     cfg = T.build_config(recipe="deit3_s16_400ep", dataset="sklearn_digits", epochs=1,
                          image_size=32, batch_size=128, data_dir=str(tmp_path / "tfds"))
     cfg["model"].update(width=32, depth=2, num_heads=2, mlp_dim=64)

@@ -27,7 +27,9 @@ class Augment:
     `--src`: the shorter side resized to the size, 4 pixels of reflection
     padding, a random crop); `three_augment` DeiT III's 3-Augment and
     `color_jitter` torchvision's `ColorJitter(j, j, j)` after it (DeiT III:
-    0.3; see `keras_reluvit.data.three_augment`)."""
+    0.3; see `keras_reluvit.data.three_augment`); `auto_augment` timm's
+    `--aa` name, instead of `randaug` (DeiT's `"rand-m9-mstd0.5-inc1"`,
+    `"augmix-m3-w3-d-1"`; see `keras_reluvit.data.timm_augment`)."""
 
     crop_area: tuple = (0.05, 1.0)
     crop_aspect: tuple = (3 / 4, 4 / 3)
@@ -40,6 +42,7 @@ class Augment:
     crop: str = "inception"
     three_augment: bool = False
     color_jitter: float = 0.0
+    auto_augment: str = None
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -13,6 +13,8 @@ from keras_reluvit.data.augment import timm_mix
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.data.three_augment import color_jitter
 from keras_reluvit.data.three_augment import three_augment
+from keras_reluvit.data.timm_augment import parse as parse_timm_augment
+from keras_reluvit.data.timm_augment import timm_augment
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import normalise
@@ -59,6 +61,11 @@ def pipeline(
     aug = augment or Augment()
     if aug.crop not in CROPS:
         raise ValueError(f"Unknown Augment(crop={aug.crop!r}); valid: {CROPS}.")
+    if aug.auto_augment is not None:
+        parse_timm_augment(aug.auto_augment)  # a bad name fails here, not in tf.data
+        if aug.randaug:
+            raise ValueError("Augment: randaug (big_vision's, Keras' RandAugment) and "
+                             "auto_augment (timm's) both on; choose one.")
     AUTO = tf.data.AUTOTUNE
     randaug = None
     if train and aug.randaug and aug.randaug[1] > 0:
@@ -98,6 +105,8 @@ def pipeline(
                 image = tf.image.stateless_random_flip_left_right(image, s2)
             if randaug is not None:  # keyed by the example's own random draw
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
+            if aug.auto_augment is not None:  # timm's --aa
+                image = timm_augment(image, aug.auto_augment, tf.stack([rnd, 6]))
             if aug.three_augment:  # DeiT III's, then its colour jitter
                 image = three_augment(image, tf.stack([rnd, 4]))
             if aug.color_jitter > 0:

@@ -1,0 +1,191 @@
+"""timm's automatic augmentations by name (`kr.data.timm_augment`,
+`Augment(auto_augment=...)`): every operation against Pillow's (what timm
+runs), the names parsed as timm parses them, and the draws' statistics."""
+
+import numpy as np
+import pytest
+from PIL import Image
+from PIL import ImageEnhance
+from PIL import ImageOps
+
+from keras_reluvit import data as D
+from keras_reluvit.data import timm_augment as A
+
+pytestmark = pytest.mark.backend_independent
+
+
+@pytest.fixture(scope="module")
+def photo():
+    """A photograph in 40-193: no operation leaves it as it is."""
+    from skimage import data
+
+    return (data.astronaut()[::4, ::4].astype(np.float32) * 0.6 + 40).round().astype(np.uint8)
+
+
+def _diff(ours, reference):
+    return np.abs(np.asarray(ours, np.float32) - np.asarray(reference, np.float32))
+
+
+def test_point_operations_are_pillows(photo):
+    import tensorflow as tf
+
+    pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
+    exact = [(A.equalize(x), ImageOps.equalize(pil)), (A.invert(x), ImageOps.invert(pil)),
+             (A.solarize(x, 100.0), ImageOps.solarize(pil, 100)),
+             (A.solarize_add(x, 50.0), pil.point([min(255, i + 50) if i < 128 else i
+                                                  for i in range(256)] * 3))]
+    exact += [(A.posterize(x, tf.constant(b)), ImageOps.posterize(pil, b)) for b in (1, 2, 4)]
+    for ours, theirs in exact:
+        assert _diff(ours, theirs).max() == 0
+    assert _diff(A.posterize(x, tf.constant(8)), photo).max() == 0
+    # Pillow rounds to uint8 (and truncates autocontrast's table): within a level
+    assert _diff(A.auto_contrast(x), ImageOps.autocontrast(pil)).max() <= 1.0
+    for factor in (0.3, 1.0, 1.7):
+        for ours, theirs in ((A.color, ImageEnhance.Color), (A.contrast, ImageEnhance.Contrast),
+                             (A.brightness, ImageEnhance.Brightness),
+                             (A.sharpness, ImageEnhance.Sharpness)):
+            d = _diff(ours(x, factor), theirs(pil).enhance(factor))
+            assert d.max() <= 1.25 and d.mean() < 0.5, (ours.__name__, factor, d.max())
+
+
+def test_geometric_operations_are_pillows_with_timms_fill(photo):
+    """Bilinear in both; they part only where the fill meets the image."""
+    import tensorflow as tf
+
+    pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
+    w, h = pil.size
+    kw = dict(resample=Image.BILINEAR, fillcolor=A.FILL)
+
+    def affine(matrix):
+        return pil.transform(pil.size, Image.AFFINE, matrix, **kw)
+
+    pairs = [(A.rotate(x, 27.0), pil.rotate(27, **kw)),
+             (A.rotate(x, -12.0), pil.rotate(-12, **kw)),
+             (A.shear_x(x, 0.27), affine((1, 0.27, 0, 0, 1, 0))),
+             (A.shear_y(x, -0.2), affine((1, 0, 0, -0.2, 1, 0))),
+             (A.translate_x_rel(x, 0.3), affine((1, 0, 0.3 * w, 0, 1, 0))),
+             (A.translate_y_rel(x, -0.41), affine((1, 0, 0, 0, 1, -0.41 * h)))]
+    for i, (ours, theirs) in enumerate(pairs):
+        d = _diff(ours, theirs)
+        assert d.mean() < 0.7 and np.percentile(d, 97) < 3.0, (i, d.mean())  # 3 %: the edges
+    # the fill is timm's for DeiT: ImageNet's mean in 0-255
+    corner = np.asarray(A.translate_x_rel(x, 0.4))[0, -1]
+    np.testing.assert_allclose(corner, A.FILL, atol=1e-4)
+
+
+def test_names_are_parsed_as_timm_parses_them():
+    fn, kw = A.parse("rand-m9-mstd0.5-inc1")
+    assert fn is A.rand_augment
+    assert kw == dict(magnitude=9.0, num_layers=2, mstd=0.5, mmax=None, increasing=True)
+    _, kw = A.parse("rand-n3-m7-mstd101")  # mstd > 100: uniform in [0, m]
+    assert (kw["num_layers"], kw["magnitude"], kw["mstd"], kw["increasing"]) == (
+        3, 7.0, float("inf"), False)
+    assert A.parse("rand")[1]["magnitude"] == 10.0  # timm's default M10
+    fn, kw = A.parse("augmix-m5-w4-d-1")
+    assert fn is A.augmix and kw == dict(magnitude=5.0, width=4, depth=-1, alpha=1.0,
+                                         mstd=float("inf"))
+    assert A.parse("augmix-d2")[1]["depth"] == 2
+    assert set(A.RAND_INCREASING_OPS) - set(A.RAND_OPS) == {
+        "PosterizeIncreasing", "SolarizeIncreasing", "ColorIncreasing",
+        "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing"}
+    for bad, match in (("rand-q9", "Unknown RandAugment section 'q9'"),
+                       ("rand-m", "Unknown RandAugment section 'm'"),
+                       ("original-mstd0.5", "AutoAugment's fixed policies"),
+                       ("augmix-z1", "Unknown AugMix section 'z1'")):
+        with pytest.raises(ValueError, match=match):
+            A.parse(bad)
+
+
+def _keys(n):
+    import tensorflow as tf
+
+    return [tf.constant([i, 3], tf.int64) for i in range(n)]
+
+
+def test_magnitudes_are_drawn_as_timms():
+    draws = np.array([float(A._draw_magnitude(9, 0.5, None, k)) for k in _keys(800)])
+    assert abs(draws.mean() - 8.98) < 0.06 and abs(draws.std() - 0.49) < 0.05
+    assert draws.max() <= 10.0  # clipped at timm's M10
+    uniform = np.array([float(A._draw_magnitude(7, float("inf"), None, k)) for k in _keys(800)])
+    assert uniform.min() >= 0 and uniform.max() <= 7
+    assert abs(uniform.mean() - 3.5) < 0.2 and abs(uniform.std() - 7 / np.sqrt(12)) < 0.15
+
+
+def test_rand_augment_applies_each_layer_with_probability_half(photo):
+    """Two layers, each applied with probability 0.5: about a quarter of the
+    images come out untouched (every operation changes this photograph)."""
+    import tensorflow as tf
+
+    x = tf.constant(photo, tf.float32)
+    untouched = changed_pixels = 0
+    keys = _keys(240)
+    for key in keys:
+        out = np.asarray(A.rand_augment(x, key, num_layers=2, magnitude=9, mstd=0.5,
+                                        increasing=True))
+        assert out.shape == photo.shape and out.min() >= 0 and out.max() <= 255
+        same = np.array_equal(out, photo)
+        untouched += same
+        changed_pixels += not same
+    assert 0.17 < untouched / len(keys) < 0.33, untouched  # 0.25, sd 0.028
+    one = np.asarray(A.rand_augment(x, keys[0], num_layers=2, magnitude=9))
+    np.testing.assert_array_equal(one, np.asarray(A.rand_augment(x, keys[0], num_layers=2,
+                                                                 magnitude=9)))
+
+
+def test_augmix_blends_the_image_with_its_mixed_chains(photo):
+    import tensorflow as tf
+
+    x = tf.constant(photo, tf.float32)
+    outs = [np.asarray(A.augmix(x, k, magnitude=3, width=3)) for k in _keys(12)]
+    for out in outs:
+        assert out.min() >= 0 and out.max() <= 255
+        assert 0 < _diff(out, photo).mean() < 60  # a blend: neither the image nor noise
+    assert len({o.round(3).tobytes() for o in outs}) == 12
+
+
+def test_the_pipeline_runs_timms_augmentation_by_name():
+    import tensorflow as tf
+
+    from keras_reluvit.data.pipeline import pipeline
+
+    images = np.random.default_rng(0).integers(40, 200, (16, 24, 24, 3), dtype="uint8")
+    ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": np.arange(16) % 4})
+    base = dict(crop_area=(1.0, 1.0), crop_aspect=(1.0, 1.0), flip=False)
+    plain = [np.asarray(x) for x, _ in pipeline(ds, 4, 16, 8, True, D.Augment(**base), seed=2)]
+    aug = D.Augment(**base, auto_augment="rand-m9-mstd0.5-inc1")
+    timm = [np.asarray(x) for x, _ in pipeline(ds, 4, 16, 8, True, aug, seed=2)]
+    changed = [not np.array_equal(a, b) for a, b in zip(np.concatenate(plain),
+                                                        np.concatenate(timm))]
+    assert 6 <= sum(changed) <= 16  # 3 in 4 expected
+    with pytest.raises(ValueError, match="Unknown RandAugment section 'x9'"):
+        pipeline(ds, 4, 16, 8, True, D.Augment(auto_augment="rand-x9"))
+    with pytest.raises(ValueError, match="randaug .* and auto_augment .* both on"):
+        pipeline(ds, 4, 16, 8, True, D.Augment(randaug=(2, 9), auto_augment="rand-m9"))
+
+
+def test_magnitudes_map_to_timms_arguments(photo):
+    """timm's level functions at M9 / M10 (`_LEVEL_DENOM` 10), each checked
+    through the operation against Pillow with the argument timm computes."""
+    import tensorflow as tf
+
+    pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
+    kw = dict(resample=Image.BILINEAR, fillcolor=A.FILL)
+    w = pil.size[0]
+    cases = [  # (op, magnitude, sign, what timm runs)
+        ("Rotate", 10.0, -1.0, pil.rotate(-30, **kw)),
+        ("ShearX", 5.0, 1.0, pil.transform(pil.size, Image.AFFINE, (1, 0.15, 0, 0, 1, 0), **kw)),
+        ("TranslateXRel", 10.0, -1.0,
+         pil.transform(pil.size, Image.AFFINE, (1, 0, -0.45 * w, 0, 1, 0), **kw)),
+        ("Posterize", 9.0, 1.0, ImageOps.posterize(pil, 3)),  # int(3.6)
+        ("PosterizeIncreasing", 9.0, 1.0, ImageOps.posterize(pil, 1)),  # 4 - 3
+        ("Solarize", 9.0, 1.0, ImageOps.solarize(pil, 230)),  # int(230.4)
+        ("SolarizeIncreasing", 9.0, 1.0, ImageOps.solarize(pil, 26)),  # 256 - 230
+        ("SolarizeAdd", 9.0, 1.0, pil.point([min(255, i + 99) if i < 128 else i
+                                             for i in range(256)] * 3)),
+        ("Brightness", 9.0, -1.0, ImageEnhance.Brightness(pil).enhance(1.72)),  # 0.9 * 1.8 + 0.1
+        ("ColorIncreasing", 9.0, -1.0, ImageEnhance.Color(pil).enhance(0.19)),  # 1 - 0.81
+        ("ContrastIncreasing", 9.0, 1.0, ImageEnhance.Contrast(pil).enhance(1.81)),
+    ]
+    for name, m, sign, theirs in cases:
+        d = _diff(A.apply_op(name, x, tf.constant(m), tf.constant(sign)), theirs)
+        assert d.mean() < 0.7 and np.percentile(d, 97) < 3.0, (name, d.mean())
