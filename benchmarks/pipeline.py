@@ -8,6 +8,7 @@ import argparse
 
 from keras_reluvit import bench
 from keras_reluvit import data
+from keras_reluvit import recipes
 
 
 def parser():
@@ -25,7 +26,11 @@ def main(argv=None):
     rows = []
     for label, aug in (("crop + flip", data.Augment()),
                        ("crop + flip + randaug(2,10)", data.Augment(randaug=(2, 10))),
-                       ("crop + flip + randaug(2,10) + mixup 0.2", data.Augment(randaug=(2, 10), mixup=0.2))):
+                       ("crop + flip + randaug(2,10) + mixup 0.2", data.Augment(randaug=(2, 10), mixup=0.2)),
+                       ("DeiT: rand-m9-mstd0.5-inc1 + erasing + timm mix + 3x repeats",
+                        data.Augment(**recipes.get("deit_s16_300ep")["augment"])),
+                       ("DeiT III: 3-Augment + jitter 0.3 + timm mix + 3x repeats",
+                        data.Augment(**recipes.get("deit3_s16_400ep")["augment"]))):
         ips = bench.pipeline_throughput(args.dataset, args.batch_size, args.image_size,
                                         args.data_dir, args.steps, aug)
         rows.append(f"| {args.dataset} | {args.image_size} | {label} | {ips:,.0f} |")

@@ -251,9 +251,13 @@ def random_erasing(image, probability, seed):
     rows, cols = tf.range(h)[:, None, None], tf.range(w)[None, :, None]
     inside = (rows >= top) & (rows < top + bh) & (cols >= left) & (cols < left + bw)
     erase = tf.random.stateless_uniform([], keys[3]) < probability
-    inside = inside & tf.reduce_any(fits) & erase
-    noise = tf.random.stateless_normal(tf.shape(image), keys[4], dtype=image.dtype)
-    return tf.where(inside, noise, image)
+    inside = inside & tf.reduce_any(fits)
+
+    def erased():  # the noise drawn only for an image that is erased
+        noise = tf.random.stateless_normal(tf.shape(image), keys[4], dtype=image.dtype)
+        return tf.where(inside, noise, image)
+
+    return tf.cond(erase, erased, lambda: image)
 
 
 TIMM_MIX_MODES = ("batch", "elem")

@@ -266,8 +266,9 @@ def rand_augment(image, key, num_layers=2, magnitude=10, mstd=0.0, mmax=None,
         index = tf.random.stateless_uniform([], keys[0], 0, len(ops), dtype=tf.int32)
         m = _draw_magnitude(magnitude, mstd, mmax, keys[1])
         sign = tf.where(tf.random.stateless_uniform([], keys[2]) > 0.5, -1.0, 1.0)
-        applied = _one_of(ops, index, image, m, sign)
-        image = tf.where(tf.random.stateless_uniform([], keys[3]) < prob, applied, image)
+        apply = tf.random.stateless_uniform([], keys[3]) < prob
+        image = tf.cond(apply, lambda im=image, i=index, m=m, s=sign: _one_of(ops, i, im, m, s),
+                        lambda im=image: im)
     return image
 
 
