@@ -401,8 +401,31 @@ def test_timm_mix_per_batch_and_its_probability():
         assert np.allclose(lam, lam[0])  # one lam for the batch
         if not m:
             np.testing.assert_allclose(labs, 0.1 / 16 + 0.9 * np.eye(16), atol=1e-6)
-    with pytest.raises(ValueError, match="Unknown timm_mix mode 'pair'"):
-        timm_mixed(1, mode="pair")
+    with pytest.raises(ValueError, match="Unknown timm_mix mode 'pairs'"):
+        timm_mixed(1, mode="pairs")
+
+
+@pytest.mark.backend_independent
+def test_timm_mix_pair_mode_swaps_the_same_box_or_weight_within_each_pair():
+    """timm's "pair" mode: images i and B-1-i draw together -- CutMix swaps one
+    box between them, MixUp blends them with one weight -- and each label
+    weight is still the share the image keeps."""
+    images, labels, values = timm_mixed(30, mode="pair", label_smoothing=0.0)
+    batch = len(values)
+    for imgs, labs in zip(images, labels):
+        own = labs[np.arange(batch), np.arange(batch)]
+        np.testing.assert_allclose(own, own[::-1], atol=1e-6)  # one lam per pair
+        for i in range(batch // 2):
+            j = batch - 1 - i
+            a, b = imgs[i, ..., 0], imgs[j, ..., 0]
+            if np.isin(a, values).all():  # CutMix (or none): the same box, swapped
+                np.testing.assert_array_equal(a == values[j], b == values[i])
+                np.testing.assert_allclose((a == values[i]).mean(), own[i], atol=1e-6)
+            else:  # MixUp: a = l x_i + (1 - l) x_j and b = l x_j + (1 - l) x_i
+                np.testing.assert_allclose(a, own[i] * values[i] + (1 - own[i]) * values[j],
+                                           rtol=1e-5)
+                np.testing.assert_allclose(b, own[i] * values[j] + (1 - own[i]) * values[i],
+                                           rtol=1e-5)
 
 
 @pytest.mark.backend_independent

@@ -260,7 +260,7 @@ def random_erasing(image, probability, seed):
     return tf.cond(erase, erased, lambda: image)
 
 
-TIMM_MIX_MODES = ("batch", "elem")
+TIMM_MIX_MODES = ("batch", "elem", "pair")
 
 
 def _beta(shape, alpha, key1, key2):
@@ -277,7 +277,8 @@ def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
 
     With probability `prob`, each batch (`mode="batch"`: one draw for the
     batch) or each image (`"elem"`) is mixed with the batch in reverse order
-    (timm's `x.flip(0)`): CutMix with probability `switch_prob` when both
+    (timm's `x.flip(0)`; `"pair"`: image i and image B-1-i share their draws,
+    so each pair swaps the same box or mixes with the same weight): CutMix with probability `switch_prob` when both
     alphas are on, else the one that is, with `lam ~ Beta(alpha, alpha)`.
     MixUp: `lam * x + (1 - lam) * x_flipped`. CutMix: a box of side
     `sqrt(1 - lam)` of the image's (integer sizes, its centre uniform,
@@ -293,7 +294,10 @@ def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
     keys = tf.random.experimental.stateless_split(seed, 7)
     shape = tf.shape(images)
     batch, h, w = shape[0], shape[1], shape[2]
-    n = batch if mode == "elem" else 1
+    n = 1 if mode == "batch" else batch
+    if mode == "pair":
+        tf.debugging.assert_equal(batch % 2, 0, message="timm_mix mode 'pair' needs an even "
+                                  "batch")
 
     def beta(alpha, k1, k2):
         return _beta([n], alpha, k1, k2) if alpha > 0 else tf.ones([n])
@@ -305,13 +309,21 @@ def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
     lam = tf.where(use_cutmix, beta(cutmix_alpha, keys[1], keys[2]),
                    beta(mixup_alpha, keys[3], keys[4]))
     apply = tf.random.stateless_uniform([n], keys[5]) < prob
+    centre = tf.random.stateless_uniform([n, 2], keys[6])
+    if mode == "pair":  # the second half mirrors the first: pairs (i, B-1-i)
+        first = tf.range(batch) < batch // 2
+
+        def mirrored(t):
+            return tf.where(tf.reshape(first, [-1] + [1] * (t.shape.rank - 1)), t,
+                            tf.reverse(t, [0]))
+
+        use_cutmix, lam, apply, centre = (mirrored(t) for t in (use_cutmix, lam, apply, centre))
     lam = tf.where(apply, lam, tf.ones_like(lam))
     use_cutmix = use_cutmix & apply
     # CutMix's box (timm's rand_bbox): sides int(size * sqrt(1 - lam)), centre uniform.
     cut = tf.sqrt(1.0 - lam)
     cut_h = tf.cast(tf.cast(h, tf.float32) * cut, tf.int32)
     cut_w = tf.cast(tf.cast(w, tf.float32) * cut, tf.int32)
-    centre = tf.random.stateless_uniform([n, 2], keys[6])
     cy = tf.cast(centre[:, 0] * tf.cast(h, tf.float32), tf.int32)
     cx = tf.cast(centre[:, 1] * tf.cast(w, tf.float32), tf.int32)
     y1, y2 = tf.clip_by_value(cy - cut_h // 2, 0, h), tf.clip_by_value(cy + cut_h // 2, 0, h)
