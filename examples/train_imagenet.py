@@ -1,10 +1,13 @@
-"""Train a ViT on ImageNet-1k with a big_vision recipe — any backend, optional mesh.
+"""Train a ViT on ImageNet-1k with a big_vision, DeiT or DeiT III recipe — any backend, optional mesh.
 
     # once: build tfds imagenet2012 from the two official archives in MANUAL
     python examples/train_imagenet.py --data-dir ~/tensorflow_datasets --manual-dir MANUAL --prepare-only
     # ReLU/L ViT-S/16, "Better plain ViT baselines" (90 epochs, batch 1024)
     KERAS_BACKEND=jax python examples/train_imagenet.py --data-dir ~/tensorflow_datasets \\
         --model S/16 --attention relu --recipe s16_i1k_90ep --output runs/s16_relu
+    # DeiT-S/16 with ReLU/L (timm's augmentations, the weights' EMA; DeiT III: deit3_s16_400ep)
+    KERAS_BACKEND=jax python examples/train_imagenet.py --data-dir ~/tensorflow_datasets \\
+        --attention relu --recipe deit_s16_300ep --output runs/deit_s16_relu
     # the same on 8 accelerators, sharded (JAX): fsdp over "batch", or data / tensor
     KERAS_BACKEND=jax python examples/train_imagenet.py ... --mesh batch=8 --sharding fsdp
     # several hosts (JAX): the same command on each, its own --process-id
@@ -33,9 +36,11 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", required=True, help="tfds data_dir holding imagenet2012")
     p.add_argument("--manual-dir", help="folder with ILSVRC2012_img_{train,val}.tar (first run)")
     p.add_argument("--prepare-only", action="store_true", help="build the tfds data set and exit")
-    p.add_argument("--model", default="S/16", help="ViT variant, e.g. S/16, B/16, L/16")
+    p.add_argument("--model", help="ViT variant, e.g. S/16, B/16, L/16 (default: the recipe's)")
     p.add_argument("--attention", default="relu", help="attention kind, e.g. relu, softmax")
-    p.add_argument("--recipe", default="s16_i1k_90ep", choices=["s16_i1k_90ep", "augreg_i1k"])
+    p.add_argument("--recipe", default="s16_i1k_90ep",
+                   choices=["s16_i1k_90ep", "augreg_i1k", "deit_ti16_300ep", "deit_s16_300ep",
+                            "deit_b16_300ep", "deit3_s16_400ep", "deit3_b16_400ep"])
     p.add_argument("--batch-size", type=int, help="global batch (default: the recipe's)")
     p.add_argument("--epochs", type=int, help="default: the recipe's")
     p.add_argument("--image-size", type=int, help="default: the recipe's (224)")
@@ -64,6 +69,7 @@ def main(argv=None):
     if args.prepare_only:
         return
     recipe = kr.recipes.get(args.recipe, args.model)
+    variant = args.model or recipe["model"]["variant"]
     batch_size = args.batch_size or recipe["batch_size"]
     epochs = args.epochs or recipe["epochs"]
     image_size = args.image_size or recipe["image_size"]
@@ -76,7 +82,7 @@ def main(argv=None):
     train, val, info = kr.data.imagenet(batch_size, data_dir=args.data_dir, image_size=image_size,
                                         augment=kr.data.Augment(**recipe["augment"]),
                                         process_index=index, process_count=count)
-    model = kr.ViT(**dict(recipe["model"], variant=args.model), attention=args.attention,
+    model = kr.ViT(**dict(recipe["model"], variant=variant), attention=args.attention,
                    image_size=image_size, num_classes=info.num_classes,
                    head_bias_init=recipe["head_bias_init"])
     kr.recipes.compile(model, recipe, steps_per_epoch=len(train), batch_size=batch_size,
@@ -86,7 +92,9 @@ def main(argv=None):
 
     probe = next(iter(val))[0][:16]
     every = recipe.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every
-    callbacks = ([kr.callbacks.AttentionStats(probe, every=5)]
+    # The weights' EMA (DeiT's recipes) is scored beside the trained weights each epoch.
+    ema = [kr.callbacks.EMAEvaluation(val)] if recipe["ema"] else []
+    callbacks = (ema + [kr.callbacks.AttentionStats(probe, every=5)]
                  + kr.callbacks.default(args.output, process=(index, count), every=every or None))
     # One pass per epoch; a rerun resumes at the step backed up, on the same data stream.
     try:
@@ -95,6 +103,9 @@ def main(argv=None):
     except kr.backup.Preempted as e:
         print(f"train_imagenet: {e}")
         return
+    if recipe["ema"]:  # DeiT's: the EMA is the model scored, saved and exported
+        kr.recipes.swap_ema(model)
+        print(f"train_imagenet: the weights' EMA (decay {recipe['ema']}) is the model saved")
     final = model.evaluate(val, return_dict=True, verbose=0)
     with kr.distribution.chief_writes(model) as chief:  # process 0 writes
         if chief:

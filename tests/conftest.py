@@ -38,6 +38,7 @@ FULL_ONLY = (
     "test_keras_mha_suite.py::test_keras_multi_head_attention_suite_passes_with_pointwise_attention[tensorflow]",
     "test_keras_mha_suite.py::test_keras_multi_head_attention_suite_passes_with_pointwise_attention[jax]",
     "test_examples.py::test_train_imagenet_example_with_a_mesh",
+    "test_examples.py::test_train_imagenet_example_runs_a_deit_recipe",
     "test_examples.py::test_length_study_and_attention_scale_on_a_tiny_grid",
     "test_examples.py::test_alpha_sweep_writes_csv_and_plot_and_resumes",
     # Multi-process FSDP (~2.5 min): FSDP's numerics run in one process on 8

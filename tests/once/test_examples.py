@@ -93,6 +93,20 @@ def test_train_imagenet_example_with_a_mesh(tmp_path, imagenet_manual):
     assert "steps per epoch, backend jax" in stdout
 
 
+def test_train_imagenet_example_runs_a_deit_recipe(tmp_path, imagenet_manual):
+    """DeiT's recipe through the example: its own variant (the recipe's, no
+    --model), the weights' EMA scored each epoch and saved."""
+    out_dir = tmp_path / "run"
+    stdout = run_example(
+        [os.path.join(EXAMPLES, "train_imagenet.py"), "--data-dir", str(tmp_path / "tfds"),
+         "--manual-dir", str(imagenet_manual), "--recipe", "deit_ti16_300ep",
+         "--image-size", "32", "--batch-size", "4", "--epochs", "1", "--output", str(out_dir)])
+    assert "vit_ti16:" in stdout and "the weights' EMA (decay 0.99996) is the model saved" in stdout
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert 5.0 < result["loss"] < 9.0, result
+    assert (out_dir / "model.keras").exists()
+
+
 def test_relu_from_softmax_example_writes_every_arm_and_resumes(tmp_path):
     args = [os.path.join(EXAMPLES, "relu_from_softmax.py"), "--out", str(tmp_path),
             "--pretrain-epochs", "2", "--finetune-epochs", "1", "--seeds", "0",
