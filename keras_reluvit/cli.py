@@ -68,6 +68,7 @@ def _train(args):
         accum_steps=args.accum_steps,
         ema=args.ema,
         aug_repeats=args.aug_repeats,
+        auto_augment=args.aa,
     )
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config["dataset"], config["data_dir"], args.manual_dir)
@@ -407,6 +408,10 @@ def parser():
                    help="keep timm's EMA of the weights with this decay (DeiT: 0.99996), "
                    "evaluated beside the trained weights each epoch; model.keras and the export "
                    "then hold the EMA (default the recipe's: off; 0: off)")
+    t.add_argument("--aa", metavar="NAME",
+                   help="timm's automatic augmentation by name, e.g. rand-m9-mstd0.5-inc1 "
+                   "(DeiT's RandAugment) or augmix-m3-w3-d-1, instead of the recipe's "
+                   "(none: off)")
     t.add_argument("--aug-repeats", type=int, metavar="N",
                    help="DeiT's repeated augmentation: each epoch a new random 1/N of the "
                    "images, each N times with its own draws, in as many steps (DeiT: 3; default "

@@ -42,6 +42,7 @@ class RunSettings:
     accum_steps: int = None  # None: the recipe's (1)
     ema: float = None  # timm's EMA of the weights, its decay; None: the recipe's (off); 0: off
     aug_repeats: int = None  # DeiT's repeated augmentation; None: the recipe's; 1: off
+    auto_augment: str = None  # timm's --aa name; None: the recipe's; "none": off
 
     @classmethod
     def fields(cls):

@@ -115,7 +115,7 @@ def build_config(settings=None, **kwargs):
         epochs=s.epochs or r["epochs"],
         batch_size=batch_size,
         image_size=s.image_size or r["image_size"],
-        augment=_augment(r.get("augment", {}), s.aug_repeats, r["loss"]),
+        augment=_augment(r.get("augment", {}), s.aug_repeats, r["loss"], s.auto_augment),
         seed=s.seed,
         data_shards=s.data_shards,
         trainable=s.trainable,
@@ -132,8 +132,18 @@ def build_config(settings=None, **kwargs):
     )
 
 
-def _augment(augment, repeats, loss):
+def _augment(augment, repeats, loss, auto_augment=None):
     augment = dict(augment)
+    if auto_augment is not None:  # timm's --aa: instead of the recipe's automatic augmentation
+        from keras_reluvit.data.timm_augment import parse
+
+        name = None if str(auto_augment).lower() in ("none", "") else auto_augment
+        if name is not None:
+            parse(name)  # an unknown name fails here
+        if augment.get("randaug"):
+            print(f"keras_reluvit: auto_augment {name!r} replaces the recipe's "
+                  f"RandAugment{tuple(augment['randaug'])}.", flush=True)
+        augment.update(randaug=None, auto_augment=name)
     smoothing = (augment.get("timm_mix") or {}).get("label_smoothing", 0.1)
     if loss == "bce" and augment.get("timm_mix") is not None and smoothing > 0:
         raise ValueError(f"The bce loss (DeiT III's) binarises the targets: with "

@@ -26,6 +26,13 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
     assert off["augment"]["repeats"] == 1 and r["augment"]["repeats"] == 3
     with pytest.raises(ValueError, match="aug_repeats must be a whole number >= 1"):
         T.build_config(recipe="deit_s16_300ep", batch_size=8, aug_repeats=0)
+    # timm's --aa: instead of the recipe's automatic augmentation, said where it replaces one
+    aa = T.build_config(recipe="s16_i1k_90ep", batch_size=8, auto_augment="augmix-m3")
+    assert aa["augment"]["auto_augment"] == "augmix-m3" and aa["augment"]["randaug"] is None
+    off = T.build_config(recipe="deit_s16_300ep", batch_size=8, auto_augment="none")
+    assert off["augment"]["auto_augment"] is None
+    with pytest.raises(ValueError, match="Unknown auto_augment 'rand_m9'"):
+        T.build_config(recipe="deit_s16_300ep", batch_size=8, auto_augment="rand_m9")
     cfg = T.build_config(recipe="deit_s16_300ep", dataset="sklearn_digits", epochs=1,
                          image_size=32, batch_size=256, data_dir=str(tmp_path / "tfds"),
                          ema=0.9)

@@ -76,7 +76,9 @@ def test_geometric_operations_are_pillows_with_timms_fill(photo):
 def test_names_are_parsed_as_timm_parses_them():
     fn, kw = A.parse("rand-m9-mstd0.5-inc1")
     assert fn is A.rand_augment
-    assert kw == dict(magnitude=9.0, num_layers=2, mstd=0.5, mmax=None, increasing=True)
+    assert kw == dict(magnitude=9.0, num_layers=2, mstd=0.5, mmax=None, increasing=True,
+                      prob=0.5)
+    assert A.parse("rand-m9-p0.8")[1]["prob"] == 0.8
     _, kw = A.parse("rand-n3-m7-mstd101")  # mstd > 100: uniform in [0, m]
     assert (kw["num_layers"], kw["magnitude"], kw["mstd"], kw["increasing"]) == (
         3, 7.0, float("inf"), False)

@@ -326,13 +326,13 @@ def parse(name):
     name_ = name.replace("-d-1", "-d0")
     head = name_.split("-")[0]
     if head == "rand":
-        s = _sections(name_, "RandAugment", ("m", "n", "mstd", "mmax", "inc"))
+        s = _sections(name_, "RandAugment", ("m", "n", "p", "mstd", "mmax", "inc"))
         mstd = float(s.get("mstd", 0.0))
         return rand_augment, dict(
             magnitude=float(s.get("m", LEVEL_MAX)), num_layers=int(s.get("n", 2)),
             mstd=float("inf") if mstd > 100 else mstd,
             mmax=float(s["mmax"]) if "mmax" in s else None,
-            increasing=bool(int(s.get("inc", 0))))
+            increasing=bool(int(s.get("inc", 0))), prob=float(s.get("p", 0.5)))
     if head == "augmix":
         s = _sections(name_, "AugMix", ("m", "w", "d", "a", "mstd"))
         depth = int(s.get("d", -1))
