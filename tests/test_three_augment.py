@@ -11,6 +11,7 @@ from PIL import ImageFilter
 from PIL import ImageOps
 
 from keras_reluvit import data as D
+from keras_reluvit.data import pillow_ops as P
 from keras_reluvit.data import three_augment as T
 
 pytestmark = pytest.mark.backend_independent
@@ -33,12 +34,12 @@ def test_each_operation_is_pillows(photo):
     import tensorflow as tf
 
     pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
-    assert _diff(T.grayscale(x), pil.convert("L").convert("RGB")).max() <= 0.5 + 1e-4
-    assert _diff(T.solarize(x), ImageOps.solarize(pil, 128)).max() == 0
+    assert _diff(P.grayscale(x), pil.convert("L").convert("RGB")).max() <= 0.5 + 1e-4
+    assert _diff(P.solarize(x), ImageOps.solarize(pil, 128)).max() == 0
     for factor in (0.7, 1.0, 1.3):
-        for ours, theirs in ((T.adjust_brightness, ImageEnhance.Brightness),
-                             (T.adjust_contrast, ImageEnhance.Contrast),
-                             (T.adjust_saturation, ImageEnhance.Color)):
+        for ours, theirs in ((P.brightness, ImageEnhance.Brightness),
+                             (P.contrast, ImageEnhance.Contrast),
+                             (P.color, ImageEnhance.Color)):
             d = _diff(ours(x, factor), theirs(pil).enhance(factor))
             assert d.max() <= 1.1 and d.mean() < 0.5, (ours.__name__, factor, d.max())
 
@@ -49,9 +50,9 @@ def test_the_blur_is_the_exact_gaussian_and_close_to_pillows(photo):
 
     x = tf.constant(photo, tf.float32)
     for sigma in (0.5, 1.0, 2.0):
-        ours = np.asarray(T.gaussian_blur(x, sigma))
+        ours = np.asarray(P.gaussian_blur(x, sigma))
         exact = np.stack([ndimage.gaussian_filter(photo[..., c].astype("float64"), sigma,
-                                                  mode="nearest", truncate=T.BLUR_TAPS / sigma)
+                                                  mode="nearest", truncate=P.BLUR_TAPS / sigma)
                           for c in range(3)], -1)
         np.testing.assert_allclose(ours, exact, atol=1e-3)
         # Pillow's three box blurs approximate it: under a level on average
@@ -69,7 +70,7 @@ def test_three_augment_picks_each_operation_a_third_of_the_time(photo):
     import tensorflow as tf
 
     x = tf.constant(photo, tf.float32)
-    gray, solar = np.asarray(T.grayscale(x)), np.asarray(T.solarize(x))
+    gray, solar = np.asarray(P.grayscale(x)), np.asarray(P.solarize(x))
     picked = {"grayscale": 0, "solarize": 0, "blur": 0}
     n = 600
     for out in _applied(n, lambda key: T.three_augment(x, key)):
@@ -94,11 +95,11 @@ def test_color_jitter_draws_its_factors_uniformly_in_range():
 
     colour = np.array((120.0, 60.0, 30.0))
     x = tf.constant(np.full((4, 4, 3), colour, np.float32))
-    gray = float(np.dot(colour, T.GRAY_WEIGHTS))
+    gray = float(np.dot(colour, P.GRAY_WEIGHTS))
     brightness, blends = [], []
     for out in _applied(400, lambda key: T.color_jitter(x, 0.3, key)):
         pixel = np.asarray(out, np.float64)[0, 0]
-        f_b = float(np.dot(pixel, T.GRAY_WEIGHTS)) / gray
+        f_b = float(np.dot(pixel, P.GRAY_WEIGHTS)) / gray
         brightness.append(f_b)
         blends.append((pixel[0] / f_b - gray) / (colour[0] - gray))
     brightness, blends = np.array(brightness), np.array(blends)

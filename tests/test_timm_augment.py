@@ -9,6 +9,7 @@ from PIL import ImageEnhance
 from PIL import ImageOps
 
 from keras_reluvit import data as D
+from keras_reluvit.data import pillow_ops as P
 from keras_reluvit.data import timm_augment as A
 
 pytestmark = pytest.mark.backend_independent
@@ -30,20 +31,20 @@ def test_point_operations_are_pillows(photo):
     import tensorflow as tf
 
     pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
-    exact = [(A.equalize(x), ImageOps.equalize(pil)), (A.invert(x), ImageOps.invert(pil)),
-             (A.solarize(x, 100.0), ImageOps.solarize(pil, 100)),
-             (A.solarize_add(x, 50.0), pil.point([min(255, i + 50) if i < 128 else i
+    exact = [(P.equalize(x), ImageOps.equalize(pil)), (P.invert(x), ImageOps.invert(pil)),
+             (P.solarize(x, 100.0), ImageOps.solarize(pil, 100)),
+             (P.solarize_add(x, 50.0), pil.point([min(255, i + 50) if i < 128 else i
                                                   for i in range(256)] * 3))]
-    exact += [(A.posterize(x, tf.constant(b)), ImageOps.posterize(pil, b)) for b in (1, 2, 4)]
+    exact += [(P.posterize(x, tf.constant(b)), ImageOps.posterize(pil, b)) for b in (1, 2, 4)]
     for ours, theirs in exact:
         assert _diff(ours, theirs).max() == 0
-    assert _diff(A.posterize(x, tf.constant(8)), photo).max() == 0
+    assert _diff(P.posterize(x, tf.constant(8)), photo).max() == 0
     # Pillow rounds to uint8 (and truncates autocontrast's table): within a level
-    assert _diff(A.auto_contrast(x), ImageOps.autocontrast(pil)).max() <= 1.0
+    assert _diff(P.auto_contrast(x), ImageOps.autocontrast(pil)).max() <= 1.0
     for factor in (0.3, 1.0, 1.7):
-        for ours, theirs in ((A.color, ImageEnhance.Color), (A.contrast, ImageEnhance.Contrast),
-                             (A.brightness, ImageEnhance.Brightness),
-                             (A.sharpness, ImageEnhance.Sharpness)):
+        for ours, theirs in ((P.color, ImageEnhance.Color), (P.contrast, ImageEnhance.Contrast),
+                             (P.brightness, ImageEnhance.Brightness),
+                             (P.sharpness, ImageEnhance.Sharpness)):
             d = _diff(ours(x, factor), theirs(pil).enhance(factor))
             assert d.max() <= 1.25 and d.mean() < 0.5, (ours.__name__, factor, d.max())
 
@@ -54,23 +55,23 @@ def test_geometric_operations_are_pillows_with_timms_fill(photo):
 
     pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
     w, h = pil.size
-    kw = dict(resample=Image.BILINEAR, fillcolor=A.FILL)
+    kw = dict(resample=Image.BILINEAR, fillcolor=P.FILL)
 
     def affine(matrix):
         return pil.transform(pil.size, Image.AFFINE, matrix, **kw)
 
-    pairs = [(A.rotate(x, 27.0), pil.rotate(27, **kw)),
-             (A.rotate(x, -12.0), pil.rotate(-12, **kw)),
-             (A.shear_x(x, 0.27), affine((1, 0.27, 0, 0, 1, 0))),
-             (A.shear_y(x, -0.2), affine((1, 0, 0, -0.2, 1, 0))),
-             (A.translate_x_rel(x, 0.3), affine((1, 0, 0.3 * w, 0, 1, 0))),
-             (A.translate_y_rel(x, -0.41), affine((1, 0, 0, 0, 1, -0.41 * h)))]
+    pairs = [(P.rotate(x, 27.0), pil.rotate(27, **kw)),
+             (P.rotate(x, -12.0), pil.rotate(-12, **kw)),
+             (P.shear_x(x, 0.27), affine((1, 0.27, 0, 0, 1, 0))),
+             (P.shear_y(x, -0.2), affine((1, 0, 0, -0.2, 1, 0))),
+             (P.translate_x_rel(x, 0.3), affine((1, 0, 0.3 * w, 0, 1, 0))),
+             (P.translate_y_rel(x, -0.41), affine((1, 0, 0, 0, 1, -0.41 * h)))]
     for i, (ours, theirs) in enumerate(pairs):
         d = _diff(ours, theirs)
         assert d.mean() < 0.7 and np.percentile(d, 97) < 3.0, (i, d.mean())  # 3 %: the edges
     # the fill is timm's for DeiT: ImageNet's mean in 0-255
-    corner = np.asarray(A.translate_x_rel(x, 0.4))[0, -1]
-    np.testing.assert_allclose(corner, A.FILL, atol=1e-4)
+    corner = np.asarray(P.translate_x_rel(x, 0.4))[0, -1]
+    np.testing.assert_allclose(corner, P.FILL, atol=1e-4)
 
 
 def test_names_are_parsed_as_timm_parses_them():
@@ -171,7 +172,7 @@ def test_magnitudes_map_to_timms_arguments(photo):
     import tensorflow as tf
 
     pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
-    kw = dict(resample=Image.BILINEAR, fillcolor=A.FILL)
+    kw = dict(resample=Image.BILINEAR, fillcolor=P.FILL)
     w = pil.size[0]
     cases = [  # (op, magnitude, sign, what timm runs)
         ("Rotate", 10.0, -1.0, pil.rotate(-30, **kw)),

@@ -31,13 +31,15 @@ clipped to factor 1.0 (Keras caps the strength of each op at its maximum).
 Modules: `tfds` (preparing tfds data sets, their builders and splits),
 `folders` (a folder of images as a data set: classes, splits, the split
 record), `augment` (crops, RandAugment, random erasing, MixUp / CutMix),
-`three_augment` (DeiT III's 3-Augment, colour jitter), `timm_augment` (timm's
-RandAugment and AugMix by name), `pipeline` (examples to
+`pillow_ops` (Pillow's image operations in tf.data), `three_augment` (DeiT
+III's 3-Augment, colour jitter), `timm_augment` (timm's RandAugment and AugMix
+by name), `pipeline` (examples to
 batches) and `sources` (`load`: a tfds name or a folder to pipelines).
 """
 
 
 from keras_reluvit.data import folders
+from keras_reluvit.data import pillow_ops
 from keras_reluvit.data import three_augment
 from keras_reluvit.data import timm_augment
 from keras_reluvit.data.augment import Augment
@@ -69,4 +71,4 @@ __all__ = ["Augment", "Data", "ILSVRC_HELP", "Info", "MANUAL_FILES", "SPLITS", "
            "crop_window", "decode_inception_crop", "decode_random_crop", "default_manual_dir",
            "for_model", "imagenet", "inception_crop", "load", "mixup", "pipeline", "prepare",
            "random_crop", "random_erasing", "resize_small_central_crop", "simple_random_crop",
-           "switch_randaugment", "three_augment", "timm_augment", "timm_mix", "folders"]
+           "switch_randaugment", "pillow_ops", "three_augment", "timm_augment", "timm_mix", "folders"]

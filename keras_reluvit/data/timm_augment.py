@@ -2,10 +2,9 @@
 (`rand-m9-mstd0.5-inc1`, DeiT's) and AugMix (`augmix-m3-w3-d-1`), in tf.data
 with keyed draws (`timm.data.auto_augment` semantics).
 
-Each operation is Pillow's, as timm runs it on PIL images, computed on float
-0-255 pixels (no rounding to uint8 between operations; bilinear sampling
-where timm draws bilinear or bicubic), and checked against Pillow in
-`tests/test_timm_augment.py`. The magnitude scale is timm's: 0-10 (`M`),
+Each operation is Pillow's, as timm runs it on PIL images (`pillow_ops`:
+float 0-255 pixels, no rounding to uint8 between operations, bilinear
+sampling where timm draws bilinear or bicubic). The magnitude scale is timm's: 0-10 (`M`),
 each operation's argument a function of it (`_LEVELS`), with a random sign
 where timm negates.
 
@@ -15,163 +14,26 @@ magnitude noise, every chosen op applied), hence these operations.
 AutoAugment's fixed policies (`v0`, `original`) are not here.
 """
 
-import math
 import re
 
+from keras_reluvit.data.pillow_ops import auto_contrast
+from keras_reluvit.data.pillow_ops import brightness
+from keras_reluvit.data.pillow_ops import color
+from keras_reluvit.data.pillow_ops import contrast
+from keras_reluvit.data.pillow_ops import equalize
+from keras_reluvit.data.pillow_ops import invert
+from keras_reluvit.data.pillow_ops import posterize
+from keras_reluvit.data.pillow_ops import rotate
+from keras_reluvit.data.pillow_ops import sharpness
+from keras_reluvit.data.pillow_ops import shear_x
+from keras_reluvit.data.pillow_ops import shear_y
+from keras_reluvit.data.pillow_ops import solarize
+from keras_reluvit.data.pillow_ops import solarize_add
+from keras_reluvit.data.pillow_ops import translate_x_rel
+from keras_reluvit.data.pillow_ops import translate_y_rel
 from keras_reluvit.data.tfds import _tf
 
 LEVEL_MAX = 10.0  # timm's _LEVEL_DENOM: M10 is the strongest
-FILL = (124, 116, 104)  # timm's img_mean fill: round(255 * ImageNet mean), as DeiT runs it
-
-
-def _blend(degenerate, image, factor):
-    """Pillow's `Image.blend(degenerate, image, factor)`, clipped."""
-    return _tf().clip_by_value(degenerate + factor * (image - degenerate), 0.0, 255.0)
-
-
-def _gray(image):
-    from keras_reluvit.data.three_augment import GRAY_WEIGHTS
-
-    tf = _tf()
-    return tf.tensordot(image, tf.constant(GRAY_WEIGHTS, image.dtype), 1)[..., None]
-
-
-def auto_contrast(image):
-    """`ImageOps.autocontrast`: each channel stretched from its min..max to
-    0..255 (a flat channel kept)."""
-    tf = _tf()
-    lo = tf.reduce_min(image, axis=[0, 1])
-    hi = tf.reduce_max(image, axis=[0, 1])
-    scale = tf.where(hi > lo, 255.0 / tf.maximum(hi - lo, 1e-6), 1.0)
-    offset = tf.where(hi > lo, lo, 0.0)
-    return tf.clip_by_value((image - offset) * scale, 0.0, 255.0)
-
-
-def equalize(image):
-    """`ImageOps.equalize`: per channel, the histogram's lookup table of
-    Pillow (`(step // 2 + pixels below) // step`, `step` the count without
-    the last level's, over 255); a channel of one level, or a zero step, kept."""
-    tf = _tf()
-    levels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.int32)
-
-    def channel(c):
-        values = levels[..., c]
-        hist = tf.math.bincount(tf.reshape(values, [-1]), minlength=256, maxlength=256)
-        nonzero = tf.boolean_mask(hist, hist > 0)
-        step = (tf.reduce_sum(nonzero) - nonzero[-1]) // 255
-        below = tf.cumsum(hist, exclusive=True)
-        lut = tf.minimum((step // 2 + below) // tf.maximum(step, 1), 255)
-        out = tf.cast(tf.gather(lut, values), image.dtype)
-        return tf.where(step > 0, out, image[..., c])
-
-    return tf.stack([channel(c) for c in range(3)], -1)
-
-
-def invert(image):
-    return 255.0 - image
-
-
-def posterize(image, bits):
-    """`ImageOps.posterize`: the `bits` high bits of each level kept (8: as is)."""
-    tf = _tf()
-    shift = tf.cast(8 - bits, image.dtype)
-    step = tf.pow(2.0, shift)
-    levels = tf.clip_by_value(tf.round(image), 0.0, 255.0)
-    return tf.where(bits >= 8, image, tf.floor(levels / step) * step)
-
-
-def solarize(image, threshold):
-    """`ImageOps.solarize`: `255 - x` where `x >= threshold`."""
-    tf = _tf()
-    return tf.where(image < tf.cast(threshold, image.dtype), image, 255.0 - image)
-
-
-def solarize_add(image, add, threshold=128.0):
-    """timm's `solarize_add`: `min(255, x + add)` where `x < threshold`."""
-    tf = _tf()
-    return tf.where(image < threshold, tf.minimum(image + tf.cast(add, image.dtype), 255.0),
-                    image)
-
-
-def color(image, factor):
-    """`ImageEnhance.Color`: a blend with the image's grayscale."""
-    return _blend(_gray(image), image, factor)
-
-
-def contrast(image, factor):
-    """`ImageEnhance.Contrast`: a blend with the mean gray level (rounded, as Pillow's)."""
-    tf = _tf()
-    mean = tf.floor(tf.reduce_mean(_gray(image)) + 0.5)
-    return _blend(mean, image, factor)
-
-
-def brightness(image, factor):
-    """`ImageEnhance.Brightness`: a blend with black."""
-    return _blend(0.0, image, factor)
-
-
-def sharpness(image, factor):
-    """`ImageEnhance.Sharpness`: a blend with `ImageFilter.SMOOTH` (3x3,
-    centre 5 of 13), whose one-pixel border is the image's own."""
-    tf = _tf()
-    kernel = tf.constant([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13.0
-    kernel = tf.tile(kernel[:, :, None, None], [1, 1, 3, 1])
-    smooth = tf.nn.depthwise_conv2d(image[None], kernel, [1, 1, 1, 1], "VALID")[0]
-    smooth = tf.round(smooth)  # Pillow's filter writes uint8
-    h, w = tf.shape(image)[0], tf.shape(image)[1]
-    smooth = tf.pad(smooth, [[1, 1], [1, 1], [0, 0]])
-    rows, cols = tf.range(h)[:, None, None], tf.range(w)[None, :, None]
-    border = (rows == 0) | (rows == h - 1) | (cols == 0) | (cols == w - 1)
-    return _blend(tf.where(border, image, smooth), image, factor)
-
-
-def affine(image, matrix, fill=FILL):
-    """Pillow's `Image.transform(size, AFFINE, matrix)`: output pixel
-    centre `(x, y)` reads the input at `(a x + b y + c, d x + e y + f)`,
-    bilinear, `fill` outside."""
-    tf = _tf()
-    a, b, c, d, e, f = [tf.cast(m, tf.float32) for m in matrix]
-    # Pillow's coordinates are pixel centres at + 0.5; TensorFlow's at the index.
-    transform = tf.stack([a, b, a * 0.5 + b * 0.5 + c - 0.5,
-                          d, e, d * 0.5 + e * 0.5 + f - 0.5, 0.0, 0.0])[None]
-    size = tf.shape(image)[:2]
-    stacked = tf.concat([image, tf.ones_like(image[..., :1])], -1)[None]
-    out = tf.raw_ops.ImageProjectiveTransformV3(
-        images=stacked, transforms=transform, output_shape=size, fill_value=0.0,
-        interpolation="BILINEAR", fill_mode="CONSTANT")[0]
-    inside = out[..., 3:]
-    return out[..., :3] + (1.0 - inside) * tf.constant(fill, image.dtype)
-
-
-def rotate(image, degrees):
-    """`Image.rotate(degrees)`: counter-clockwise about the centre `(w/2, h/2)`."""
-    tf = _tf()
-    angle = -tf.cast(degrees, tf.float32) * math.pi / 180.0
-    cos, sin = tf.cos(angle), tf.sin(angle)
-    h, w = tf.cast(tf.shape(image)[0], tf.float32), tf.cast(tf.shape(image)[1], tf.float32)
-    cx, cy = w / 2.0, h / 2.0
-    return affine(image, (cos, sin, cos * -cx + sin * -cy + cx,
-                          -sin, cos, -sin * -cx + cos * -cy + cy))
-
-
-def shear_x(image, factor):
-    return affine(image, (1.0, factor, 0.0, 0.0, 1.0, 0.0))
-
-
-def shear_y(image, factor):
-    return affine(image, (1.0, 0.0, 0.0, factor, 1.0, 0.0))
-
-
-def translate_x_rel(image, pct):
-    tf = _tf()
-    return affine(image, (1.0, 0.0, pct * tf.cast(tf.shape(image)[1], tf.float32),
-                          0.0, 1.0, 0.0))
-
-
-def translate_y_rel(image, pct):
-    tf = _tf()
-    return affine(image, (1.0, 0.0, 0.0, 0.0, 1.0,
-                          pct * tf.cast(tf.shape(image)[0], tf.float32)))
 
 
 # Each operation: (function, its argument from the magnitude m (0-10) and a
@@ -279,6 +141,7 @@ def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("in
     Dirichlet(alpha) weights, clipped, and blended with the image by
     `Beta(alpha, alpha)`. Stateless, from `key`."""
     from keras_reluvit.data.augment import _beta
+    from keras_reluvit.data.pillow_ops import blend
 
     tf = _tf()
     keys = tf.random.experimental.stateless_split(key, 3)
@@ -301,7 +164,7 @@ def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("in
             sign = tf.where(tf.random.stateless_uniform([], sk[2]) > 0.5, -1.0, 1.0)
             aug = tf.where(step < n, _one_of(AUGMIX_OPS, index, aug, m, sign), aug)
         mixed = mixed + weights[chain] * aug
-    return _blend(image, tf.clip_by_value(mixed, 0.0, 255.0), m_blend)
+    return blend(image, tf.clip_by_value(mixed, 0.0, 255.0), m_blend)
 
 
 def _sections(name, kind, known):

@@ -1,0 +1,186 @@
+"""Pillow's image operations (`ImageOps`, `ImageEnhance`, `ImageFilter`,
+affine transforms), which timm, DeiT and torchvision run on PIL images, on
+float 0-255 pixels `[H, W, 3]` in tf.data: what `timm_augment` and
+`three_augment` are made of. No rounding to uint8 between operations;
+bilinear sampling; the Gaussian blur is exact where Pillow approximates it
+by three box blurs. Each is checked against Pillow in the tests
+(`tests/test_timm_augment.py`, `tests/test_three_augment.py`)."""
+
+import math
+
+from keras_reluvit.data.tfds import _tf
+
+GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma: Pillow's convert("L")
+FILL = (124, 116, 104)  # timm's img_mean fill: round(255 * ImageNet mean), as DeiT runs it
+BLUR_TAPS = 6  # each side of the Gaussian: 3 sigma at DeiT's largest sigma, 2
+
+
+def blend(degenerate, image, factor):
+    """Pillow's `Image.blend(degenerate, image, factor)`, clipped."""
+    return _tf().clip_by_value(degenerate + factor * (image - degenerate), 0.0, 255.0)
+
+
+def _gray(image):
+    tf = _tf()
+    return tf.tensordot(image, tf.constant(GRAY_WEIGHTS, image.dtype), 1)[..., None]
+
+
+def grayscale(image):
+    """Pillow's `convert("L")` as three equal channels (`[H, W, 3]`)."""
+    return _tf().tile(_gray(image), [1, 1, 3])
+
+
+def auto_contrast(image):
+    """`ImageOps.autocontrast`: each channel stretched from its min..max to
+    0..255 (a flat channel kept)."""
+    tf = _tf()
+    lo = tf.reduce_min(image, axis=[0, 1])
+    hi = tf.reduce_max(image, axis=[0, 1])
+    scale = tf.where(hi > lo, 255.0 / tf.maximum(hi - lo, 1e-6), 1.0)
+    offset = tf.where(hi > lo, lo, 0.0)
+    return tf.clip_by_value((image - offset) * scale, 0.0, 255.0)
+
+
+def equalize(image):
+    """`ImageOps.equalize`: per channel, the histogram's lookup table of
+    Pillow (`(step // 2 + pixels below) // step`, `step` the count without
+    the last level's, over 255); a channel of one level, or a zero step, kept."""
+    tf = _tf()
+    levels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.int32)
+
+    def channel(c):
+        values = levels[..., c]
+        hist = tf.math.bincount(tf.reshape(values, [-1]), minlength=256, maxlength=256)
+        nonzero = tf.boolean_mask(hist, hist > 0)
+        step = (tf.reduce_sum(nonzero) - nonzero[-1]) // 255
+        below = tf.cumsum(hist, exclusive=True)
+        lut = tf.minimum((step // 2 + below) // tf.maximum(step, 1), 255)
+        out = tf.cast(tf.gather(lut, values), image.dtype)
+        return tf.where(step > 0, out, image[..., c])
+
+    return tf.stack([channel(c) for c in range(3)], -1)
+
+
+def invert(image):
+    return 255.0 - image
+
+
+def posterize(image, bits):
+    """`ImageOps.posterize`: the `bits` high bits of each level kept (8: as is)."""
+    tf = _tf()
+    shift = tf.cast(8 - bits, image.dtype)
+    step = tf.pow(2.0, shift)
+    levels = tf.clip_by_value(tf.round(image), 0.0, 255.0)
+    return tf.where(bits >= 8, image, tf.floor(levels / step) * step)
+
+
+def solarize(image, threshold=128.0):
+    """`ImageOps.solarize`: `255 - x` where `x >= threshold`."""
+    tf = _tf()
+    return tf.where(image < tf.cast(threshold, image.dtype), image, 255.0 - image)
+
+
+def solarize_add(image, add, threshold=128.0):
+    """timm's `solarize_add`: `min(255, x + add)` where `x < threshold`."""
+    tf = _tf()
+    return tf.where(image < threshold, tf.minimum(image + tf.cast(add, image.dtype), 255.0),
+                    image)
+
+
+def color(image, factor):
+    """`ImageEnhance.Color`: a blend with the image's grayscale."""
+    return blend(_gray(image), image, factor)
+
+
+def contrast(image, factor):
+    """`ImageEnhance.Contrast`: a blend with the mean gray level (rounded, as Pillow's)."""
+    tf = _tf()
+    mean = tf.floor(tf.reduce_mean(_gray(image)) + 0.5)
+    return blend(mean, image, factor)
+
+
+def brightness(image, factor):
+    """`ImageEnhance.Brightness`: a blend with black."""
+    return blend(0.0, image, factor)
+
+
+def sharpness(image, factor):
+    """`ImageEnhance.Sharpness`: a blend with `ImageFilter.SMOOTH` (3x3,
+    centre 5 of 13), whose one-pixel border is the image's own."""
+    tf = _tf()
+    kernel = tf.constant([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13.0
+    kernel = tf.tile(kernel[:, :, None, None], [1, 1, 3, 1])
+    smooth = tf.nn.depthwise_conv2d(image[None], kernel, [1, 1, 1, 1], "VALID")[0]
+    smooth = tf.round(smooth)  # Pillow's filter writes uint8
+    h, w = tf.shape(image)[0], tf.shape(image)[1]
+    smooth = tf.pad(smooth, [[1, 1], [1, 1], [0, 0]])
+    rows, cols = tf.range(h)[:, None, None], tf.range(w)[None, :, None]
+    border = (rows == 0) | (rows == h - 1) | (cols == 0) | (cols == w - 1)
+    return blend(tf.where(border, image, smooth), image, factor)
+
+
+def affine(image, matrix, fill=FILL):
+    """Pillow's `Image.transform(size, AFFINE, matrix)`: output pixel
+    centre `(x, y)` reads the input at `(a x + b y + c, d x + e y + f)`,
+    bilinear, `fill` outside."""
+    tf = _tf()
+    a, b, c, d, e, f = [tf.cast(m, tf.float32) for m in matrix]
+    # Pillow's coordinates are pixel centres at + 0.5; TensorFlow's at the index.
+    transform = tf.stack([a, b, a * 0.5 + b * 0.5 + c - 0.5,
+                          d, e, d * 0.5 + e * 0.5 + f - 0.5, 0.0, 0.0])[None]
+    size = tf.shape(image)[:2]
+    stacked = tf.concat([image, tf.ones_like(image[..., :1])], -1)[None]
+    out = tf.raw_ops.ImageProjectiveTransformV3(
+        images=stacked, transforms=transform, output_shape=size, fill_value=0.0,
+        interpolation="BILINEAR", fill_mode="CONSTANT")[0]
+    inside = out[..., 3:]
+    return out[..., :3] + (1.0 - inside) * tf.constant(fill, image.dtype)
+
+
+def rotate(image, degrees):
+    """`Image.rotate(degrees)`: counter-clockwise about the centre `(w/2, h/2)`."""
+    tf = _tf()
+    angle = -tf.cast(degrees, tf.float32) * math.pi / 180.0
+    cos, sin = tf.cos(angle), tf.sin(angle)
+    h, w = tf.cast(tf.shape(image)[0], tf.float32), tf.cast(tf.shape(image)[1], tf.float32)
+    cx, cy = w / 2.0, h / 2.0
+    return affine(image, (cos, sin, cos * -cx + sin * -cy + cx,
+                          -sin, cos, -sin * -cx + cos * -cy + cy))
+
+
+def shear_x(image, factor):
+    return affine(image, (1.0, factor, 0.0, 0.0, 1.0, 0.0))
+
+
+def shear_y(image, factor):
+    return affine(image, (1.0, 0.0, 0.0, factor, 1.0, 0.0))
+
+
+def translate_x_rel(image, pct):
+    tf = _tf()
+    return affine(image, (1.0, 0.0, pct * tf.cast(tf.shape(image)[1], tf.float32),
+                          0.0, 1.0, 0.0))
+
+
+def translate_y_rel(image, pct):
+    tf = _tf()
+    return affine(image, (1.0, 0.0, 0.0, 0.0, 1.0,
+                          pct * tf.cast(tf.shape(image)[0], tf.float32)))
+
+
+def gaussian_blur(image, sigma):
+    """A Gaussian blur of standard deviation `sigma` (Pillow's radius), the
+    edges repeated; separable, `2 * BLUR_TAPS + 1` taps."""
+    tf = _tf()
+    x = tf.range(-BLUR_TAPS, BLUR_TAPS + 1, dtype=image.dtype)
+    taps = tf.exp(-0.5 * tf.square(x / tf.cast(sigma, image.dtype)))
+    taps = taps / tf.reduce_sum(taps)
+    padded = tf.concat([tf.repeat(image[:1], BLUR_TAPS, 0), image,
+                        tf.repeat(image[-1:], BLUR_TAPS, 0)], 0)
+    padded = tf.concat([tf.repeat(padded[:, :1], BLUR_TAPS, 1), padded,
+                        tf.repeat(padded[:, -1:], BLUR_TAPS, 1)], 1)
+    channels = image.shape[-1] or 3
+    rows = tf.tile(tf.reshape(taps, [-1, 1, 1, 1]), [1, 1, channels, 1])
+    cols = tf.tile(tf.reshape(taps, [1, -1, 1, 1]), [1, 1, channels, 1])
+    out = tf.nn.depthwise_conv2d(padded[None], rows, [1, 1, 1, 1], "VALID")
+    return tf.nn.depthwise_conv2d(out, cols, [1, 1, 1, 1], "VALID")[0]
