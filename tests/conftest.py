@@ -71,6 +71,11 @@ FULL_ONLY = (
     # PyTorch, and Keras' accumulation is one code path (base_optimizer) on every backend.
     "test_backup.py::test_accumulation_of_4_micro_batches_equals_one_step_of_the_whole_batch"
     "@tensorflow",
+    # DeiT III's tiny epoch on JAX and TensorFlow (~19 s each): PyTorch's runs in CI;
+    # RecipeLamb and the bce loss are checked on every backend apart, 3-Augment once (tf.data),
+    # and DeiT's own tiny epoch runs on all three.
+    "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@jax",
+    "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@tensorflow",
 )
 
 
