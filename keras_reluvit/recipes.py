@@ -213,7 +213,7 @@ _DEIT3 = dict(dataset="imagenet2012", epochs=400, batch_size=2048, optimizer="la
                            repeats=3, timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0,
                                                     switch_prob=0.5, label_smoothing=0.0)))
 _DEIT3_DIFFERS = (" Differs from DeiT III's: qk-layernorm on (the paper's setting for ReLU/L; "
-                  "qk_norm=False for DeiT III's); 400 epochs as the issue's name says (the "
+                  "qk_norm=False for DeiT III's); 400 epochs (the paper's shorter schedule; the "
                   "README's commands run 800); the 3 copies of an image share one process' "
                   "batch; warmup from 0 (DeiT's 1e-6) and the cosine to 0 (timm's 1e-5); "
                   "bilinear resizing (DeiT's bicubic); Pillow's operations on float pixels "
@@ -221,16 +221,37 @@ _DEIT3_DIFFERS = (" Differs from DeiT III's: qk-layernorm on (the paper's settin
 for _name, _variant, _size, _lr, _dp, _top1 in (
         ("deit3_s16_400ep", "S/16", 224, 4e-3, 0.05, "81.4% top-1 at 224 after 800 epochs"),
         ("deit3_b16_400ep", "B/16", 192, 3e-3, 0.2,
-         "83.8% top-1 after 800 epochs at 192 and a 20-epoch fine-tune at 224")):
+         "83.8% top-1 after 800 epochs at 192 and a 20-epoch fine-tune at 224, "
+         "deit3_ft224")):
     RECIPES[_name] = dict(
         description=f"DeiT III ViT-{_variant[0]} (Touvron et al. 2022, facebookresearch/deit "
         f"README_revenge.md; {_top1}, softmax attention, the README's table), trained at "
         f"{_size} px." + _DEIT3_DIFFERS,
-        image_size=_size, lr=_lr, wd=0.05 * _lr,
+        image_size=_size, lr=_lr, wd=round(0.05 * _lr, 12),
         model=dict(variant=_variant, pool="tok", posemb="learn", posemb_prefix=False,
                    layer_scale=1e-4, mlp_activation="gelu", drop_path=_dp,
                    drop_path_schedule="uniform"),
         **_DEIT3)
+
+# DeiT III's fine-tune at 224 of the models trained at lower resolution (README_revenge.md:
+# ViT-B / L / H, 8 GPUs x 64): AdamW lr 1e-5 (not scaled) and weight decay 0.1, 5 warmup
+# epochs, 20 epochs, softmax cross-entropy with smoothing 0.1 in timm's MixUp / CutMix
+# targets, rand-m9-mstd0.5-inc1, no repeated augmentation, no erasing, stochastic depth.
+RECIPES["deit3_ft224"] = dict(
+    description="DeiT III's fine-tune at 224 px of a checkpoint trained at lower resolution "
+    "(--init, e.g. a deit3_b16_400ep run at 192; README_revenge.md's commands for ViT-B / L / H): "
+    "AdamW lr 1e-5 at batch 512 and weight decay 0.1, 5 warmup epochs then cosine, 20 epochs, "
+    "timm's RandAugment rand-m9-mstd0.5-inc1, MixUp 0.8 / CutMix 1.0 with smoothing 0.1, "
+    "stochastic depth 0.2 (ViT-B's; --drop-path for L / H: 0.45 / 0.55), no repeated "
+    "augmentation; the position embedding resampled to 224 on load. Differs from DeiT "
+    "III's: warmup from 0 (DeiT's 1e-6) and the cosine to 0 (timm's 1e-5); bilinear resizing "
+    "(DeiT's bicubic); Pillow's operations on float pixels (keras_reluvit.data.timm_augment).",
+    dataset="imagenet2012", image_size=224, epochs=20, batch_size=512, optimizer="adamw",
+    lr=1e-5, wd=1e-6, warmup_epochs=5, loss="softmax_xent", head_bias_init=0.0,
+    init_required=True, model=dict(drop_path=0.2), ema=0.99996,
+    augment=dict(crop_area=(0.08, 1.0), auto_augment="rand-m9-mstd0.5-inc1",
+                 timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
+                               label_smoothing=0.1)))
 
 # An ImageNet epoch is hours of a pod: those runs back up every 1000 steps
 # (big_vision's `ckpt_steps`), mid-epoch, as well as at each epoch's end.

@@ -112,3 +112,17 @@ def test_bce_with_smoothed_mixing_targets_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="binarises the targets: with timm_mix "
                                          "label_smoothing=0.1 every target would be 1"):
         T.build_config(recipe="smoothed_bce", batch_size=8)
+
+
+def test_deit3_ft224_fine_tunes_a_checkpoint_at_224(tmp_path):
+    """README_revenge.md's fine-tune at 224: AdamW lr 1e-5 and decay 0.1 at
+    batch 512, softmax with smoothing 0.1 in the mixed targets, no repeats;
+    stochastic depth reaches the checkpoint's model."""
+    r = recipes.get("deit3_ft224")
+    assert (r["optimizer"], r["lr"], r["batch_size"], r["epochs"]) == ("adamw", 1e-5, 512, 20)
+    assert r["wd"] / r["lr"] == pytest.approx(0.1) and r["loss"] == "softmax_xent"
+    assert r["augment"]["timm_mix"]["label_smoothing"] == 0.1
+    assert r["augment"].get("repeats", 1) == 1 and r["init_required"]
+    cfg = T.build_config(recipe="deit3_ft224", init=str(tmp_path / "deit3.keras"),
+                         dataset="sklearn_digits", batch_size=8)
+    assert cfg["model"] == {"drop_path": 0.2} and cfg["image_size"] == 224
