@@ -326,6 +326,32 @@ def test_repeated_augmentation_repeats_each_process_shard(digits_dir):
     assert not seen[0] & seen[1]
 
 
+@pytest.mark.backend_independent
+def test_for_model_repeats_a_keras_image_directory(tmp_path):
+    """`kr.data.for_model` on `keras.utils.image_dataset_from_directory`'s
+    batches knows their size (its `file_paths`), so repeated augmentation
+    runs on them; an unknown size is an error naming the cure."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(9):
+            Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype="uint8")).save(
+                tmp_path / c / f"{i}.png")
+    ds = keras.utils.image_dataset_from_directory(str(tmp_path), image_size=(20, 20),
+                                                  batch_size=4, seed=0)
+    model = kr.ViT("Ti/16", num_classes=2, image_size=16, depth=1)
+    aug = D.Augment(crop_area=(1.0, 1.0), crop_aspect=(1.0, 1.0), flip=False, repeats=3)
+    train = D.for_model(ds, model, train=True, batch_size=6, augment=aug)
+    assert len(train) == 3  # 18 images, batches of 6
+    images = np.concatenate([np.asarray(x) for x, _ in train])
+    counts = np.unique([im.tobytes() for im in images], return_counts=True)[1]
+    assert len(images) == 18 and sorted(counts) == [3] * 6  # a third, each 3 times
+    with pytest.raises(ValueError, match="size is unknown.*ds.unbatch"):
+        D.for_model(ds.map(lambda x, y: (x, y)), model, train=True, augment=aug)
+
+
 def timm_mixed(n_batches, batch=16, size=12, classes=16, **options):
     """Batches of images each filled with its own value (its index) mixed by
     `timm_mix`: (images, labels) stacked, and the values each image held."""

@@ -178,8 +178,9 @@ def repeated(ds, repeats):
     if n < 0:
         raise ValueError(
             "Repeated augmentation (Augment(repeats=)) keeps the epoch's length and needs it: "
-            "this dataset's size is unknown (after unbatch, filter, ...). Declare it with "
-            "ds.apply(tf.data.experimental.assert_cardinality(NUMBER_OF_IMAGES)).")
+            "this dataset's size is unknown (after unbatch, filter, ...). Declare it on the "
+            "unbatched examples: ds.unbatch().apply(tf.data.experimental.assert_cardinality("
+            "NUMBER_OF_IMAGES)).")
     ds = ds.take(-(-n // repeats))
     ds = ds.flat_map(lambda *ex: tf.data.Dataset.from_tensors(ex[0] if len(ex) == 1 else ex)
                      .repeat(repeats))
@@ -210,6 +211,7 @@ def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
     ```
     """
     tf = _tf()
+    files = getattr(ds, "file_paths", None)  # image_dataset_from_directory's: its size
     spec = ds.element_spec
     if isinstance(spec, dict):
         if not {"image", "label"} <= set(spec):
@@ -230,6 +232,8 @@ def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
     if rank == 4:
         ds = ds.unbatch()
         label_spec = tf.TensorSpec(label_spec.shape[1:], label_spec.dtype)
+        if files is not None:  # the size unbatch loses (repeated augmentation needs it)
+            ds = ds.apply(tf.data.experimental.assert_cardinality(len(files)))
     num_classes = model.output_shape[-1]
     one_hot = label_spec.shape.rank == 1
 
