@@ -12,7 +12,7 @@ which DeiT and torchvision run on PIL images (`convert("L")`,
 Keras' layers (`RandomGrayscale`, `Solarization`, `RandomGaussianBlur`,
 `RandomColorJitter`) differ where it matters: additive brightness, contrast
 around each channel's own mean, a fixed order of the jitter's operations and
-a 3-tap blur by default; hence these few lines.
+a 3-tap blur by default; hence Pillow's operations here.
 """
 
 from keras_reluvit.data.pillow_ops import brightness

@@ -4,9 +4,9 @@ with keyed draws (`timm.data.auto_augment` semantics).
 
 Each operation is Pillow's, as timm runs it on PIL images (`pillow_ops`:
 float 0-255 pixels, no rounding to uint8 between operations, bilinear
-sampling where timm draws bilinear or bicubic). The magnitude scale is timm's: 0-10 (`M`),
-each operation's argument a function of it (`_LEVELS`), with a random sign
-where timm negates.
+sampling where timm draws bilinear or bicubic). The magnitude scale is
+timm's: 0-10 (`M`), each operation's argument a function of it (`_OPS`, timm's
+level functions), with a random sign where timm negates.
 
 Keras' `RandAugment` and `AugMix` differ from timm's: other operations and
 strengths (Keras' factor in [0, 1] for every op, additive brightness, no
