@@ -129,8 +129,7 @@ def pipeline(
     if cache:
         ds = ds.cache()
     if train:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        ds = repeated(ds, aug.repeats)
+        ds = train_examples(ds, aug.repeats, seed, shuffle_buffer)
         ds = tf.data.Dataset.zip((ds, randoms(0)))  # every copy its own draws
     else:
         ds = ds.map(lambda ex: (ex, tf.constant(0, tf.int64)))
@@ -156,32 +155,78 @@ def pipeline(
     return ds.prefetch(AUTO)
 
 
-def repeated(ds, repeats):
-    """DeiT's repeated augmentation (`RASampler`) on one pass of shuffled
-    examples `ds`: its first `ceil(n / repeats)` examples, each `repeats`
-    times in a row, `n` in all (`n`: the examples of `ds`, which must be
-    known): an epoch of the same length, a third of the images for
-    DeiT's 3, a new third each epoch when `ds` reshuffles. The copies are
-    consecutive, so they meet in one batch (as on one GPU of DeiT; on 8 its
-    sampler deals them to 3 GPUs, in the same global batch), and they are
-    augmented apart by the draws that follow.
-
-    In a cluster each process repeats the images of its own shard: the
-    global batch holds the same mix of copies as DeiT's."""
-    tf = _tf()
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"Augment(repeats=) must be a whole number >= 1 (DeiT's 3; 1: off), "
-                         f"got {repeats!r}.")
+def train_examples(ds, repeats=1, seed=0, shuffle_buffer=10_000):
+    """One epoch's training examples of `ds` (one pass; a new epoch at each
+    new iterator), before any decoding: buffer-shuffled (seeded, reshuffled
+    every epoch) and, with `repeats` r > 1, DeiT's repeated augmentation
+    (`repeated`). `pipeline` decodes and augments what this yields."""
+    check_repeats(repeats)
     if repeats == 1:
-        return ds
+        return ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    n = _known_size(ds)
+    ds = epoch_subset(ds, repeats, seed)  # drawn from the whole split, not the buffer
+    ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return repeated(ds, repeats, n)
+
+
+def check_repeats(repeats, name="Augment(repeats=)"):
+    """`repeats` is DeiT's repeated augmentation count: a whole number >= 1;
+    `name` is how the caller's user spells it (a flag, a setting)."""
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"{name} must be a whole number >= 1 (DeiT's 3; 1: off), "
+                         f"got {repeats!r}.")
+
+
+def _known_size(ds):
     n = int(ds.cardinality())
     if n < 0:
         raise ValueError(
             "Repeated augmentation (Augment(repeats=)) keeps the epoch's length and needs it: "
-            "this dataset's size is unknown (after unbatch, filter, ...). Declare it on the "
-            "unbatched examples: ds.unbatch().apply(tf.data.experimental.assert_cardinality("
-            "NUMBER_OF_IMAGES)).")
-    ds = ds.take(-(-n // repeats))
+            "this dataset's size is unknown (after filter, unbatch, ...). Declare it on the "
+            "examples: ds.apply(tf.data.experimental.assert_cardinality(NUMBER_OF_IMAGES)) "
+            "(after ds.unbatch() if the images come in batches).")
+    return n
+
+
+def epoch_subset(ds, repeats, seed=0):
+    """The examples of `ds` (n, which must be known) at the positions of a
+    uniformly random `ceil(n / repeats)`-subset, a new one at each new
+    iterator (epoch), seeded: DeiT's `RASampler` draws a permutation of all
+    indices each epoch and shows its first n / r. The subset is drawn over
+    positions in the whole pass, so it is a uniform draw of the images
+    whatever the source's order, size, shards or shuffle buffer."""
+    tf = _tf()
+    n = _known_size(ds)
+    k = -(-n // repeats)
+    keys = tf.data.Dataset.random(seed=seed + 7, rerandomize_each_iteration=True).take(1)
+
+    def one_epoch(key):
+        key = tf.stack([key, tf.constant(repeats, tf.int64)])
+        dtype = tf.int32 if n < 2**31 else tf.int64
+        rank = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=dtype), key)
+        chosen = rank < k  # position i's place in the epoch's permutation
+        picked = ds.enumerate().filter(lambda i, *ex: tf.gather(chosen, i))
+        return picked.map(lambda i, *ex: ex[0] if len(ex) == 1 else ex)
+
+    return keys.flat_map(one_epoch).apply(tf.data.experimental.assert_cardinality(k))
+
+
+def repeated(ds, repeats, n=None):
+    """DeiT's repeated augmentation (`RASampler`) on one epoch's examples
+    `ds` (`epoch_subset`: ceil(n / repeats) of the n): each `repeats` times
+    in a row, `n` in all (default: all copies): an epoch of the same length, a new third of the
+    images each epoch for DeiT's 3. The copies are consecutive, so they
+    meet in one batch (as on one GPU of DeiT; on 8 its sampler deals them
+    to 3 GPUs, in the same global batch), and they are augmented apart by
+    the draws that follow.
+
+    In a cluster each process repeats the images of its own shard: the
+    global batch holds the same mix of copies as DeiT's."""
+    tf = _tf()
+    check_repeats(repeats)
+    if repeats == 1:
+        return ds
+    n = _known_size(ds) * repeats if n is None else n
     ds = ds.flat_map(lambda *ex: tf.data.Dataset.from_tensors(ex[0] if len(ex) == 1 else ex)
                      .repeat(repeats))
     return ds.take(n).apply(tf.data.experimental.assert_cardinality(n))
@@ -234,6 +279,12 @@ def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
         label_spec = tf.TensorSpec(label_spec.shape[1:], label_spec.dtype)
         if files is not None:  # the size unbatch loses (repeated augmentation needs it)
             ds = ds.apply(tf.data.experimental.assert_cardinality(len(files)))
+        elif train and augment is not None and augment.repeats != 1:
+            raise ValueError(
+                "Repeated augmentation (Augment(repeats=)) keeps the epoch's length and needs "
+                "the number of images: these batches' size is unknown once unbatched. Declare "
+                "it: ds.unbatch().apply(tf.data.experimental.assert_cardinality("
+                "NUMBER_OF_IMAGES)), and pass that.")
     num_classes = model.output_shape[-1]
     one_hot = label_spec.shape.rank == 1
 

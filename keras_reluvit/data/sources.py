@@ -56,6 +56,9 @@ class _TfdsSource:
     def num_examples(self, shard):
         return self.info.splits[shard].num_examples
 
+    def shuffle_buffer(self, n):
+        return 10_000  # encoded images: a buffer, file-shuffled shards beneath it
+
     def read(self, shard, train, seed):
         # Images stay encoded (a tenth of the memory in the shuffle buffer);
         # `pipeline` decodes them, only the crop window of a training JPEG.
@@ -86,6 +89,9 @@ class _FolderSource:
         split, i, count = shard
         return self.folder.num_examples(split) // count
 
+    def shuffle_buffer(self, n):
+        return max(n, 1)  # file names in class order: cheap to shuffle all of them
+
     def read(self, shard, train, seed):
         split, i, count = shard
         return self.folder.dataset(split, shard=(i, count))
@@ -107,6 +113,7 @@ def load(
     process_count=1,
     preprocessing=None,
     val_fraction=VAL_FRACTION,
+    shuffle_buffer=None,
 ):
     """Train and validation pipelines of a tfds data set (by name) or of a
     folder of images (by path: one sub-folder per class, see
@@ -116,6 +123,12 @@ def load(
     ours), for the evaluation geometry and the normalisation of all images.
     `val_fraction`: a folder without `train/` / `val/` sub-folders holds
     out this seeded share of each class as its validation split.
+
+    `shuffle_buffer`: the training examples' shuffle buffer (encoded
+    images); default 10,000 for tfds (whose file-shuffled shards mix
+    beneath it), a folder's whole split (its file names). Repeated
+    augmentation draws each epoch's images from the whole split whatever
+    the buffer (`pipeline.epoch_subset`).
 
     Returns a `Data`, which unpacks as `(train, val, info)`; `len(train)` is
     the number of steps of one epoch (one pass over the split);
@@ -176,7 +189,8 @@ def load(
             shard_seed = seed + 1_000_003 * i  # its own shuffle and augmentation
             raw = source.read(shards[i], True, shard_seed)
             return pipeline(raw, num_classes, image_size, local_batch, True, augment,
-                            shard_seed, cache=cache, preprocessing=preprocessing)
+                            shard_seed, cache=cache, preprocessing=preprocessing,
+                            shuffle_buffer=shuffle_buffer or source.shuffle_buffer(n))
 
         if len(indices) == 1:
             train = shard_pipeline(indices[0])
