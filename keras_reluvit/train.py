@@ -33,6 +33,7 @@ from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
 from keras_reluvit import recipes
 from keras_reluvit.data import folders as image_folder
+from keras_reluvit.data.pipeline import check_repeats
 from keras_reluvit.data.pipeline import split_batches
 from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.settings import LORA_RANK
@@ -126,7 +127,8 @@ def build_config(settings=None, **kwargs):
         checkpoint_every=(r["checkpoint_every"] if s.checkpoint_every is None
                           else int(s.checkpoint_every) or None),
         keep_checkpoints=int(s.keep_checkpoints),
-        accum_steps=_accum_steps(s.accum_steps or r["accum_steps"], batch_size),
+        accum_steps=_accum_steps(r["accum_steps"] if s.accum_steps is None else s.accum_steps,
+                                 batch_size),
         ema=(r["ema"] if s.ema is None else s.ema) or None,
         model=model_cfg,
     )
@@ -140,27 +142,31 @@ def _augment(augment, repeats, loss, auto_augment=None):
         name = None if str(auto_augment).lower() in ("none", "") else auto_augment
         if name is not None:
             parse(name)  # an unknown name fails here
-        if augment.get("randaug"):
-            print(f"keras_reluvit: auto_augment {name!r} replaces the recipe's "
-                  f"RandAugment{tuple(augment['randaug'])}.", flush=True)
-        augment.update(randaug=None, auto_augment=name)
+        replaced = [f"RandAugment{tuple(augment['randaug'])}"] if augment.get("randaug") else []
+        if augment.get("auto_augment") and augment["auto_augment"] != name:
+            replaced.append(repr(augment["auto_augment"]))
+        if augment.get("three_augment"):  # DeiT III's automatic augmentation
+            replaced.append("3-Augment (its colour jitter stays)")
+        if replaced:
+            verb = "turns off" if name is None else f"{name!r} replaces"
+            print(f"keras_reluvit: --aa {verb} the recipe's {' and '.join(replaced)}.",
+                  flush=True)
+        augment.update(randaug=None, auto_augment=name, three_augment=False)
     smoothing = (augment.get("timm_mix") or {}).get("label_smoothing", 0.1)
     if loss == "bce" and augment.get("timm_mix") is not None and smoothing > 0:
         raise ValueError(f"The bce loss (DeiT III's) binarises the targets: with "
                          f"timm_mix label_smoothing={smoothing} every target would be 1. Set "
                          "it to 0 (DeiT III's) or use softmax_xent.")
     if repeats is not None:
-        if repeats != int(repeats) or int(repeats) < 1:
-            raise ValueError(f"aug_repeats must be a whole number >= 1 (DeiT's 3; 1: off), "
-                             f"got {repeats!r}.")
-        augment["repeats"] = int(repeats)
+        check_repeats(repeats, "aug_repeats (train --aug-repeats)")
+        augment["repeats"] = repeats
     return augment
 
 
 def _accum_steps(accum, batch_size):
-    accum = int(accum)
-    if accum < 1:
-        raise ValueError(f"accum_steps must be at least 1, got {accum}.")
+    if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
+        raise ValueError(f"accum_steps (train --accum-steps) must be a whole number >= 1 "
+                         f"(1: off), got {accum!r}.")
     if batch_size % accum:
         raise ValueError(f"accum_steps={accum} must divide the batch size {batch_size}: each "
                          "update is accum_steps micro-batches of batch_size / accum_steps.")
