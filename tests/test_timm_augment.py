@@ -192,3 +192,51 @@ def test_magnitudes_map_to_timms_arguments(photo):
     for name, m, sign, theirs in cases:
         d = _diff(A.apply_op(name, x, tf.constant(m), tf.constant(sign)), theirs)
         assert d.mean() < 0.7 and np.percentile(d, 97) < 3.0, (name, d.mean())
+
+
+def test_rand_augment_draws_each_operation_of_its_set_uniformly(monkeypatch):
+    """Which operation each layer runs: `_one_of` (the switch over the set)
+    replaced by a spy that writes the drawn index into the image and records
+    the set, so `rand_augment` itself runs through the pipeline's tf.data
+    map. 'inc1' draws from timm's increasing set, the default from the
+    plain one; over about 3000 applied layers every operation is drawn
+    equally often (chi-square, 200 expected each)."""
+    import tensorflow as tf
+    from scipy import stats
+
+    sets = []
+
+    def spy(ops, index, image, magnitude, sign):
+        sets.append(ops)  # at trace time: once per layer
+        return image * 16.0 + tf.cast(index, tf.float32) + 1.0  # 0: not applied
+
+    monkeypatch.setattr(A, "_one_of", spy)
+
+    def drawn(name, n):
+        ds = tf.data.Dataset.range(n).map(lambda i: A.timm_augment(
+            tf.zeros([1, 1, 3]), name, tf.stack([i, tf.constant(7, tf.int64)]))[0, 0, 0])
+        codes = np.array(list(ds.as_numpy_iterator())).astype(int)
+        return np.concatenate([codes // 16, codes % 16])  # two layers, each 0 or 1 + index
+
+    draws = drawn("rand-m9-mstd0.5-inc1", 3000)
+    assert sets == [A.RAND_INCREASING_OPS] * 2
+    applied = draws[draws > 0] - 1
+    counts = np.bincount(applied, minlength=len(A.RAND_INCREASING_OPS))
+    assert len(counts) == 15 and abs(len(applied) - 3000) < 4 * np.sqrt(1500), len(applied)
+    assert stats.chisquare(counts).pvalue > 1e-3, counts
+    sets.clear()
+    drawn("rand-m9-mstd0.5", 1)
+    assert sets == [A.RAND_OPS] * 2
+
+
+def test_one_of_runs_the_operation_its_index_names(photo):
+    """The switch the drawn index goes through: index i runs the set's i-th
+    operation (at M7 each gives this photograph a different image)."""
+    import tensorflow as tf
+
+    x, m, s = tf.constant(photo[::2, ::2], tf.float32), tf.constant(7.0), tf.constant(-1.0)
+    for ops in (A.RAND_OPS, A.RAND_INCREASING_OPS):
+        outs = [np.asarray(A._one_of(ops, tf.constant(i), x, m, s)) for i in range(len(ops))]
+        for name, out in zip(ops, outs):
+            np.testing.assert_array_equal(out, np.asarray(A.apply_op(name, x, m, s)), err_msg=name)
+        assert len({o.tobytes() for o in outs}) == len(ops)
