@@ -315,10 +315,17 @@ def test_accumulation_of_4_micro_batches_equals_one_step_of_the_whole_batch(tmp_
                                                                            digits_dir):
     """1 epoch (11 updates of 128 images, MixUp, global-norm clipping at 1.0,
     a warmup over the updates): K=4 micro-batches of 32 per update against
-    one batch of 128."""
+    one batch of 128. `checkpoint_every` counts updates: a backup every 3
+    updates is one every 12 micro-steps (plain SGD, where the mean of the
+    micro-gradients shows: tests/test_accumulation.py)."""
     one, m1 = T.train(small_config(digits_dir, 1), tmp_path / "one", export=False, verbose=0)
-    acc, m4 = T.train(small_config(digits_dir, 1, accum_steps=4), tmp_path / "acc",
+    acc, m4 = T.train(small_config(digits_dir, 1, accum_steps=4, checkpoint_every=3,
+                                   keep_checkpoints=100), tmp_path / "acc",
                       export=False, verbose=0)
+    # Backups are named by micro-step (Keras' batches): after updates 3, 6, 9 and the
+    # epoch's end (update 11), not every 3 micro-steps.
+    saved = sorted(s for s, _ in B.StepBackup(tmp_path / "acc" / "backup").backups())
+    assert saved == [12, 24, 36, 44], saved
     assert m1["optimizer_steps"] == m4["optimizer_steps"] == 11  # updates, not micro-steps
     assert len(m4["step_loss"]) == 44
     assert json.loads((tmp_path / "acc" / "config.json").read_text())["accum_steps"] == 4
