@@ -165,3 +165,29 @@ def test_a_multi_shard_tfds_set_is_drawn_whole_in_each_process(tmp_path):
         _check([(lab - index * 4, ids) for lab, ids in epochs], 4, n // 2, per)
         shown.append(set(np.concatenate([ids for _, ids in epochs])))
     assert not shown[0] & shown[1]
+
+
+@pytest.mark.backend_independent
+def test_epochs_fast_forwarded_unread_are_the_epochs_read():
+    """`kr.backup.fit` resumes a run by creating the iterators of the epochs
+    before it without reading them: epoch 3 must then be the epoch 3 read in
+    order (a second per-iterator shuffle, beneath or above the subset's key,
+    does not advance unread: the resumed run saw other images)."""
+    import tensorflow as tf
+
+    from keras_reluvit.data.pipeline import train_examples
+
+    def epochs(fast_forward):
+        tf.random.set_seed(1)
+        ds = train_examples(tf.data.Dataset.range(300), R, seed=4, shuffle_buffer=50)
+        for _ in range(fast_forward):
+            iter(ds)
+        return [list(ds.as_numpy_iterator()) for _ in range(3 - fast_forward)]
+
+    read = epochs(0)
+    assert read[0] != read[1] != read[2]
+    assert epochs(2)[0] == read[2]
+    tf.random.set_seed(1)
+    ds = train_examples(tf.data.Dataset.range(300), R, seed=4, shuffle_buffer=50)
+    iter(ds)
+    assert list(ds.skip(10).as_numpy_iterator()) == read[1][10:]  # a resumed epoch

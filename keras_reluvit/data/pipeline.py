@@ -164,8 +164,8 @@ def train_examples(ds, repeats=1, seed=0, shuffle_buffer=10_000):
     if repeats == 1:
         return ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     n = _known_size(ds)
-    ds = epoch_subset(ds, repeats, seed)  # drawn from the whole split, not the buffer
-    ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    # Drawn from the whole split, not the buffer; then buffer-shuffled.
+    ds = epoch_subset(ds, repeats, seed, shuffle_buffer)
     return repeated(ds, repeats, n)
 
 
@@ -188,13 +188,20 @@ def _known_size(ds):
     return n
 
 
-def epoch_subset(ds, repeats, seed=0):
+def epoch_subset(ds, repeats, seed=0, shuffle_buffer=None):
     """The examples of `ds` (n, which must be known) at the positions of a
     uniformly random `ceil(n / repeats)`-subset, a new one at each new
     iterator (epoch), seeded: DeiT's `RASampler` draws a permutation of all
     indices each epoch and shows its first n / r. The subset is drawn over
     positions in the whole pass, so it is a uniform draw of the images
-    whatever the source's order, size, shards or shuffle buffer."""
+    whatever the source's order, size, shards or shuffle buffer; with
+    `shuffle_buffer`, the subset is then buffer-shuffled.
+
+    One epoch's key is the only state: the shuffle is seeded by it. (A
+    shuffle of its own, reshuffled per iterator, beneath or above the key's
+    draw would not advance when `kr.backup.fit` fast-forwards the epochs
+    before a resume by creating their iterators unread: the resumed run
+    would see other images than the uninterrupted one.)"""
     tf = _tf()
     n = _known_size(ds)
     k = -(-n // repeats)
@@ -206,7 +213,10 @@ def epoch_subset(ds, repeats, seed=0):
         rank = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=dtype), key)
         chosen = rank < k  # position i's place in the epoch's permutation
         picked = ds.enumerate().filter(lambda i, *ex: tf.gather(chosen, i))
-        return picked.map(lambda i, *ex: ex[0] if len(ex) == 1 else ex)
+        picked = picked.map(lambda i, *ex: ex[0] if len(ex) == 1 else ex)
+        if shuffle_buffer:
+            picked = picked.shuffle(shuffle_buffer, seed=key[0] % (2**31 - 1))
+        return picked
 
     return keys.flat_map(one_epoch).apply(tf.data.experimental.assert_cardinality(k))
 
