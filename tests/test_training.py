@@ -719,3 +719,82 @@ def test_folder_shards_are_disjoint_and_cover_the_split(monkeypatch, tmp_path, c
              for ex in folder.dataset("train")]
     _assert_disjoint_and_covering(
         _shard_contents(monkeypatch, root, None, count, val_fraction=0.2), whole)
+
+
+WHOLE_IMAGE = dict(crop_area=(1.0, 1.0), crop_aspect=(1.0, 1.0), flip=False)  # pixels kept
+
+
+def _id_image(i):
+    """A 4x4 image whose pixel is its id (two channels: id // 256, id % 256)."""
+    return np.broadcast_to(np.array([i // 256, i % 256, 7], "uint8"), (4, 4, 3)).copy()
+
+
+def _training_reads(name, data_dir, count=2, batch_size=16, epochs=2):
+    """Per process of `count`: the (label, id) pairs its *training* pipeline
+    yields over `epochs` epochs (each a new iterator, as `fit`)."""
+    per_process = []
+    for index in range(count):
+        data = D.load(name, batch_size, 4, data_dir, augment=D.Augment(**WHOLE_IMAGE), seed=3,
+                      val_split=False, process_index=index, process_count=count)
+        epochs_read = []
+        for _ in range(epochs):
+            pairs = []
+            for x, y in data.train:
+                px = np.rint((np.asarray(x)[:, 0, 0, :2] + 1.0) * 127.5).astype(int)
+                pairs += list(zip(np.argmax(np.asarray(y), 1).tolist(),
+                                  (px[:, 0] * 256 + px[:, 1]).tolist()))
+            assert len(pairs) == data.steps_per_epoch * batch_size // count
+            epochs_read.append(pairs)
+        per_process.append(epochs_read)
+    return per_process
+
+
+def _assert_training_shards_partition(per_process, n, per_class):
+    shards = []
+    for epochs_read in per_process:
+        first = sorted(epochs_read[0])
+        assert len(set(first)) == len(first)  # an epoch: each of its images once
+        assert all(sorted(e) == first for e in epochs_read[1:])  # the same shard each epoch
+        assert all(label == i // per_class for label, i in first)  # the pixels are the images
+        shards.append({i for _, i in first})
+    assert not shards[0] & shards[1], "two processes train on the same images"
+    assert shards[0] | shards[1] == set(range(n))  # together: the whole split
+
+
+@pytest.mark.backend_independent
+def test_folder_training_pipelines_of_two_processes_read_disjoint_halves(tmp_path):
+    """The *training* reads (not the evaluation read of each shard that
+    `_shard_contents` spies on): process 0 and 1 of 2 train on disjoint
+    images whose union is the whole split, identified by their pixels."""
+    from PIL import Image
+
+    classes, per = 3, 16
+    for c in range(classes):
+        (tmp_path / "train" / f"c{c}").mkdir(parents=True)
+        for j in range(per):
+            Image.fromarray(_id_image(c * per + j)).save(tmp_path / "train" / f"c{c}" / f"{j}.png")
+    _assert_training_shards_partition(_training_reads(str(tmp_path), None), classes * per, per)
+
+
+@pytest.mark.backend_independent
+def test_tfds_training_pipelines_of_two_processes_read_disjoint_halves(tmp_path):
+    """The same for a tfds set (4 files, one class each) read by the real
+    builder: the training read of each process is its `even_splits` half."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    classes, per = 4, 16
+    out = tmp_path / "idshards" / "1.0.0"
+    out.mkdir(parents=True)
+    features = tfds.features.FeaturesDict({
+        "image": tfds.features.Image(shape=(4, 4, 3)),
+        "label": tfds.features.ClassLabel(num_classes=classes)})
+    for c in range(classes):
+        with tf.io.TFRecordWriter(str(out / f"idshards-train.tfrecord-{c:05d}-of-"
+                                            f"{classes:05d}")) as w:
+            for j in range(per):
+                w.write(features.serialize_example({"image": _id_image(c * per + j),
+                                                    "label": c}))
+    tfds.folder_dataset.write_metadata(data_dir=str(out), features=features)
+    _assert_training_shards_partition(_training_reads("idshards", str(tmp_path)),
+                                      classes * per, per)
