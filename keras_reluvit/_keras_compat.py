@@ -6,7 +6,9 @@ and overrides one of its protected methods -- declared in `OVERRIDDEN`.
 `PRIVATE` lists each with where it is used; `check()` verifies every one
 against the installed Keras on real objects (tests/test_keras_compat.py
 runs it, so a Keras release that renames or removes one fails CI naming
-it, instead of a training run failing later). `pyproject.toml` allows the
+it, instead of a training run failing later; it also scans every other
+module for a private name Keras' own source defines, so a new use outside
+this seam fails too). `pyproject.toml` allows the
 Keras versions in `CHECKED_ON`'s range.
 """
 
@@ -50,10 +52,26 @@ PRIVATE = {
         "the EMA of the weights an optimizer built with `use_ema` keeps; its step count in "
         "micro-steps (`iterations` counts updates under gradient accumulation)",
         "recipes (RecipeAdamW / RecipeSGD, swap_ema)"),
-    "MultiHeadAttention private attributes": (
-        "_query_dense, _key_dense, _value_dense, _output_dense, _num_heads, _key_dim, "
-        "_value_dim, _use_bias, _dropout, _attention_axes, _output_shape",
-        "kernels.torch_fast (the fused projections)"),
+    "MultiHeadAttention._use_gate / _sliding_window / _output_shape": (
+        "the gate, the sliding window and the output shape a MultiHeadAttention was "
+        "made with (its other settings are public properties)",
+        "kernels.torch_fast.attention_eligible"),
+    "MultiHeadAttention._flash_attention / _dropout_layer": (
+        "its flash switch (read by `_compute_attention`); its attention-weights dropout",
+        "attention.PointwiseAttention"),
+    "Dense._kernel / EinsumDense._kernel": (
+        "the kernel variable itself (`kernel` computes the LoRA / quantized kernel)",
+        "kernels.torch_fast.plain_dense"),
+    "tensor._keras_mask": (
+        "the Keras mask attached to a (torch / TensorFlow) tensor",
+        "kernels.torch_fast.attention_eligible"),
+    "Trainer._distribute_strategy": (
+        "the tf.distribute strategy a model was created under, None outside one "
+        "(`distribute_strategy` falls back to the default strategy)",
+        "distribution.tf_multi_worker (multi_worker, clip_after_all_reduce)"),
+    "Optimizer._momentums / _velocities / _get_variable_index / _use_weight_decay": (
+        "Adam's and LAMB's moment slots of a variable; whether the optimizer decays it",
+        "recipes.RecipeLamb.update_step"),
 }
 
 # Protected methods keras-reluvit's subclasses override: class -> methods.
@@ -180,6 +198,64 @@ def histogram_is_set(layer):
     return "_custom_histogram_fixed_width" in vars(layer)
 
 
+def distribute_strategy(model):
+    """The `tf.distribute` strategy `model` was created under, None outside
+    one (the public `model.distribute_strategy` answers the default strategy
+    instead; TensorFlow only)."""
+    return getattr(model, "_distribute_strategy", None)
+
+
+def adam_slots(optimizer, variable):
+    """The (first, second) moment slots an Adam-family optimizer (Adam,
+    AdamW, Lamb) keeps for `variable`."""
+    index = optimizer._get_variable_index(variable)
+    return optimizer._momentums[index], optimizer._velocities[index]
+
+
+def uses_weight_decay(optimizer, variable):
+    """Whether `optimizer` decays `variable` (not excluded by
+    `exclude_from_weight_decay`)."""
+    return optimizer._use_weight_decay(variable)
+
+
+def dense_kernel(dense):
+    """The kernel variable of a `Dense` / `EinsumDense` (None where it has
+    none); `dense.kernel` computes the LoRA-merged or dequantized kernel."""
+    return getattr(dense, "_kernel", None)
+
+
+def keras_mask(x):
+    """The Keras mask attached to tensor `x` as an attribute (torch,
+    TensorFlow), else None."""
+    return getattr(x, "_keras_mask", None)
+
+
+def mha_use_gate(layer):
+    """Whether a `MultiHeadAttention` was made with `use_gate=True`."""
+    return layer._use_gate
+
+
+def mha_sliding_window(layer):
+    """A `MultiHeadAttention`'s `sliding_window` (None: none)."""
+    return getattr(layer, "_sliding_window", None)
+
+
+def mha_output_shape(layer):
+    """A `MultiHeadAttention`'s `output_shape` (None: the query's last axis)."""
+    return layer._output_shape
+
+
+def disable_flash_attention(layer):
+    """Turns a `MultiHeadAttention`'s flash attention off (its constructor
+    takes Keras' global switch when `flash_attention` is None)."""
+    layer._flash_attention = False
+
+
+def attention_dropout(layer, weights, training):
+    """A built `MultiHeadAttention`'s dropout of the attention weights."""
+    return layer._dropout_layer(weights, training=training)
+
+
 # --- the guard -------------------------------------------------------------------------
 def _checks():
     import numpy as np
@@ -235,12 +311,71 @@ def _checks():
         assert callable(keras.random.SeedGenerator(0).next)
 
     def attention():
-        mha = layers.MultiHeadAttention(2, 4)
-        mha(np.zeros((1, 3, 8), "float32"), np.zeros((1, 3, 8), "float32"))
-        for name in ("_query_dense", "_key_dense", "_value_dense", "_output_dense",
-                     "_num_heads", "_key_dim", "_value_dim", "_use_bias", "_dropout",
-                     "_attention_axes", "_output_shape"):
-            assert hasattr(mha, name), name
+        import inspect
+
+        x = np.ones((1, 3, 8), "float32")
+        mha = layers.MultiHeadAttention(2, 4, dropout=0.5)
+        mha(x, x)
+        assert mha_use_gate(mha) is False and mha_output_shape(mha) is None
+        assert mha_sliding_window(mha) is None
+        weights = keras.ops.ones((1, 2, 3, 3))
+        dropped = keras.ops.convert_to_numpy(attention_dropout(mha, weights, training=True))
+        assert dropped.shape == (1, 2, 3, 3) and (dropped == 0).any(), "no attention dropout"
+        kept = keras.ops.convert_to_numpy(attention_dropout(mha, weights, training=False))
+        assert (kept == 1).all()
+        sliding = "sliding_window" in inspect.signature(layers.MultiHeadAttention).parameters
+        other = layers.MultiHeadAttention(2, 4, use_gate=True, output_shape=5,
+                                          **({"sliding_window": 2} if sliding else {}))
+        assert mha_use_gate(other) is True and tuple(mha_output_shape(other)) == (5,)
+        assert mha_sliding_window(other) == (2 if sliding else None), "sliding_window renamed"
+        # The flash switch: with it on, asking for the scores is an error; off, it is not.
+        flash = layers.MultiHeadAttention(2, 4, flash_attention=True)
+        try:
+            flash(x, x, return_attention_scores=True)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("MultiHeadAttention no longer reads `_flash_attention`")
+        disable_flash_attention(flash)
+        flash(x, x, return_attention_scores=True)
+
+    def dense():
+        d = layers.Dense(2)
+        d.build((None, 3))
+        e = layers.EinsumDense("ab,bc->ac", output_shape=2)
+        e.build((None, 3))
+        for layer in (d, e):  # a plain float layer's `kernel` is the variable itself
+            assert isinstance(dense_kernel(layer), keras.Variable), type(layer).__name__
+            assert dense_kernel(layer) is layer.kernel, type(layer).__name__
+
+    def mask():
+        out = layers.Masking()(np.ones((1, 2, 3), "float32"))
+        if keras.backend.backend() in ("torch", "tensorflow"):  # (JAX keeps it elsewhere)
+            assert keras_mask(out) is not None, "no `_keras_mask` on a masked tensor"
+
+    def strategy():
+        if keras.backend.backend() != "tensorflow":
+            return
+        import tensorflow as tf
+
+        assert distribute_strategy(model()) is None
+        s = tf.distribute.OneDeviceStrategy("/cpu:0")
+        with s.scope():
+            assert distribute_strategy(model()) is s, "model._distribute_strategy renamed"
+
+    def adam():
+        w = keras.Variable(np.ones(2, "float32"), name="w")
+        b = keras.Variable(np.ones(1, "float32"), name="bias")
+        for cls in (keras.optimizers.Lamb, keras.optimizers.AdamW):
+            optimizer = cls(weight_decay=0.1)
+            optimizer.exclude_from_weight_decay(var_names=["bias"])
+            optimizer.build([w, b])
+            optimizer.apply([keras.ops.ones(2), keras.ops.ones(1)], [w, b])
+            m, v = adam_slots(optimizer, w)
+            assert tuple(m.shape) == tuple(v.shape) == (2,), cls.__name__
+            for slot in (m, v, *adam_slots(optimizer, b)):  # the slots the step updated
+                assert (keras.ops.convert_to_numpy(slot) > 0).all(), cls.__name__
+            assert uses_weight_decay(optimizer, w) and not uses_weight_decay(optimizer, b)
 
     def ema():
         v = keras.Variable(np.ones(2, "float32"))
@@ -264,7 +399,8 @@ def _checks():
     return dict(flatten_layers=flatten, variable_value=value, trainer=trainer,
                 initial_epoch=initial, ema_averages=ema,
                 tensorflow=tensorflow, augment=augment, attention=attention,
-                overridden=overridden)
+                dense_kernel=dense, keras_mask=mask, distribute_strategy=strategy,
+                adam_slots=adam, overridden=overridden)
 
 
 def check():

@@ -25,6 +25,7 @@ import math
 import keras
 from keras import ops
 
+from keras_reluvit import _keras_compat as compat
 from keras_reluvit import kernels
 from keras_reluvit.activations import ACTIVATION_NAMES  # noqa: F401 - kr.attention.ACTIVATION_NAMES
 from keras_reluvit.activations import ACTIVATIONS  # noqa: F401 - kr.attention.ACTIVATIONS
@@ -313,7 +314,7 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             # attention never takes the softmax flash path. Softmax keeps
             # MultiHeadAttention's choice (None: the backend decides, e.g.
             # cuDNN's flash attention for 16-bit inputs on a JAX GPU).
-            self._flash_attention = False
+            compat.disable_flash_attention(self)
         self._qk_norm = check_qk_norm(qk_norm)
         self._qk_norm_epsilon = float(qk_norm_epsilon)
         self._gated = gated
@@ -360,12 +361,12 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             )
             # Projected q / k: the input's axes, then (heads, key_dim).
             lead = (None,) * (len(query_shape) - 1)
-            self._query_norm.build(lead + (self._num_heads, self._key_dim))
-            self._key_norm.build(lead + (self._num_heads, self._key_dim))
+            self._query_norm.build(lead + (self.num_heads, self.key_dim))
+            self._key_norm.build(lead + (self.num_heads, self.key_dim))
         if self._learned_scale:
             self.log_scale = self.add_weight(
                 name="log_scale",
-                shape=(self._num_heads,),
+                shape=(self.num_heads,),
                 initializer="zeros",
                 trainable=True,
             )
@@ -419,12 +420,12 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
                 use_causal_mask=use_causal_mask,
             )
         dropout_fn = None
-        if self._dropout > 0.0:
+        if self.dropout > 0.0:
 
             def dropout_fn(w):
-                return self._dropout_layer(w, training=training)
+                return compat.attention_dropout(self, w, training)
 
-        if len(query.shape) != 4 or tuple(self._attention_axes) != (1,):
+        if len(query.shape) != 4 or tuple(self.attention_axes) != (1,):
             return self._attention_nd(query, key, value, attention_mask, dropout_fn,
                                       return_attention_scores)
         out = pointwise_attention(
@@ -455,7 +456,7 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         batch dims optional, or per head `(<batch dims>, heads, <query
         axes>, <key axes>)`."""
         rank = len(query.shape)
-        attn = tuple(self._attention_axes)
+        attn = tuple(self.attention_axes)
         free = tuple(a for a in range(1, rank - 2) if a not in attn)
         perm = (0, *free, *attn, rank - 2, rank - 1)
 
@@ -479,8 +480,8 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
                 raise ValueError(
                     f"`attention_mask` of shape {tuple(mask.shape)} has more axes than "
                     f"(<batch dims>, heads, <query attention dims>, <key attention dims>) = "
-                    f"{tuple(batch + [self._num_heads] + q_attn + k_attn)}.")
-            heads = [self._num_heads] if len(mask.shape) == target + 1 else []  # per-head
+                    f"{tuple(batch + [self.num_heads] + q_attn + k_attn)}.")
+            heads = [self.num_heads] if len(mask.shape) == target + 1 else []  # per-head
             mask = ops.broadcast_to(mask, (*batch, *heads, *q_attn, *k_attn))
             mask = ops.reshape(mask, (-1, *heads, t, s))
         out = pointwise_attention(
@@ -492,13 +493,13 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
             chunk_size=self._chunk_size)
         out, weights = out if return_scores else (out, None)
         dv = ops.shape(value)[rank - 1]
-        out = ops.reshape(out, (*batch, *q_attn, self._num_heads, dv))
+        out = ops.reshape(out, (*batch, *q_attn, self.num_heads, dv))
         inverse = [0] * rank
         for i, p in enumerate(perm):
             inverse[p] = i
         out = ops.transpose(out, inverse)
         if weights is not None:  # (B', H, T, S) -> (<batch dims>, H, <q axes>, <k axes>)
-            weights = ops.reshape(weights, (*batch, self._num_heads, *q_attn, *k_attn))
+            weights = ops.reshape(weights, (*batch, self.num_heads, *q_attn, *k_attn))
         return out, weights
 
     def compute_output_spec(self, query, value, key=None, query_mask=None, value_mask=None,
@@ -511,12 +512,12 @@ class PointwiseAttention(keras.layers.MultiHeadAttention):
         if not return_attention_scores:
             return out
         rank = len(query.shape)
-        axes = self._attention_axes
+        axes = self.attention_axes
         axes = tuple(range(1, rank - 1)) if axes is None else tuple(
             a if a >= 0 else rank + a for a in axes)
         free = [query.shape[a] for a in range(1, rank - 1) if a not in axes]
         source = value if key is None else key
-        shape = (query.shape[0], *free, self._num_heads, *(query.shape[a] for a in axes),
+        shape = (query.shape[0], *free, self.num_heads, *(query.shape[a] for a in axes),
                  *(source.shape[a] for a in axes))
         return out, keras.KerasTensor(shape, dtype=self.compute_dtype)
 

@@ -544,14 +544,13 @@ class RecipeLamb(_RecipeOptimizer, keras.optimizers.Lamb):
         lr = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
         t = ops.cast(self.iterations + 1, variable.dtype)
-        m = self._momentums[self._get_variable_index(variable)]
-        v = self._velocities[self._get_variable_index(variable)]
+        m, v = compat.adam_slots(self, variable)
         self.assign_add(m, (gradient - m) * (1.0 - self.beta_1))
         self.assign_add(v, (ops.square(gradient) - v) * (1.0 - self.beta_2))
         m_hat = m / (1.0 - ops.power(ops.cast(self.beta_1, variable.dtype), t))
         v_hat = v / (1.0 - ops.power(ops.cast(self.beta_2, variable.dtype), t))
         step = m_hat / (ops.sqrt(v_hat) + self.epsilon)
-        if self.weight_decay and self._use_weight_decay(variable):
+        if self.weight_decay and compat.uses_weight_decay(self, variable):
             step = step + ops.cast(self.weight_decay, variable.dtype) * variable
             w_norm = ops.sqrt(ops.sum(ops.square(variable)))
             s_norm = ops.sqrt(ops.sum(ops.square(step)))

@@ -54,7 +54,7 @@ def multi_worker(model, train, val=None):
     if s is None:
         raise RuntimeError("No TensorFlow cluster: call kr.distribution.initialize() with "
                            "TF_CONFIG set (KERAS_BACKEND=tensorflow) first.")
-    if getattr(model, "_distribute_strategy", None) is not s:
+    if compat.distribute_strategy(model) is not s:
         raise ValueError("Create (and compile) the model inside "
                          "`kr.distribution.strategy().scope()`: its variables must be the "
                          "strategy's.")
@@ -109,7 +109,7 @@ def clip_after_all_reduce(model):
     strategy or clipping, or twice."""
     if keras.backend.backend() != "tensorflow" or getattr(model, "optimizer", None) is None:
         return
-    strategy = getattr(model, "_distribute_strategy", None)
+    strategy = compat.distribute_strategy(model)
     if strategy is None or strategy.num_replicas_in_sync <= 1:
         return
     optimizer = model.optimizer

@@ -36,6 +36,7 @@ switches them off (for comparison).
 
 import keras
 
+from keras_reluvit import _keras_compat as compat
 from keras_reluvit.kernels.keras_ops import is_symbolic
 from keras_reluvit.kernels.switches import setting
 
@@ -57,7 +58,7 @@ def plain_dense(dense):
     return (not getattr(dense, "lora_enabled", False)
             and getattr(dense, "quantization_mode", None) is None
             and getattr(dense.dtype_policy, "quantization_mode", None) is None
-            and isinstance(getattr(dense, "_kernel", None), keras.Variable))
+            and isinstance(compat.dense_kernel(dense), keras.Variable))
 
 
 def dense_eligible(x, *denses):
@@ -77,16 +78,16 @@ def linear(dense, x):
 def attention_eligible(layer, query, value, key, masks, return_scores, training,
                        use_causal_mask):
     return (enabled() and not is_symbolic(query) and value is query and key in (None, query)
-            and len(query.shape) == 3 and tuple(layer._attention_axes or (1,)) == (1,)
+            and len(query.shape) == 3 and tuple(layer.attention_axes or (1,)) == (1,)
             and not any(m is not None for m in masks) and not use_causal_mask
-            and getattr(query, "_keras_mask", None) is None
-            and not return_scores and not layer._use_gate
-            and getattr(layer, "_sliding_window", None) is None
-            and layer._output_shape is None
-            and layer._key_dim == layer._value_dim
-            and not (training and layer._dropout > 0.0)
-            and all(plain_dense(d) for d in (layer._query_dense, layer._key_dense,
-                                             layer._value_dense, layer._output_dense)))
+            and compat.keras_mask(query) is None
+            and not return_scores and not compat.mha_use_gate(layer)
+            and compat.mha_sliding_window(layer) is None
+            and compat.mha_output_shape(layer) is None
+            and layer.key_dim == layer.value_dim
+            and not (training and layer.dropout > 0.0)
+            and all(plain_dense(d) for d in (layer.query_dense, layer.key_dense,
+                                             layer.value_dense, layer.output_dense)))
 
 
 def project_qkv(layer, x):
@@ -96,11 +97,11 @@ def project_qkv(layer, x):
     import torch.nn.functional as F
 
     b, t, d = x.shape
-    h, dh = layer._num_heads, layer._key_dim
-    denses = (layer._query_dense, layer._key_dense, layer._value_dense)
+    h, dh = layer.num_heads, layer.key_dim
+    denses = (layer.query_dense, layer.key_dense, layer.value_dense)
     kernel = torch.cat([_weight(p.kernel, x.dtype).reshape(d, h * dh) for p in denses], 1)
     bias = None
-    if layer._use_bias:
+    if layer.use_bias:
         bias = torch.cat([_weight(p.bias, x.dtype).reshape(h * dh) for p in denses])
     qkv = F.linear(x, kernel.t(), bias).view(b, t, 3, h, dh)
     q, k, v = qkv.unbind(2)  # (B, T, H, Dh) views
@@ -124,7 +125,7 @@ def project_output(layer, out):
     import torch.nn.functional as F
 
     b, t, h, dh = out.shape
-    proj = layer._output_dense
-    bias = _weight(proj.bias, out.dtype) if layer._use_bias else None
+    proj = layer.output_dense
+    bias = _weight(proj.bias, out.dtype) if layer.use_bias else None
     kernel = _weight(proj.kernel, out.dtype).reshape(h * dh, -1)
     return F.linear(out.reshape(b, t, h * dh), kernel.t(), bias)
