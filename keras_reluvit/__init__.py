@@ -34,6 +34,23 @@ def _command_line_help_only():
         len(argv) == 1 or any(a in ("-h", "--help", "--version") for a in argv[1:]))
 
 
+def _command_line_train():
+    """`keras-reluvit train` (or `python -m keras_reluvit.cli train`, as
+    torchrun starts it): its SIGTERM handling begins before the imports
+    below (seconds), so that a preemption notice that comes this early
+    still ends in a clean stop (`kr.backup.signals_noted` reads `_EARLY`)."""
+    argv = _sys.argv
+    program = _os.path.basename(argv[0] if argv else "").lower()
+    return (program.startswith("keras-reluvit") or program in ("-m", "cli.py")) and (
+        argv[1:2] == ["train"])
+
+
+_EARLY = []  # SIGTERM noted while `keras-reluvit train` imports
+if _command_line_train():
+    import signal as _signal
+
+    _signal.signal(_signal.SIGTERM, lambda signum, frame: _EARLY.append(signum))
+
 if not _command_line_help_only():
     from keras_reluvit import backup
     from keras_reluvit import callbacks

@@ -18,10 +18,15 @@ equal to an uninterrupted one:
   kill during a write leaves the previous backup as it was); the newest
   `keep` backups are kept;
 - on SIGTERM / SIGINT (a preemptible machine's notice) it saves at the next
-  step boundary and raises `Preempted`, whose message says where the run
-  stopped (`keras-reluvit train` prints it and exits 0); a second SIGINT
+  step boundary -- or, during a validation, at the epoch's end that follows
+  it -- and raises `Preempted`, whose message says where the run stopped
+  (`keras-reluvit train` prints it and exits 0); a second SIGINT
   interrupts at once; in a cluster every process stops at the same step,
-  even if only one got the signal;
+  even if only one got the signal. A signal that came before training
+  (while the data and the model were prepared, in `signals_noted`) stops
+  the run before its first step, and one while the run's artefacts are
+  written (`signals_stop`) stops it at once: the training is saved, a
+  rerun writes them;
 - a loss that turns NaN or infinite stops the run with `FloatingPointError`
   naming the step and the last good backup (which is never overwritten by
   the bad state);
@@ -39,6 +44,7 @@ history = kr.backup.fit(model, train, epochs=30, validation_data=val,
 ```
 """
 
+import contextlib
 import json
 import math
 import os
@@ -46,9 +52,12 @@ import re
 import shutil
 import signal
 import threading
+import time
 
 import keras
 import numpy as np
+
+from keras_reluvit.settings import KEEP_CHECKPOINTS
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 RECORD = "record.json"
@@ -60,6 +69,72 @@ LEGACY_RECORD, LEGACY_WEIGHTS = "training_metadata.json", "latest.weights.h5"  #
 
 class Preempted(Exception):
     """Raised by `StepBackup` after it saved the run on SIGTERM / SIGINT."""
+
+
+_NOTED = []  # SIGTERM / SIGINT noted by `signals_noted`, for the next StepBackup
+_DEPTH = [0]  # `signals_noted` within itself (the CLI's, then `train`'s)
+
+
+def _main_thread():
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def signals_noted():
+    """Within: SIGTERM / SIGINT are noted, not fatal, until a `StepBackup`
+    takes over (it then stops the run before its first step, in a cluster
+    every process); a second SIGINT interrupts at once. `keras-reluvit train`
+    prepares its data and model in here, so that a preemption notice that
+    comes early still ends in a clean stop (exit 0, said in one line)."""
+    if not _main_thread():
+        yield
+        return
+    import keras_reluvit
+
+    _NOTED.extend(keras_reluvit._EARLY)  # while `keras-reluvit train` imported
+    keras_reluvit._EARLY.clear()
+
+    def note(signum, frame):
+        if signum == signal.SIGINT and signal.SIGINT in _NOTED:
+            raise KeyboardInterrupt
+        _NOTED.append(signum)
+
+    previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
+    _DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _DEPTH[0] -= 1
+        if not _DEPTH[0]:  # the outermost: what no StepBackup took is dropped
+            _NOTED.clear()
+
+
+@contextlib.contextmanager
+def signals_stop(where):
+    """Within: SIGTERM / SIGINT (or one noted before) raise `Preempted` at
+    once, its message "stopped by SIGTERM while `where`" -- for the work
+    after training (scoring, writing the artefacts), which a rerun redoes
+    from the backup: a preemptible machine's notice is shorter than it."""
+    if not _main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Preempted(f"stopped by {signal.Signals(signum).name} while {where}: rerun the "
+                        "same command to finish.")
+
+    pending = list(_NOTED)
+    _NOTED.clear()
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if pending:
+            stop(pending[0], None)
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class StepBackup(keras.callbacks.Callback):
@@ -97,12 +172,13 @@ class StepBackup(keras.callbacks.Callback):
         step_loss: the loss Keras reports after every step of the whole run.
     """
 
-    def __init__(self, directory, every=None, keep=2, signals=None, process=(0, 1),
+    def __init__(self, directory, every=None, keep=KEEP_CHECKPOINTS, signals=None, process=(0, 1),
                  dataset=None, info=None):
         super().__init__()
-        check_every(every)
-        if int(keep) < 1:
-            raise ValueError(f"keep must be at least 1, got {keep!r}.")
+        check_every(every, "every (StepBackup, kr.callbacks.default; train --checkpoint-every)")
+        if isinstance(keep, bool) or int(keep) != keep or keep < 1:
+            raise ValueError(f"keep (the backups kept; train --keep-checkpoints) must be a whole "
+                             f"number >= 1, got {keep!r}.")
         self.directory = os.path.expanduser(os.fspath(directory))
         self.every = None if every is None else int(every)
         self.keep = int(keep)
@@ -120,6 +196,8 @@ class StepBackup(keras.callbacks.Callback):
         self._signal = None
         self._handlers = {}
         self._agree = False
+        self.seconds = 0.0  # training seconds of the run before this launch (its backup's)
+        self._started = None  # when this launch's training began
 
     # ---- reading ------------------------------------------------------------
     def backups(self):
@@ -170,17 +248,34 @@ class StepBackup(keras.callbacks.Callback):
         record = self._pending
         return (record["epoch"], record["done"]) if record else (0, 0)
 
+    def train_seconds(self):
+        """Seconds in `fit` of the whole run: its launches before this one
+        (to their last backup) and this one's so far."""
+        return self.seconds + (time.time() - self._started if self._started else 0.0)
+
     # ---- the callback -------------------------------------------------------
     def on_train_begin(self, logs=None):
+        if self._started is None:
+            self._started = time.time()
         if self._restored is None:
             self._restore()
             if not self.driven:
                 self._resume_plain_fit()
         signals = self.driven if self.signals is None else self.signals
         self._agree = bool(signals) and self.process[1] > 1
-        if signals and threading.current_thread() is threading.main_thread():
+        if signals and _main_thread():
             for s in (signal.SIGTERM, signal.SIGINT):
                 self._handlers[s] = signal.signal(s, self._on_signal)
+            if _NOTED:  # came while the run was prepared (`signals_noted`)
+                self._signal = _NOTED[0]
+                _NOTED.clear()
+        if signals and self._stop_agreed():
+            self._uninstall(late=self._agree)
+            where = (f"after step {self.done} of epoch {self.epoch + 1} (step {self.step} of "
+                     "the run)" if self.step else "before the first step")
+            raise Preempted(f"stopped by {self._signal_name()} as training began, {where}: "
+                            "nothing was trained since; rerun the same command to "
+                            + ("continue." if self.step else "start."))
 
     def on_train_end(self, logs=None):
         self._uninstall()
@@ -217,22 +312,9 @@ class StepBackup(keras.callbacks.Callback):
                     + (f"{last['path']} (epoch {last['epoch'] + 1}, step {last['done']}); "
                        "rerunning resumes from it." if last else "none (nothing was saved)."))
             self.step_loss.append(loss)
-        stop = self._signal is not None
-        if self._agree:  # every process, every step: one answer for the cluster
-            from keras_reluvit.distribution import any_process
-
-            stop = any_process(stop)
-        if stop:
-            name = (signal.Signals(self._signal).name if self._signal is not None
-                    else "a signal to another process")
-            path = self.save()
-            # In a cluster, a copy of the signal may still be on its way (a
-            # launcher signals its workers one by one): once saved, the
-            # process reports and exits without being killed by it.
-            self._uninstall(late=self._agree)
-            raise Preempted(
-                f"stopped by {name} after step {self.done} of epoch {self.epoch + 1} (step "
-                f"{self.step} of the run), saved in {path}: rerun the same command to continue.")
+        if self._stop_agreed():
+            self._stop(f"after step {self.done} of epoch {self.epoch + 1} (step {self.step} "
+                       "of the run)")
         if self.every and self.step % self.every == 0:
             self.save()
 
@@ -241,6 +323,34 @@ class StepBackup(keras.callbacks.Callback):
             self.history.setdefault(k, []).append(float(v))
         self.epoch, self.done = epoch + 1, 0
         self.save()
+        # A signal during the epoch's validation (or the callbacks before this
+        # one): the epoch is saved whole, the run stops before the next.
+        if self._stop_agreed():
+            self._stop(f"at the end of epoch {epoch + 1} (step {self.step} of the run)")
+
+    def _stop_agreed(self):
+        """Whether to stop now: this process got a signal or, in a cluster,
+        any did (a collective: every process asks at the same points)."""
+        stop = self._signal is not None
+        if self._agree:
+            from keras_reluvit.distribution import any_process
+
+            stop = any_process(stop)
+        return stop
+
+    def _signal_name(self):
+        return (signal.Signals(self._signal).name if self._signal is not None
+                else "a signal to another process")
+
+    def _stop(self, where):
+        name = self._signal_name()
+        path = self.save()
+        # In a cluster, a copy of the signal may still be on its way (a
+        # launcher signals its workers one by one): once saved, the
+        # process reports and exits without being killed by it.
+        self._uninstall(late=self._agree)
+        raise Preempted(f"stopped by {name} {where}, saved in {path}: rerun the same command "
+                        "to continue.")
 
     # ---- writing ------------------------------------------------------------
     def save(self):
@@ -273,7 +383,8 @@ class StepBackup(keras.callbacks.Callback):
         if writer:
             record = dict(epoch=self.epoch, done=self.done, step=self.step,
                           history=self.history, step_loss=self.step_loss, every=self.every,
-                          processes=self.process[1], **self.info)
+                          processes=self.process[1], train_seconds=self.train_seconds(),
+                          **self.info)
             with open(os.path.join(tmp, RECORD), "w") as f:
                 json.dump(record, f)
                 f.flush()
@@ -322,6 +433,7 @@ class StepBackup(keras.callbacks.Callback):
         self.epoch, self.done, self.step = record["epoch"], record["done"], record["step"]
         self.history = {k: list(v) for k, v in record["history"].items()}
         self.step_loss = list(record["step_loss"])
+        self.seconds = float(record.get("train_seconds", 0.0))
 
     def restore(self, model):
         """Loads the newest backup into `model` now (`fit` does, when the
@@ -333,6 +445,12 @@ class StepBackup(keras.callbacks.Callback):
     def _resume_plain_fit(self):
         from keras_reluvit import _keras_compat as compat
 
+        if self.every:
+            raise ValueError(
+                f"every={self.every} backs up mid-epoch, and a plain model.fit can neither resume "
+                "there nor save on SIGTERM: train with kr.backup.fit(model, train, epochs, "
+                "callbacks=...), which does both, or leave every unset (a backup at each "
+                "epoch's end, which model.fit resumes).")
         if self.done:
             raise ValueError(
                 f"The backup in {self.directory} was taken after step {self.done} of epoch "
@@ -460,11 +578,12 @@ def _metric_states(model):
     return [keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables]
 
 
-def check_every(every):
+def check_every(every, name="every"):
     """`every` (steps between two events of a callback) checked: None or a
-    positive whole number."""
-    if every is not None and (int(every) != every or every < 1):
-        raise ValueError(f"every must be a positive number of steps or None, got {every!r}.")
+    positive whole number; `name`: how the caller's user spells it."""
+    if every is not None and (isinstance(every, bool) or int(every) != every or every < 1):
+        raise ValueError(f"{name} must be a positive whole number of steps or None, "
+                         f"got {every!r}.")
 
 
 def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),

@@ -4,9 +4,11 @@ import os
 
 import keras
 
+from keras_reluvit.settings import KEEP_CHECKPOINTS
+
 
 def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1), every=None,
-            keep=2, info=None):
+            keep=KEEP_CHECKPOINTS, info=None):
     """TensorBoard logs, a `ModelCheckpoint` of the last epoch and a
     `kr.backup.StepBackup` (last in the list: it records each epoch's full
     logs), all under `output`.

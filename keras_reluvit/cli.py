@@ -26,13 +26,27 @@ import os
 import sys
 
 from keras_reluvit import runs
+from keras_reluvit.settings import KEEP_CHECKPOINTS
 from keras_reluvit.settings import LORA_RANK
 from keras_reluvit.settings import RECIPE
 from keras_reluvit.settings import TRAINABLE_DEFAULT
 from keras_reluvit.settings import VAL_FRACTION
+from keras_reluvit.settings import RunSettings
 
 
 def _train(args):
+    from keras_reluvit import backup as kr_backup
+
+    if args.restart and args.override:
+        raise ValueError("--restart starts the run in --output anew, --override continues it "
+                         "with new settings: pass one.")
+    # A preemption notice while the data and the model are prepared: a clean
+    # stop as training begins (exit 0, said), not a kill.
+    with kr_backup.signals_noted():
+        _train_noted(args)
+
+
+def _train_noted(args):
     from keras_reluvit import distribution as kr_distribution
     from keras_reluvit import train as kr_train
     from keras_reluvit.distribution.engine import Engine
@@ -74,8 +88,9 @@ def _train(args):
         _prepared(config["dataset"], config["data_dir"], args.manual_dir)
     kr_distribution.barrier("data prepared")
     engine.layout(args.mesh, args.sharding, args.sequence_axis, in_cluster)
+    rerun = "restart" if args.restart else "override" if args.override else "error"
     _, metrics = kr_train.train(config, args.output, export=not args.no_export,
-                                verbose=2 if args.quiet else 1)
+                                verbose=2 if args.quiet else 1, rerun=rerun)
     final = metrics["final"]
     print(json.dumps({"output": args.output, "backend": engine.backend,
                       "process": kr_distribution.process_index(), **final,
@@ -361,12 +376,22 @@ def parser():
                    "--layer-decay, e.g. 0.75); default: the recipe's")
     t.add_argument("--lr", type=float, help="peak learning rate (default: the recipe's, "
                    "scaled to the batch size)")
-    t.add_argument("--val-fraction", type=float, default=0.1, help="a folder without val/: "
-                   "the seeded share of each class held out for validation (default 0.1)")
-    t.add_argument("--output", default="runs/default", help="run directory")
-    t.add_argument("--epochs", type=int)
-    t.add_argument("--batch-size", type=int)
-    t.add_argument("--image-size", type=int)
+    t.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
+                   help="a folder without val/: the seeded share of each class held out for "
+                   f"validation (default {VAL_FRACTION})")
+    t.add_argument("--output", default="runs/default", help="run directory (default "
+                   "runs/default); rerunning into a folder that holds a backup continues that "
+                   "run, with the same settings only (see --restart, --override)")
+    t.add_argument("--restart", action="store_true", help="start anew in --output, deleting "
+                   "the backups of the run there")
+    t.add_argument("--override", action="store_true", help="continue the run in --output "
+                   "with settings other than its own (the changes are said and recorded in "
+                   "config.json's launches)")
+    t.add_argument("--epochs", type=int, help="epochs (default: the recipe's)")
+    t.add_argument("--batch-size", type=int, help="global batch size, over all processes "
+                   "(default: the recipe's; a folder smaller than it: its training images)")
+    t.add_argument("--image-size", type=int, help="input resolution in pixels (default: the "
+                   "recipe's; with --init the checkpoint's)")
     t.add_argument("--pool", choices=["gap", "tok", "map", "tok_gap"])
     t.add_argument("--posemb", choices=["learn", "sincos2d"])
     t.add_argument("--remat", help="recompute each block's activations in the backward pass "
@@ -375,7 +400,9 @@ def parser():
     t.add_argument("--drop-path", type=float, metavar="RATE",
                    help="stochastic depth: the last block's rate, linearly from 0 in the first "
                    "(timm's --drop-path; ViT(drop_path=))")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=RunSettings.seed,
+                   help="seed of the initialisation, the data order and the augmentation "
+                   f"draws (default {RunSettings.seed})")
     t.add_argument("--mesh", help="device mesh, e.g. batch=2,model=4 (JAX)")
     t.add_argument("--sharding", choices=["data", "fsdp", "tensor"],
                    help="weight layout (default: fsdp on JAX; data, the only one, on torch "
@@ -400,7 +427,8 @@ def parser():
     t.add_argument("--checkpoint-every", type=int, help="updates between backups in "
                    "OUTPUT/backup, mid-epoch (default: the recipe's: 1000 for the ImageNet "
                    "recipes, else 0: at each epoch's end only)")
-    t.add_argument("--keep-checkpoints", type=int, default=2, help="backups kept (the newest)")
+    t.add_argument("--keep-checkpoints", type=int, default=KEEP_CHECKPOINTS,
+                   help=f"backups kept, the newest (default {KEEP_CHECKPOINTS})")
     t.add_argument("--accum-steps", type=int, help="gradient accumulation: each update "
                    "averages K micro-batches of batch-size / K (the recipe's batch on a "
                    "smaller slice; default the recipe's, 1)")

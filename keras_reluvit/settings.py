@@ -3,7 +3,7 @@
 `RunSettings` is what `keras-reluvit train` and `kr.train.build_config`
 take; `build_config` resolves it (with the recipe, once) into the run's
 config. The defaults that other parts repeat -- a folder's held-out share,
-the LoRA rank, the recipe -- are the constants here, and every module that
+the LoRA rank, the backups kept, the recipe -- are the constants here, and every module that
 needs one imports it (the CLI's options, `ImageFolder`, `data.load`,
 `finetune.set_trainable`, `eval` of an older run).
 """
@@ -13,6 +13,7 @@ import dataclasses
 RECIPE = "digits"  # the main job's recipe (the embedded data set)
 VAL_FRACTION = 0.1  # a folder without val/: this seeded share of each class is held out
 LORA_RANK = 8
+KEEP_CHECKPOINTS = 2  # the newest backups a run keeps
 TRAINABLE_DEFAULT = "all"  # what a fine-tune trains (finetune.TRAINABLE: the choices)
 
 
@@ -38,7 +39,7 @@ class RunSettings:
     lr: float = None
     val_fraction: float = VAL_FRACTION
     checkpoint_every: int = None  # steps between backups; 0: each epoch only; None: the recipe's
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = KEEP_CHECKPOINTS
     accum_steps: int = None  # None: the recipe's (1)
     ema: float = None  # timm's EMA of the weights, its decay; None: the recipe's (off); 0: off
     aug_repeats: int = None  # DeiT's repeated augmentation; None: the recipe's; 1: off

@@ -5,16 +5,22 @@
 - `backup/` — `kr.backup.StepBackup`'s `step_<n>/` folders (each epoch's
   end, every `checkpoint_every` updates, and on SIGTERM / SIGINT);
   rerunning the same command after a kill or a preemption resumes at the
-  step saved, on the data stream the uninterrupted run had there (in a
-  multi-process cluster: `backup/process_<i>`, one per process);
+  step saved, on the data stream the uninterrupted run had there, and says
+  so in one line; a rerun with other settings is an error naming them
+  (`rerun="restart"` / `--restart` starts anew, `rerun="override"` /
+  `--override` continues with them); in a TensorFlow or torch cluster
+  `backup/process_<i>`, one per process, on JAX one shared backup;
 - `tensorboard/` — TensorBoard logs;
-- `config.json` — everything needed to rebuild the run and the model;
+- `config.json` — everything needed to rebuild the run and the model, the
+  settings it trains with (`settings`) and one record per launch
+  (`launches`: when, where it resumed, which settings a launch changed);
 - `split.json` — on a folder of images: how its splits were made and, where
   the validation split was drawn (no `val/` folder), the files of each, so
   that `keras-reluvit eval` holds out what the run held out;
 - `last.keras` (each epoch) and `model.keras` (final);
-- `metrics.json` — final evaluation, the per-epoch history and the loss
-  after every step (`step_loss`), of the whole run (a resumed run's too);
+- `metrics.json` — final evaluation, the per-epoch history, the loss
+  after every step (`step_loss`) and `train_seconds`, of the whole run (a
+  resumed run's too: its launches before, to their last backup);
 - `curves.png` — loss and accuracy curves;
 - `saved_model/1/` — a TF SavedModel (with `export=True`), in the version
   folder TF Serving loads (`--model_base_path=.../saved_model`).
@@ -23,6 +29,7 @@
 import dataclasses
 import json
 import os
+import shutil
 import time
 
 import keras
@@ -36,6 +43,7 @@ from keras_reluvit.data import folders as image_folder
 from keras_reluvit.data.pipeline import check_repeats
 from keras_reluvit.data.pipeline import split_batches
 from keras_reluvit.distribution.engine import Engine
+from keras_reluvit.settings import KEEP_CHECKPOINTS
 from keras_reluvit.settings import LORA_RANK
 from keras_reluvit.settings import TRAINABLE_DEFAULT
 from keras_reluvit.settings import VAL_FRACTION
@@ -47,6 +55,9 @@ from keras_reluvit.vit import ViT
 # all or lora: a frozen backbone keeps its inference-time behaviour).
 FINE_TUNE_MODEL_KEYS = ("drop_path",)
 TF_PIPELINE_SEED = 87654321  # tensorflow/python/framework/random_seed.py DEFAULT_GRAPH_SEED
+RERUN = ("error", "restart", "override")  # train(rerun=): a rerun with other settings
+# How a run is saved or where its files are, not what it trains: a rerun may change them.
+RERUN_FREE = ("checkpoint_every", "keep_checkpoints", "data_dir")
 
 
 def build_config(settings=None, **kwargs):
@@ -104,6 +115,7 @@ def build_config(settings=None, **kwargs):
     if not init:
         model_cfg.update(head_bias_init=r["head_bias_init"])
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
+    _check_run_numbers(s)
     batch_size = s.batch_size
     if batch_size is None:
         batch_size = _recipe_batch_size(recipe, r["batch_size"], s.dataset or r["dataset"],
@@ -161,6 +173,25 @@ def _augment(augment, repeats, loss, auto_augment=None):
         check_repeats(repeats, "aug_repeats (train --aug-repeats)")
         augment["repeats"] = repeats
     return augment
+
+
+def _check_run_numbers(s):
+    """The numbers of `RunSettings` that Keras or a callback would reject
+    later, under a name the user never wrote: named as the flag."""
+    def whole(value, low):
+        return value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                 and value >= low)
+
+    if not whole(s.checkpoint_every, 0):
+        raise ValueError(f"checkpoint_every (train --checkpoint-every) must be a whole number "
+                         f">= 0 (updates between backups; 0: each epoch's end), got "
+                         f"{s.checkpoint_every!r}.")
+    if not whole(s.keep_checkpoints, 1):
+        raise ValueError(f"keep_checkpoints (train --keep-checkpoints) must be a whole number "
+                         f">= 1, got {s.keep_checkpoints!r}.")
+    if s.ema is not None and not (isinstance(s.ema, (int, float)) and 0 <= s.ema < 1):
+        raise ValueError(f"ema (train --ema) must be a decay in [0, 1) (DeiT's 0.99996; 0: "
+                         f"off), got {s.ema!r}.")
 
 
 def _accum_steps(accum, batch_size):
@@ -221,20 +252,116 @@ def _data_layout(output, shards, index, count, asked):
     return shards, (mine[0] if per == 1 else mine)
 
 
-def train(config, output, export=True, verbose=2, extra_callbacks=()):
+def _json(value):
+    return json.loads(json.dumps(value, default=list))
+
+
+def _settings_changed(before, config):
+    """{setting: [before, now]} of what a rerun changes (the model's keys as
+    `model.<key>`), leaving out `RERUN_FREE`."""
+    now = _json(config)
+    changed = {}
+    for k in sorted(set(before) | set(now)):
+        if k in RERUN_FREE or k == "model":
+            continue
+        if before.get(k) != now.get(k):
+            changed[k] = [before.get(k), now.get(k)]
+    was = before.get("model") or {}
+    for k in sorted(now.get("model") or {}):
+        if was.get(k) != now["model"][k]:
+            changed[f"model.{k}"] = [was.get(k), now["model"][k]]
+    return changed
+
+
+def _launch(config, output, process, rerun):
+    """(this launch's record, the records of the launches before it) for
+    config.json; says in one line that the run resumes, and what a rerun
+    with other settings does (`rerun`: see `train`)."""
+    if rerun not in RERUN:
+        raise ValueError(f"rerun must be one of {RERUN}, got {rerun!r}.")
+    index, count = process
+    root = os.path.join(output, "backup")
+    folder = kr_backup.backup_folder(root, process)
+    record = kr_backup.StepBackup(folder).latest(quiet=True)
+    launch = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), processes=count,
+                  resumed=None, changed={})
+    if record is None:
+        return launch, []
+    try:
+        with open(os.path.join(output, "config.json")) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        old = {}
+    where = (f"epoch {record['epoch'] + 1}, after step {record['done']} of it (step "
+             f"{record['step']} of the run)")
+    # Runs of before 0.3 kept no `settings`: the keys this config has.
+    before = old.get("settings") or {k: old[k] for k in config if k in old}
+    changed = _settings_changed(before, config) if old else {}
+    said = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+    if rerun == "restart":
+        if index == 0 or folder != root:  # JAX: one shared backup, process 0's to delete
+            shutil.rmtree(folder, ignore_errors=True)
+        if count > 1:
+            kr_distribution.barrier("restart")
+        if index == 0:
+            print(f"keras_reluvit: restart: the backups of the run in {output} (at {where}) "
+                  "are deleted; starting anew.", flush=True)
+        return dict(launch, restart=True), []
+    if changed and rerun == "error":
+        raise ValueError(
+            f"{output} holds a run at {where} trained with other settings: {said}. Rerun "
+            "with its settings to continue it; or --restart (rerun='restart') to start anew "
+            "in this folder (its backups deleted), --override (rerun='override') to continue "
+            "it with these settings, or another --output.")
+    if index == 0:
+        print(f"keras_reluvit: resuming the run in {output} at {where}"
+              + (f", with settings changed (--override): {said}." if changed else "."),
+              flush=True)
+    launch.update(resumed=dict(epoch=record["epoch"], done=record["done"],
+                               step=record["step"]), changed=changed)
+    return launch, list(old.get("launches", []))
+
+
+def _write_atomically(path, write):
+    """`write(tmp)` then renamed into `path`: a kill midway leaves no
+    half-written file under the name."""
+    base, ext = os.path.splitext(path)
+    tmp = f"{base}.partial{ext}"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def train(config, output, export=True, verbose=2, extra_callbacks=(), rerun="error"):
     """Runs `config` (from `build_config`) and writes the artefacts to `output`.
+
+    A rerun into an `output` holding a backup continues that run (said in
+    one line) when its settings are the run's; with other settings (other
+    than `RERUN_FREE`) it is a ValueError naming them, unless `rerun` is
+    `"restart"` (the backups deleted, the run starts anew) or `"override"`
+    (continues with the new settings; config.json records the change).
+
+    SIGTERM / SIGINT stop the run cleanly at every moment (`Preempted`,
+    saved): while the data and model are prepared (before the first step),
+    during training and validation (`kr.backup.StepBackup`), and while the
+    final scores and artefacts are written (at once; a rerun writes them).
 
     In a multi-process cluster (`kr.distribution.initialize`), every process
     runs this with the same arguments: each trains on its shard of the data,
-    keeps its own `backup/process_<i>` (so a killed cluster resumes), and
-    only process 0 writes the other artefacts. `config["data_shards"]` set
-    in a single process reproduces the global batches of a cluster of that
-    many processes on one machine.
+    the backup is kept as `kr.backup.StepBackup` says (so a killed cluster
+    resumes), and only process 0 writes the other artefacts.
+    `config["data_shards"]` set in a single process reproduces the global
+    batches of a cluster of that many processes on one machine.
     """
+    with kr_backup.signals_noted():
+        return _train(config, output, export, verbose, extra_callbacks, rerun)
+
+
+def _train(config, output, export, verbose, extra_callbacks, rerun):
     output = os.path.expanduser(os.fspath(output))
     os.makedirs(output, exist_ok=True)
     index, count = kr_distribution.process_index(), kr_distribution.process_count()
     chief = index == 0
+    launch, launches = _launch(config, output, (index, count), rerun)
     shards = int(config.get("data_shards") or count)
     if count > 1 and shards != count:
         raise ValueError(f"data_shards={shards} in a cluster of {count} processes: leave it "
@@ -289,7 +416,8 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
         full = dict(config, model=model_cfg, num_classes=d.num_classes,
                     label_names=d.label_names, backend=engine.backend,
                     steps_per_epoch=d.steps_per_epoch, processes=count,
-                    distribution=kr_distribution.describe())
+                    distribution=kr_distribution.describe(), settings=_json(config),
+                    launches=launches + [launch])
         if chief:
             with open(os.path.join(output, "config.json"), "w") as f:
                 json.dump(full, f, indent=2, default=list)
@@ -308,12 +436,11 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
     every = config.get("checkpoint_every")
     callbacks = kr_callbacks.default(output, process=(index, count),
                                      every=every * accum if every else None,
-                                     keep=config.get("keep_checkpoints", 2),
+                                     keep=config.get("keep_checkpoints", KEEP_CHECKPOINTS),
                                      info=dict(data_shards=shards))
     backup = callbacks.pop()  # kr_backup.fit places it last
     if config.get("ema") and d.val is not None:  # first: its logs reach TensorBoard, history
         callbacks.insert(0, kr_callbacks.EMAEvaluation(val_data))
-    start = time.time()
     # One iterator for the whole run, one new pass per epoch; a resumed run
     # continues the data stream at the step it saved.
     with image_folder.naming_unreadable(folder):
@@ -322,8 +449,12 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
                       steps_per_epoch=d.steps_per_epoch * accum,
                       verbose=verbose if chief else 0,
                       distribute=lambda ds: engine.distribute(model, ds)[0])
-        train_seconds = time.time() - start
-
+        train_seconds = backup.train_seconds()  # the whole run's
+    # Scoring and writing take long (a spot machine's notice is ~30 s): a
+    # signal now stops at once; the backup holds the trained run.
+    with kr_backup.signals_stop(f"scoring and writing the run's artefacts (the training is "
+                                f"complete, saved in {backup.directory})"), \
+            image_folder.naming_unreadable(folder):
         def score():
             return (model.evaluate(val_data, return_dict=True, verbose=0)
                     if d.val is not None else {})
@@ -337,26 +468,30 @@ def train(config, output, export=True, verbose=2, extra_callbacks=()):
                 print(f"keras_reluvit: model.keras and the export hold the weights' EMA "
                       f"(decay {config['ema']}); metrics.json's final is its, "
                       "final_trained the trained weights'.", flush=True)
-    metrics = dict(
-        final={k: float(v) for k, v in final.items()},
-        **({"final_trained": {k: float(v) for k, v in trained.items()}} if trained else {}),
-        history=backup.history,
-        step_loss=backup.step_loss,
-        optimizer_steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
-        train_seconds=train_seconds,
-    )
-    # In a cluster: every process gathers the sharded weights, process 0 writes.
-    with kr_distribution.chief_writes(model) as writer:
-        if writer:
-            model.save(os.path.join(output, "model.keras"))
-            with open(os.path.join(output, "metrics.json"), "w") as f:
-                json.dump(metrics, f, indent=2)
-            plot_curves(metrics["history"], os.path.join(output, "curves.png"))
-            if export:
-                from keras_reluvit import export as kr_export
+        metrics = dict(
+            final={k: float(v) for k, v in final.items()},
+            **({"final_trained": {k: float(v) for k, v in trained.items()}} if trained else {}),
+            history=backup.history,
+            step_loss=backup.step_loss,
+            optimizer_steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+            train_seconds=train_seconds,
+        )
+        # In a cluster: every process gathers the sharded weights, process 0 writes.
+        with kr_distribution.chief_writes(model) as writer:
+            if writer:
+                _write_atomically(os.path.join(output, "model.keras"), model.save)
 
-                kr_export.saved_model(model, os.path.join(output, "saved_model", "1"),
-                                      activation=recipes.probability(recipe))
+                def write_metrics(path):
+                    with open(path, "w") as f:
+                        json.dump(metrics, f, indent=2)
+
+                _write_atomically(os.path.join(output, "metrics.json"), write_metrics)
+                plot_curves(metrics["history"], os.path.join(output, "curves.png"))
+                if export:
+                    from keras_reluvit import export as kr_export
+
+                    kr_export.saved_model(model, os.path.join(output, "saved_model", "1"),
+                                          activation=recipes.probability(recipe))
     return model, metrics
 
 

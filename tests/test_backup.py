@@ -262,9 +262,11 @@ def test_a_jax_run_resumed_on_fewer_processes_reads_its_data_shards_side_by_side
 
 
 def test_bad_backup_arguments_are_named():
-    with pytest.raises(ValueError, match="every must be a positive number of steps"):
+    with pytest.raises(ValueError, match=r"every \(StepBackup, kr.callbacks.default; train "
+                       r"--checkpoint-every\) must be a positive whole number of steps"):
         B.StepBackup("x", every=0)
-    with pytest.raises(ValueError, match="keep must be at least 1"):
+    with pytest.raises(ValueError, match=r"keep \(the backups kept; train --keep-checkpoints\) "
+                       "must be a whole number >= 1"):
         B.StepBackup("x", keep=0)
 
 

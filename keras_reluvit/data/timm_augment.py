@@ -167,13 +167,15 @@ def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("in
     return blend(image, tf.clip_by_value(mixed, 0.0, 255.0), m_blend)
 
 
-def _sections(name, kind, known):
+def _sections(name, kind, known, shown=None):
+    """The sections of `name` (as rewritten by `parse`); errors quote
+    `shown`, the name as the user wrote it."""
     parts = name.split("-")
     out = {}
     for part in parts[1:]:
         found = re.fullmatch(r"([a-z]+)(-?[\d.]+|inf)?", part)
         if not found or found.group(1) not in known or found.group(2) is None:
-            raise ValueError(f"Unknown {kind} section {part!r} in {name!r}; timm's are "
+            raise ValueError(f"Unknown {kind} section {part!r} in {shown or name!r}; timm's are "
                              f"{', '.join(known)} (e.g. {known[0]}9).")
         out[found.group(1)] = found.group(2)
     return out
@@ -189,7 +191,7 @@ def parse(name):
     name_ = name.replace("-d-1", "-d0")
     head = name_.split("-")[0]
     if head == "rand":
-        s = _sections(name_, "RandAugment", ("m", "n", "p", "mstd", "mmax", "inc"))
+        s = _sections(name_, "RandAugment", ("m", "n", "p", "mstd", "mmax", "inc"), name)
         mstd = float(s.get("mstd", 0.0))
         return rand_augment, dict(
             magnitude=float(s.get("m", LEVEL_MAX)), num_layers=int(s.get("n", 2)),
@@ -197,7 +199,7 @@ def parse(name):
             mmax=float(s["mmax"]) if "mmax" in s else None,
             increasing=bool(int(s.get("inc", 0))), prob=float(s.get("p", 0.5)))
     if head == "augmix":
-        s = _sections(name_, "AugMix", ("m", "w", "d", "a", "mstd"))
+        s = _sections(name_, "AugMix", ("m", "w", "d", "a", "mstd"), name)
         depth = int(s.get("d", -1))
         return augmix, dict(magnitude=float(s.get("m", 3)), width=int(s.get("w", 3)),
                             depth=depth if depth > 0 else -1, alpha=float(s.get("a", 1.0)),

@@ -1,0 +1,198 @@
+"""A run stopped at every moment, on the current backend: SIGTERM before the
+first step (while the data and the model are prepared), during the last
+epoch's validation, and while the final scores and artefacts are written --
+each a clean stop (`Preempted`: saved, said), and the rerun ends the run.
+And reruns: the same settings continue (said), others are an error naming
+them unless restarted or overridden; `train_seconds` covers the whole run."""
+
+import json
+import os
+import signal
+import time
+
+import keras
+import pytest
+
+from keras_reluvit import backup as B
+from keras_reluvit import train as T
+
+
+@pytest.fixture(scope="module")
+def digits_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tfds_digits")
+
+
+def tiny(digits_dir, epochs=2, **kwargs):
+    cfg = T.build_config(recipe="digits", epochs=epochs, data_dir=str(digits_dir),
+                         batch_size=256, **kwargs)
+    cfg["model"].update(width=16, depth=1, num_heads=1, mlp_dim=16)
+    return cfg
+
+
+def kill_self():
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalInValidation(keras.callbacks.Callback):
+    """SIGTERM as the validation of epoch `epoch` begins."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch, self.current, self.sent = epoch, None, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current = epoch
+
+    def on_test_begin(self, logs=None):
+        if self.current == self.epoch and self.sent is None:
+            self.sent = time.time()
+            kill_self()
+
+
+def test_sigterm_in_the_last_validation_stops_at_the_epoch_end_and_the_rerun_finishes(
+        tmp_path, digits_dir):
+    """Was: the run went on scoring and exporting and exited 0 without a word."""
+    cfg = tiny(digits_dir)
+    out = tmp_path / "run"
+    before = signal.getsignal(signal.SIGTERM)
+    sent = SignalInValidation(1)
+    with pytest.raises(B.Preempted, match=r"stopped by SIGTERM at the end of epoch 2 \(step "
+                       r"\d+ of the run\), saved in .*: rerun"):
+        T.train(cfg, out, export=False, verbose=0, extra_callbacks=[sent])
+    stopped = time.time() - sent.sent
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert not (out / "model.keras").exists() and not (out / "metrics.json").exists()
+    record = B.StepBackup(out / "backup").latest()
+    assert (record["epoch"], record["done"]) == (2, 0)  # the epoch whole: 0 steps lost
+    assert len(record["history"]["val_loss"]) == 2  # its validation finished first
+    assert stopped < 30, stopped  # a spot machine's notice
+    first = record["train_seconds"]
+    assert first > 0
+    _, metrics = T.train(cfg, out, export=False, verbose=0)  # writes what was left
+    assert metrics["optimizer_steps"] == record["step"]
+    assert metrics["history"] == record["history"]
+    assert metrics["train_seconds"] >= first  # the whole run's, not this launch's
+    assert (out / "model.keras").exists()
+
+
+def test_sigterm_before_the_first_step_stops_cleanly(tmp_path, digits_dir, monkeypatch):
+    """Was: killed (exit 143), nothing said. Now noted while the data load,
+    a clean stop as training begins; nothing trained, nothing saved."""
+    load = T.kr_data.load
+
+    def load_then_signal(*args, **kwargs):
+        kill_self()
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(T.kr_data, "load", load_then_signal)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(B.Preempted, match="stopped by SIGTERM as training began, before the "
+                       "first step: nothing was trained since; rerun the same command to start"):
+        T.train(tiny(digits_dir), tmp_path / "run", export=False, verbose=0)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert B.StepBackup(tmp_path / "run" / "backup").latest() is None
+    assert B._NOTED == []
+
+
+def test_sigterm_while_the_artefacts_are_written_stops_at_once(tmp_path, digits_dir,
+                                                                monkeypatch):
+    """The final scoring and export take longer than a preemption notice:
+    a signal there stops at once (the training is in the backup); the rerun
+    writes them, no step trained again."""
+    cfg = tiny(digits_dir, epochs=1)
+    plot = T.plot_curves
+    monkeypatch.setattr(T, "plot_curves", lambda *a: kill_self())
+    with pytest.raises(B.Preempted, match=r"stopped by SIGTERM while scoring and writing the "
+                       r"run's artefacts \(the training is complete, saved in .*backup\): rerun"):
+        T.train(cfg, tmp_path / "run", export=False, verbose=0)
+    assert not list(tmp_path.glob("run/*.partial*"))
+    monkeypatch.setattr(T, "plot_curves", plot)
+    steps = B.StepBackup(tmp_path / "run" / "backup").latest()["step"]
+    _, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0)
+    assert metrics["optimizer_steps"] == steps == len(metrics["step_loss"])
+    assert (tmp_path / "run" / "curves.png").exists()
+
+
+@pytest.mark.backend_independent
+def test_a_rerun_with_other_settings_is_named_then_restarted_or_overridden(tmp_path,
+                                                                           digits_dir, capsys):
+    """Was: `--epochs 3 --lr 5e-3` into a 2-epoch run's folder resumed it under
+    the new settings without a word and rewrote config.json."""
+    out = tmp_path / "run"
+    cfg = tiny(digits_dir, epochs=1)
+    _, first = T.train(cfg, out, export=False, verbose=0)
+    steps = first["optimizer_steps"]
+    _, same = T.train(cfg, out, export=False, verbose=0)  # a finished run, rerun: said
+    assert f"resuming the run in {out} at epoch 2, after step 0 of it" in capsys.readouterr().out
+    assert same["optimizer_steps"] == steps
+    longer = tiny(digits_dir, epochs=2, lr=5e-3, checkpoint_every=3)  # the cadence is free
+    with pytest.raises(ValueError, match=r"holds a run at epoch 2, after step 0 of it .* "
+                       r"trained with other settings: epochs 1 -> 2, lr None -> 0.005\. Rerun "
+                       r"with its settings .* --restart .* --override"):
+        T.train(longer, out, export=False, verbose=0)
+    with pytest.raises(ValueError, match="rerun must be one of"):
+        T.train(longer, out, export=False, verbose=0, rerun="continue")
+    _, over = T.train(longer, out, export=False, verbose=0, rerun="override")
+    assert "with settings changed (--override): epochs 1 -> 2" in capsys.readouterr().out
+    assert over["optimizer_steps"] == 2 * steps and len(over["step_loss"]) == 2 * steps
+    config = json.loads((out / "config.json").read_text())
+    assert config["epochs"] == 2 and config["settings"]["lr"] == 5e-3
+    assert [bool(launch["resumed"]) for launch in config["launches"]] == [False, True, True]
+    assert config["launches"][2]["changed"] == {"epochs": [1, 2], "lr": [None, 0.005]}
+    assert over["train_seconds"] > first["train_seconds"]
+    _, anew = T.train(cfg, out, export=False, verbose=0, rerun="restart")
+    assert "restart: the backups of the run in" in capsys.readouterr().out
+    assert anew["optimizer_steps"] == steps and len(anew["step_loss"]) == steps
+    assert len(json.loads((out / "config.json").read_text())["launches"]) == 1
+
+
+@pytest.mark.backend_independent
+def test_every_n_steps_with_a_plain_fit_is_an_error_at_once(tmp_path):
+    """Was: accepted; SIGTERM then killed without a save and the rerun failed."""
+    import numpy as np
+
+    import keras_reluvit as kr
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    x = np.zeros((8, 2), "float32")
+    with pytest.raises(ValueError, match=r"every=5 backs up mid-epoch, and a plain model.fit "
+                       r"can neither resume there nor save on SIGTERM: train with kr.backup.fit"):
+        model.fit(x, x, epochs=1, verbose=0,
+                  callbacks=kr.callbacks.default(str(tmp_path), every=5))
+    model.fit(x, x, epochs=1, verbose=0, callbacks=kr.callbacks.default(str(tmp_path / "b")))
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("setting, value, named", [
+    ("accum_steps", 0, r"accum_steps \(train --accum-steps\) must be a whole number >= 1"),
+    ("ema", 1.5, r"ema \(train --ema\) must be a decay in \[0, 1\)"),
+    ("checkpoint_every", -1, r"checkpoint_every \(train --checkpoint-every\) must be"),
+    ("keep_checkpoints", 0, r"keep_checkpoints \(train --keep-checkpoints\) must be"),
+])
+def test_bad_run_numbers_name_the_flag(setting, value, named):
+    """Was: --accum-steps 0 ran the recipe's 1; the others failed later under
+    Keras' or a callback's argument name."""
+    with pytest.raises(ValueError, match=named):
+        T.build_config(recipe="digits", batch_size=64, **{setting: value})
+
+
+@pytest.mark.backend_independent
+def test_aa_replaces_three_augment_on_the_deit3_recipes(capsys):
+    """Was: `--aa` ran timm's RandAugment on top of DeiT III's 3-Augment."""
+    r = T.build_config(recipe="deit3_s16_400ep", batch_size=8)
+    assert r["augment"]["three_augment"] and not r["augment"].get("auto_augment")
+    aa = T.build_config(recipe="deit3_s16_400ep", batch_size=8,
+                        auto_augment="rand-m9-mstd0.5-inc1")
+    assert not aa["augment"]["three_augment"]
+    assert aa["augment"]["auto_augment"] == "rand-m9-mstd0.5-inc1"
+    assert "--aa 'rand-m9-mstd0.5-inc1' replaces the recipe's 3-Augment" in capsys.readouterr().out
+
+
+@pytest.mark.backend_independent
+def test_an_augmix_name_error_quotes_the_name_as_written():
+    """Was: the name quoted with timm's 'd-1' rewritten as 'd0'."""
+    from keras_reluvit.data.timm_augment import parse
+
+    with pytest.raises(ValueError, match=r"Unknown AugMix section 'x5' in 'augmix-m3-x5-d-1'"):
+        parse("augmix-m3-x5-d-1")
