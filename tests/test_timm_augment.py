@@ -240,3 +240,65 @@ def test_one_of_runs_the_operation_its_index_names(photo):
         for name, out in zip(ops, outs):
             np.testing.assert_array_equal(out, np.asarray(A.apply_op(name, x, m, s)), err_msg=name)
         assert len({o.tobytes() for o in outs}) == len(ops)
+
+
+def _augmix_draws(monkeypatch, n, depth=-1, width=3, alpha=1.0):
+    """AugMix's draws, read back through spies: `_one_of` (the operation) adds
+    1 to its chain's channel of row 1 at each applied step and sets row 0's
+    to 1 (the chain is known from the order of the calls at trace time),
+    `blend` returns the mixed chains and, in row 2, the blend factor. So, per
+    image: row 0 holds each chain's Dirichlet weight w_c, row 1 w_c * depth_c.
+    `augmix` itself runs, traced once in a tf.data map over n keys."""
+    import tensorflow as tf
+
+    calls = []
+    steps = depth if depth > 0 else 3
+
+    def spy(ops, index, image, magnitude, sign):
+        assert ops == A.AUGMIX_OPS
+        chain, step = divmod(len(calls), steps)
+        calls.append((chain, step))
+        one = tf.one_hot(chain, 3)[None, None]
+        first = 1.0 if step == 0 else 0.0
+        return image + tf.concat([first * one, one], 0)
+
+    def blend(degenerate, image, factor):
+        return tf.concat([image, factor * tf.ones_like(image[:1])], 0)
+
+    monkeypatch.setattr(A, "_one_of", spy)
+    monkeypatch.setattr(P, "blend", blend)
+    ds = tf.data.Dataset.range(n).map(lambda i: A.augmix(
+        tf.zeros([2, 1, 3]), tf.stack([i, tf.constant(11, tf.int64)]), width=width,
+        depth=depth, alpha=alpha))
+    out = np.stack(list(ds.as_numpy_iterator()))[:, :, 0, :]  # [n, 3 rows, 3 channels]
+    assert calls == [(c, s) for c in range(width) for s in range(steps)]  # traced once
+    weights, depths, factors = out[:, 0, :width], out[:, 1, :width], out[:, 2, 0]
+    return weights, depths / weights, factors
+
+
+def test_augmix_mixes_chains_of_1_to_3_operations_with_dirichlet_weights(monkeypatch):
+    """timm's `augmix-m3-w3-d-1`: 3 chains, each of depth uniform in {1, 2, 3}
+    (`np.random.randint(1, 4)`), mixed with Dirichlet(1, 1, 1) weights (each
+    marginally Beta(1, 2)), blended with the image by Beta(1, 1). Over 3000
+    images: the depths by chi-square (3000 each expected), the weights and the
+    blend factor by KS tests -- equal weights, a depth fixed at 1 or 3, or
+    another alpha fail."""
+    from scipy import stats
+
+    weights, depths, factors = _augmix_draws(monkeypatch, 3000)
+    np.testing.assert_allclose(weights.sum(1), 1.0, rtol=1e-5)  # a convex mix
+    d = np.rint(depths).astype(int)
+    np.testing.assert_allclose(depths, d, atol=1e-3)
+    counts = np.bincount(d.ravel(), minlength=4)
+    assert counts[0] == 0 and counts.sum() == 9000
+    assert stats.chisquare(counts[1:]).pvalue > 1e-3, counts
+    # the chains draw their depths apart (not one depth for all three)
+    assert np.mean((d[:, 0] == d[:, 1]) & (d[:, 1] == d[:, 2])) < 0.2  # 1/9
+    for c in range(3):
+        assert stats.kstest(weights[:, c], stats.beta(1, 2).cdf).pvalue > 1e-3, c
+        assert stats.kstest(weights[:, c], stats.beta(2, 4).cdf).pvalue < 1e-6  # Dirichlet(2)
+    assert stats.kstest(factors, stats.uniform.cdf).pvalue > 1e-3
+    # a depth given is every chain's
+    monkeypatch.undo()
+    weights, depths, _ = _augmix_draws(monkeypatch, 200, depth=2)
+    np.testing.assert_allclose(depths, 2.0, atol=1e-3)
