@@ -149,3 +149,59 @@ def test_simple_random_crop_is_a_shifted_window_of_the_resized_image():
         assert len(hits) == 1
         offsets.add(hits[0])
     assert len(offsets) > 20  # uniform over the 9 x 17 offsets
+
+
+def _mapped(n, fn):
+    """`fn(key)` over n keys in a tf.data map (traced once), as numpy."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.range(n).map(lambda i: fn(tf.stack([i, tf.constant(5, tf.int64)])))
+    return np.stack(list(ds.as_numpy_iterator()))
+
+
+def test_color_jitter_applies_its_operations_in_a_uniformly_random_order(monkeypatch):
+    """torchvision's `ColorJitter.get_params` draws `torch.randperm(4)` per
+    image; with hue 0 (DeiT III's `ColorJitter(0.3, 0.3, 0.3)`) its 24 orders
+    are the 6 orders of brightness, contrast and saturation, equally likely.
+    The three operations replaced by spies that append their digit (1, 2, 3)
+    to the image's value in base 4: over 3000 images each order is read back
+    about 500 times (chi-square); a fixed order, or one of a few, fails."""
+    import itertools
+
+    import tensorflow as tf
+    from scipy import stats
+
+    for digit, name in enumerate(("brightness", "contrast", "color"), 1):
+        monkeypatch.setattr(T, name, lambda im, f, d=digit: im * 4.0 + d)
+    codes = _mapped(3000, lambda key: T.color_jitter(tf.zeros([1, 1, 3]), 0.3, key))
+    codes = codes[:, 0, 0, 0].astype(int)
+    orders = [tuple(p) for p in itertools.permutations((1, 2, 3))]
+    index = {a * 16 + b * 4 + c: k for k, (a, b, c) in enumerate(orders)}
+    assert set(codes) <= set(index)  # each operation exactly once
+    counts = np.bincount([index[c] for c in codes], minlength=6)
+    assert stats.chisquare(counts).pvalue > 1e-3, dict(zip(orders, counts))
+
+
+def test_three_augments_blur_draws_sigma_uniformly_in_deit3s_range(monkeypatch):
+    """DeiT III's `GaussianBlur(p=1.0)` (deit/augment.py): radius
+    `random.uniform(0.1, 2.0)`, Pillow's `GaussianBlur(radius)` (its sigma).
+    The blur spied on (its sigma written into the image, the other two
+    choices -1): over 2400 images about a third blur, their sigmas uniform
+    on [0.1, 2.0] by a KS test and within it; the range halved, doubled,
+    cut or shifted fails."""
+    import tensorflow as tf
+    from scipy import stats
+
+    assert T.BLUR_SIGMA == (0.1, 2.0)
+    monkeypatch.setattr(T, "gaussian_blur", lambda im, sigma: im * 0.0 + sigma)
+    monkeypatch.setattr(T, "grayscale", lambda im: im * 0.0 - 1.0)
+    monkeypatch.setattr(T, "solarize", lambda im: im * 0.0 - 1.0)
+    out = _mapped(2400, lambda key: T.three_augment(tf.zeros([1, 1, 3]), key))[:, 0, 0, 0]
+    sigmas = out[out > -1.0]
+    assert abs(len(sigmas) - 800) < 5 * np.sqrt(2400 * 2 / 9), len(sigmas)
+    assert sigmas.min() >= 0.1 - 1e-6 and sigmas.max() <= 2.0 + 1e-6
+    assert stats.kstest(sigmas, stats.uniform(0.1, 1.9).cdf).pvalue > 1e-3
+    # the test tells them apart: the range halved, doubled, cut at 1.0 (a range shifted out
+    # of [0.1, 2.0] fails the bounds above)
+    for wrong in (stats.uniform(0.05, 0.95), stats.uniform(0.2, 3.8), stats.uniform(0.1, 0.9)):
+        assert stats.kstest(sigmas, wrong.cdf).pvalue < 1e-6
