@@ -17,8 +17,8 @@ __all__ = [
     "distribution", "export", "fewshot", "finetune", "get_kernel", "image_folder",
     "imagenet1k_labels", "load_checkpoint",
     "load_image", "load_model", "load_weights", "pointwise_attention", "preprocess",
-    "preprocessing", "recipes", "resample_posemb", "resize_model", "set_kernel",
-    "transfer_weights", "use_kernel",
+    "preprocessing", "recipes", "remat", "resample_posemb", "resize_model", "set_kernel",
+    "settings", "train", "transfer_weights", "use_kernel",
 ]
 
 
@@ -61,6 +61,9 @@ if not _command_line_help_only():
     from keras_reluvit import finetune
     from keras_reluvit import preprocessing
     from keras_reluvit import recipes
+    from keras_reluvit import remat
+    from keras_reluvit import settings
+    from keras_reluvit import train
     from keras_reluvit.attention import ACTIVATION_NAMES
     from keras_reluvit.attention import PointwiseAttention
     from keras_reluvit.attention import pointwise_attention

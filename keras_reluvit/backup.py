@@ -51,6 +51,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 import time
 
@@ -89,10 +90,9 @@ def signals_noted():
     if not _main_thread():
         yield
         return
-    import keras_reluvit
-
-    _NOTED.extend(keras_reluvit._EARLY)  # while `keras-reluvit train` imported
-    keras_reluvit._EARLY.clear()
+    early = getattr(sys.modules.get("keras_reluvit"), "_EARLY", [])
+    _NOTED.extend(early)  # while `keras-reluvit train` imported (the package's __init__)
+    early.clear()
 
     def note(signum, frame):
         if signum == signal.SIGINT and signal.SIGINT in _NOTED:

@@ -17,7 +17,8 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 # A default written again somewhere else: what the settings module is for.
 REPEATED = re.compile(r"val_fraction\s*=\s*0\.1\b|\"val_fraction\",\s*0\.1\b|"
                       r"lora_rank\s*=\s*8\b|\"lora_rank\",\s*8\b|"
-                      r"--lora-rank.*default=8\b|trainable\s*=\s*\"all\"")
+                      r"--lora-rank.*default=8\b|trainable\s*=\s*\"all\"|"
+                      r"\bkeep(_checkpoints)?\s*=\s*2\b|\"keep_checkpoints\",\s*2\b")
 
 
 def test_each_default_is_written_once():
@@ -29,6 +30,29 @@ def test_each_default_is_written_once():
                 for i, line in enumerate(open(path, encoding="utf-8"), 1):
                     if REPEATED.search(line.split("#")[0]):
                         found.append(f"{os.path.relpath(path, PKG)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_the_command_line_writes_no_default_of_a_setting():
+    """`keras-reluvit train`'s options for a `RunSettings` field take their
+    default from settings.py (a name), never a literal written again (was:
+    `--val-fraction` default=0.1, `--keep-checkpoints` default=2, `--seed`
+    default=0)."""
+    import ast
+
+    tree = ast.parse(open(os.path.join(PKG, "cli.py"), encoding="utf-8").read())
+    fields = set(RunSettings.fields())
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "t"):
+            continue
+        flag = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else ""
+        dest = flag.lstrip("-").replace("-", "_")
+        for kw in node.keywords:
+            if (kw.arg == "default" and dest in fields and isinstance(kw.value, ast.Constant)
+                    and kw.value.value is not None and kw.value.value is not False):
+                found.append(f"cli.py:{node.lineno}: {flag} default={kw.value.value!r}")
     assert not found, "\n".join(found)
 
 

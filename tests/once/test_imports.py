@@ -118,3 +118,17 @@ def test_fast_help_recognises_the_console_script_under_every_launcher_name(monke
         assert keras_reluvit._command_line_help_only() is expected, argv0
     monkeypatch.setattr("sys.argv", ["keras-reluvit.exe", "train", "--epochs", "1"])
     assert not keras_reluvit._command_line_help_only()
+
+
+def test_the_documented_modules_are_attributes_of_the_package():
+    """`import keras_reluvit as kr; kr.train.build_config(...)` as the docs
+    write it, in a fresh process (in this one other tests imported them)."""
+    import subprocess
+    import sys
+
+    code = ("import keras_reluvit as kr; "
+            "print(kr.train.build_config, kr.settings.RunSettings, kr.remat.check, "
+            "kr.recipes.compile, kr.backup.fit, kr.data.Augment)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, KERAS_BACKEND="jax"))
+    assert done.returncode == 0, done.stderr[-2000:]
