@@ -22,33 +22,52 @@ mkdir -p "$KRV_REFERENCE_CACHE"
 # resumes, the notebook) compile each program once (test_resume: 68 s -> 57 s).
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$LOGS/jax-cache}"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0.2}"
-suite() {  # label, then the command
-  local label="$1"; shift
-  if "$@" > "$LOGS/$label.log" 2>&1; then echo passed > "$LOGS/$label.status"
+# Every pytest run keeps each test's seconds (tests/helpers/durations.py):
+# per-file totals at the end of its output, and the per-test numbers in
+# KRV_DURATIONS_DIR (default: the run's temporary folder), from which
+# `python scripts/lanes.py update DIR` refreshes tests/durations.json.
+DURATIONS_DIR="${KRV_DURATIONS_DIR:-$LOGS}"
+mkdir -p "$DURATIONS_DIR"
+suite() {  # label, durations file's name, then the command
+  local label="$1" name="$2"; shift 2
+  local start=$SECONDS
+  if env KRV_DURATIONS_OUT="$DURATIONS_DIR/durations-$name.json" "$@" -p tests.helpers.durations \
+      > "$LOGS/$label.log" 2>&1; then echo passed > "$LOGS/$label.status"
   else echo FAILED > "$LOGS/$label.status"; fi
+  echo "$label: $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s" \
+    > "$LOGS/$label.time"
   echo "=== $label ===" ; cat "$LOGS/$label.log"
 }
 # The once lane: tests/once plus the tests marked backend_independent (TensorFlow-
 # only code, the same under every backend; tests/conftest.py), which the three
 # backend suites then leave out.
-# --durations: each lane lists its slowest tests (CI must stay within 30 min).
-# To balance the lanes, the docs' traps run at the end of the backend lane
-# instead, still once, under torch (the wheel test and the README's Python
-# blocks moved back to the once lane when the backend lane outgrew it: 35.6
-# against 31.4 min in a full run on 2 cores).
-SECOND_LANE_ONCE=(tests/once/test_traps.py)
+# --durations: each lane lists its slowest tests (CI must stay within 25 min).
+# To balance the lanes, files of tests/once run at the end of the backend lane
+# instead, still once, under torch: which ones, scripts/lanes.py computes from
+# the durations measured last (tests/durations.json).
+read -r -a SECOND_LANE_ONCE <<< "$(python scripts/lanes.py second-lane)"
+python scripts/lanes.py totals
 IGNORE_SECOND=()
 for f in "${SECOND_LANE_ONCE[@]}"; do IGNORE_SECOND+=(--ignore="$f"); done
-once() { suite "backend-independent (torch)" env KERAS_BACKEND=torch KRV_BACKEND_INDEPENDENT=only \
-           python -m pytest tests -q --durations=15 "${IGNORE_SECOND[@]}" "$@"; }
+once() { suite "backend-independent (torch)" once env KERAS_BACKEND=torch \
+           KRV_BACKEND_INDEPENDENT=only python -m pytest tests -q --durations=15 \
+           "${IGNORE_SECOND[@]}" "$@"; }
 backends() {
+  local start=$SECONDS
   for backend in jax tensorflow torch; do
-    suite "$backend" env KERAS_BACKEND="$backend" KRV_BACKEND_INDEPENDENT=skip \
+    suite "$backend" "$backend" env KERAS_BACKEND="$backend" KRV_BACKEND_INDEPENDENT=skip \
       python -m pytest tests -q --durations=10 --ignore=tests/once "$@"
   done
-  suite "backend-independent, 2nd lane (torch)" env KERAS_BACKEND=torch KRV_BACKEND_INDEPENDENT=only \
-    bash -c 'python -m pytest "$@"; rc=$?; [ $rc = 5 ] && rc=0; exit $rc' _ "${SECOND_LANE_ONCE[@]}" \
-    -q --durations=5 "$@"
+  if [ ${#SECOND_LANE_ONCE[@]} -gt 0 ]; then
+    suite "backend-independent, 2nd lane (torch)" once-2 env KERAS_BACKEND=torch \
+      KRV_BACKEND_INDEPENDENT=only bash -c \
+      'python -m pytest "$@"; rc=$?; [ $rc = 5 ] && rc=0; exit $rc' _ "${SECOND_LANE_ONCE[@]}" \
+      -q --durations=5 "$@"
+  else
+    echo passed > "$LOGS/backend-independent, 2nd lane (torch).status"
+  fi
+  echo "== backend lane: $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s" \
+    > "$LOGS/~lane.time"
 }  # (exit 5: extra arguments such as -k selected none of its tests)
 if [ "${KRV_SERIAL:-0}" = "1" ]; then
   once "$@"
@@ -59,6 +78,7 @@ else
   wait
 fi
 echo "=== summary ==="
+cat "$LOGS"/*.time 2>/dev/null
 status=0
 for label in "backend-independent (torch)" jax tensorflow torch "backend-independent, 2nd lane (torch)"; do
   result="$(cat "$LOGS/$label.status" 2>/dev/null || echo 'FAILED (no result)')"
