@@ -398,10 +398,12 @@ def test_fine_tune_a_folder_through_the_cli(photos, tmp_path, capsys):
 def test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_chance(photos, tmp_path,
                                                                              capsys):
     """The controls of the fine-tune above: with lr 0 the run keeps the
-    checkpoint's encoder exactly (a dropped or ignored --init would not), and
-    its fresh zero head scores chance on the held-out photographs (val/ is
-    cropped from pixels no training image shares: the accuracy above comes
-    from training, not from the split)."""
+    checkpoint's encoder exactly (a dropped or ignored --init would not) and
+    its fresh head exactly zero (big_vision's zero init, untouched): the model
+    scored is that one -- every logit equal, so the loss is ln 3 and the
+    accuracy the share of val/'s first class, counted from the folder (the
+    zero head alone gives that accuracy: the loss and the head's weights are
+    what tell an untrained head from a slightly trained or random one)."""
     from keras_reluvit import cli
 
     out = tmp_path / "zero"
@@ -410,10 +412,18 @@ def test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_chance(pho
                      "--batch-size", "9", "--epochs", "1", "--lr", "0",
                      "--output", str(out), "--quiet", "--no-export"]) == 0
     final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    # zero logits: argmax is class 0 ("cat"), a third of val/
-    assert final["accuracy"] == pytest.approx(1 / 3, abs=1e-6), final
+    # zero logits: argmax is class 0 ("cat"): its share of val/, from the folder
+    val = photos / "images" / "val"
+    counts = {c: len(os.listdir(val / c)) for c in ("cat", "coffee", "rocket")}
+    assert final["accuracy"] == pytest.approx(counts["cat"] / sum(counts.values()),
+                                              abs=1e-6), final
+    # equal logits, not merely argmax class 0: cross-entropy ln 3 on every image
+    assert final["loss"] == pytest.approx(np.log(3.0), abs=1e-5), final
     trained = keras.saving.load_model(out / "model.keras", compile=False)
     pretrained = keras.saving.load_model(photos / "pretrained.keras", compile=False)
+    head = [v for v in trained.weights if v.path.startswith("head/")]
+    assert sorted(v.path for v in head) == ["head/bias", "head/kernel"]
+    assert head[0].shape[-1] == 3 and all(np.all(npy(v) == 0.0) for v in head)
     encoder = {v.path: npy(v) for v in pretrained.weights if not v.path.startswith("head/")}
     kept = {v.path: npy(v) for v in trained.weights if v.path in encoder}
     assert sorted(kept) == sorted(encoder) and len(encoder) > 20
