@@ -55,6 +55,10 @@ def test_the_epoch_subset_is_uniform_over_a_class_ordered_split_larger_than_the_
         batch = next(iter(out.batch(n)))
         epochs.append((batch["label"].numpy(), batch["id"].numpy()))
     _check(epochs, classes, n, per)
+    for labels, ids in epochs:  # shuffled within the epoch too (the subset comes in order)
+        first = np.unique(ids, return_index=True)[1]
+        order = np.sort(first)
+        assert abs(stats.spearmanr(np.arange(len(order)), labels[order])[0]) < 0.1
     again = next(iter(train_examples(ds, R, seed=3, shuffle_buffer=10_000).batch(n)))
     np.testing.assert_array_equal(again["id"].numpy(), epochs[0][1])  # seeded
 
@@ -153,7 +157,7 @@ def test_a_multi_shard_tfds_set_is_drawn_whole_in_each_process(tmp_path):
                   seed=2, train_split="train", val_split=False, shuffle_buffer=100)
     assert data.info.splits["train"].num_shards == classes
     _check(_epochs(data.train, 3), classes, n, per)
-    shown = []
+    shown, streams = [], []
     for index in (0, 1):
         part = D.load("shards", 100, 4, data_dir=str(root),
                       augment=D.Augment(**WHOLE, repeats=R), seed=2, train_split="train",
@@ -164,7 +168,10 @@ def test_a_multi_shard_tfds_set_is_drawn_whole_in_each_process(tmp_path):
             assert set(labels) == set(range(index * 4, index * 4 + 4))
         _check([(lab - index * 4, ids) for lab, ids in epochs], 4, n // 2, per)
         shown.append(set(np.concatenate([ids for _, ids in epochs])))
+        streams.append(epochs[0][1])
     assert not shown[0] & shown[1]
+    # Each process its own draws: not the same positions of its shard (ids n / 2 apart).
+    assert len(set(streams[1] - streams[0])) > 1
 
 
 @pytest.mark.backend_independent

@@ -68,13 +68,16 @@ def test_sigterm_in_the_last_validation_stops_at_the_epoch_end_and_the_rerun_fin
     assert stopped < 30, stopped  # a spot machine's notice
     first = record["train_seconds"]
     assert first > 0
+    rerun_started = time.time()
     _, metrics = T.train(cfg, out, export=False, verbose=0)  # writes what was left
     assert metrics["optimizer_steps"] == record["step"]
     assert metrics["history"] == record["history"]
-    assert metrics["train_seconds"] >= first  # the whole run's, not this launch's
+    # The whole run's, not this launch's (nor the wall time since the first).
+    assert first <= metrics["train_seconds"] <= first + (time.time() - rerun_started)
     assert (out / "model.keras").exists()
 
 
+@pytest.mark.backend_independent  # the backup's Python, not the backend's: run once
 def test_sigterm_before_the_first_step_stops_cleanly(tmp_path, digits_dir, monkeypatch):
     """Was: killed (exit 143), nothing said. Now noted while the data load,
     a clean stop as training begins; nothing trained, nothing saved."""
@@ -94,6 +97,7 @@ def test_sigterm_before_the_first_step_stops_cleanly(tmp_path, digits_dir, monke
     assert B._NOTED == []
 
 
+@pytest.mark.backend_independent  # train()'s Python, not the backend's: run once
 def test_sigterm_while_the_artefacts_are_written_stops_at_once(tmp_path, digits_dir,
                                                                 monkeypatch):
     """The final scoring and export take longer than a preemption notice:
@@ -167,6 +171,7 @@ def test_every_n_steps_with_a_plain_fit_is_an_error_at_once(tmp_path):
 @pytest.mark.parametrize("setting, value, named", [
     ("accum_steps", 0, r"accum_steps \(train --accum-steps\) must be a whole number >= 1"),
     ("ema", 1.5, r"ema \(train --ema\) must be a decay in \[0, 1\)"),
+    ("ema", 1.0, r"ema \(train --ema\) must be a decay in \[0, 1\)"),  # frozen: refused
     ("checkpoint_every", -1, r"checkpoint_every \(train --checkpoint-every\) must be"),
     ("keep_checkpoints", 0, r"keep_checkpoints \(train --keep-checkpoints\) must be"),
 ])
@@ -175,6 +180,8 @@ def test_bad_run_numbers_name_the_flag(setting, value, named):
     Keras' or a callback's argument name."""
     with pytest.raises(ValueError, match=named):
         T.build_config(recipe="digits", batch_size=64, **{setting: value})
+    fine = {"accum_steps": 1, "ema": 0.0, "checkpoint_every": 0, "keep_checkpoints": 1}[setting]
+    T.build_config(recipe="digits", batch_size=64, **{setting: fine})  # the boundary is allowed
 
 
 @pytest.mark.backend_independent
@@ -196,3 +203,55 @@ def test_an_augmix_name_error_quotes_the_name_as_written():
 
     with pytest.raises(ValueError, match=r"Unknown AugMix section 'x5' in 'augmix-m3-x5-d-1'"):
         parse("augmix-m3-x5-d-1")
+
+
+@pytest.mark.backend_independent
+def test_a_write_killed_midway_leaves_the_earlier_file_under_its_name(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text("earlier")
+
+    def half(tmp):
+        with open(tmp, "w") as f:
+            f.write("half")
+        raise B.Preempted("stopped")
+
+    with pytest.raises(B.Preempted):
+        T._write_atomically(str(path), half)
+    assert path.read_text() == "earlier"
+    T._write_atomically(str(path), lambda tmp: open(tmp, "w").write("new"))
+    assert path.read_text() == "new"
+
+
+@pytest.mark.backend_independent
+def test_sigterm_is_noted_from_the_imports_of_keras_reluvit_train_only():
+    """`keras-reluvit train` (or `python -m keras_reluvit.cli train`) notes
+    SIGTERM from its imports on; any other program importing the package
+    keeps its SIGTERM."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.argv = {argv!r}; import signal, keras_reluvit; "
+            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, end='')")
+    for argv, default in ((["keras-reluvit", "train"], "False"), (["-m", "train"], "False"),
+                          (["keras-reluvit", "eval"], "True"), (["my_script.py", "train"], "True")):
+        done = subprocess.run([sys.executable, "-c", code.format(argv=argv)], text=True,
+                              capture_output=True, env=dict(os.environ, KERAS_BACKEND="jax"))
+        assert done.stdout == default, (argv, done.stdout, done.stderr[-500:])
+
+
+@pytest.mark.backend_independent
+def test_the_cli_passes_restart_and_override_and_refuses_both(tmp_path, digits_dir,
+                                                              monkeypatch, capsys):
+    from keras_reluvit import cli
+
+    asked = []
+    monkeypatch.setattr(T, "train", lambda config, out, **kw: asked.append(kw["rerun"]) or (
+        None, {"final": {}, "train_seconds": 0.0}))
+    base = ["train", "--output", str(tmp_path / "r"), "--data-dir", str(digits_dir),
+            "--batch-size", "64"]
+    for flags, rerun in (([], "error"), (["--restart"], "restart"), (["--override"], "override")):
+        assert cli.main(base + flags) == 0
+        assert asked[-1] == rerun
+    assert cli.main(base + ["--restart", "--override"]) == 2
+    assert "--restart starts the run in --output anew, --override continues it" in (
+        capsys.readouterr().err)
