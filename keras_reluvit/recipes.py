@@ -21,6 +21,7 @@ lr. Epochs are unchanged.
 """
 
 import collections.abc
+import contextlib
 import copy
 import dataclasses
 import json
@@ -420,6 +421,16 @@ def scaled(recipe, batch_size, steps_per_epoch, epochs, lr=None):
     return lr, warmup, total
 
 
+def _eager_on_tensorflow():
+    """TensorFlow's `init_scope` (eager inside a traced function); elsewhere
+    nothing."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.init_scope()
+    return contextlib.nullcontext()
+
+
 class _RecipeOptimizer:
     """A Keras optimizer with what the recipes add to it.
 
@@ -448,9 +459,12 @@ class _RecipeOptimizer:
     def build(self, variables):
         super().build(variables)
         if self.use_ema:  # timm: the average starts as the model
-            for v, average in zip(variables, compat.ema_averages(self)):
-                if average is not None:
-                    average.assign(keras.ops.copy(v))  # its own buffer (JAX donates both)
+            # TensorFlow's fit builds the optimizer while it traces the train
+            # step: the copy runs now, eagerly (traced, the averages began at 0).
+            with _eager_on_tensorflow():
+                for v, average in zip(variables, compat.ema_averages(self)):
+                    if average is not None:
+                        average.assign(keras.ops.copy(v))  # its own buffer (JAX donates both)
 
     def _update_model_variables_moving_average(self, trainable_variables):
         if not self.use_ema:

@@ -15,10 +15,6 @@ from keras_reluvit import _keras_compat as compat
 from keras_reluvit import recipes
 from keras_reluvit import train as T
 
-# Set True when RecipeAdamW/RecipeSGD.build's copy of the weights survives TensorFlow's
-# traced build (test_ema.py's strict xfail then fails, as a reminder).
-TF_EMA_FIXED = False
-
 
 class WeightsRecorder(keras.callbacks.Callback):
     """The trainable weights before training and after every step."""
@@ -72,21 +68,17 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
     assert max(np.abs(a - b).max() for a, b in zip(ema, trained)) > 1e-4
     # ... and it is timm's EMA of the weights the run went through: from the initial
     # weights, d * average + (1 - d) * weights after each of the 5 updates (no warm-up).
-    # (On TensorFlow the averages start at zero under fit: a known bug, the strict xfail
-    # in test_ema.py::test_under_fit_the_average_starts_as_the_model_and_follows_timms_
-    # recurrence; this check runs there too once it is fixed.)
     assert not r.get("ema_warmup") and len(recorder.steps) == 5
     for a, b in zip(trained, recorder.steps[-1]):  # the trained weights: the last step's
         np.testing.assert_array_equal(a, b)
-    if keras.backend.backend() != "tensorflow" or TF_EMA_FIXED:
-        expected = recorder.initial
-        for w in recorder.steps:
-            expected = [0.9 * e + 0.1 * v for e, v in zip(expected, w)]
-        for v, a, b in zip(model.trainable_variables, ema, expected):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=v.path)
-        # the average moved off the initial weights (an EMA never updated stays there) by
-        # far more than the tolerance above (5 warm-up steps move it ~1.5e-4)
-        assert max(np.abs(a - b).max() for a, b in zip(ema, recorder.initial)) > 5e-5
+    expected = recorder.initial
+    for w in recorder.steps:
+        expected = [0.9 * e + 0.1 * v for e, v in zip(expected, w)]
+    for v, a, b in zip(model.trainable_variables, ema, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=v.path)
+    # the average moved off the initial weights (an EMA never updated stays there) by
+    # far more than the tolerance above (5 warm-up steps move it ~1.5e-4)
+    assert max(np.abs(a - b).max() for a, b in zip(ema, recorder.initial)) > 5e-5
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["ema"] == 0.9 and saved["augment"]["timm_mix"]["cutmix_alpha"] == 1.0
     history = metrics["history"]

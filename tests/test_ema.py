@@ -106,15 +106,13 @@ class _Recorder(keras.callbacks.Callback):
         self.steps.append(weights(self.model.trainable_variables))
 
 
-@pytest.mark.xfail(keras.backend.backend() == "tensorflow", strict=True,
-                   reason="on TensorFlow model.fit builds the optimizer while tracing the train "
-                   "step (no distribution strategy): the copy of the weights into the averages "
-                   "in RecipeAdamW/RecipeSGD.build is traced away, the averages start at zero")
 def test_under_fit_the_average_starts_as_the_model_and_follows_timms_recurrence():
     """`model.fit` builds the optimizer itself (the tests above build it
     first): after 4 updates the averages are timm's recurrence on the weights
     recorded after each step, from the initial weights -- and moved off them
-    (an EMA never updated, or one started at zero, fails)."""
+    (an EMA never updated, or one started at zero, fails: on TensorFlow, fit
+    builds the optimizer while tracing its step, and the averages began at
+    zero until `build` copied the weights eagerly)."""
     d = 0.8
     model = tiny(recipes.RecipeSGD(learning_rate=0.3, momentum=0.0, use_ema=True,
                                    ema_momentum=d))
