@@ -246,6 +246,13 @@ def add(tar, name, payload):
 
 
 @pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory):
+    """A tfds data dir for the digits set, built once per pytest run by the
+    first test that loads it (each module's own copy cost ~4 s to build)."""
+    return tmp_path_factory.mktemp("tfds_digits")
+
+
+@pytest.fixture(scope="session")
 def imagenet_manual(tmp_path_factory):
     """A tiny ImageNet in the official archive layout: the two tars (train:
     one inner tar per synset; val: ILSVRC2012_val_%08d.JPEG)."""

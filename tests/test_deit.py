@@ -34,7 +34,7 @@ class WeightsRecorder(keras.callbacks.Callback):
         self.steps.append(self._weights())
 
 
-def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
+def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, digits_dir):
     r = recipes.get("deit_s16_300ep")
     assert (r["ema"], r["model"]["drop_path"], r["augment"]["erase"]) == (0.99996, 0.1, 0.25)
     assert r["augment"]["timm_mix"]["label_smoothing"] == 0.1 and r["label_smoothing"] == 0.0
@@ -52,7 +52,7 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
     with pytest.raises(ValueError, match="Unknown auto_augment 'rand_m9'"):
         T.build_config(recipe="deit_s16_300ep", batch_size=8, auto_augment="rand_m9")
     cfg = T.build_config(recipe="deit_s16_300ep", dataset="sklearn_digits", epochs=1,
-                         image_size=32, batch_size=256, data_dir=str(tmp_path / "tfds"),
+                         image_size=32, batch_size=256, data_dir=str(digits_dir),
                          ema=0.9)
     cfg["model"].update(width=32, depth=3, num_heads=2, mlp_dim=64)
     recorder = WeightsRecorder()

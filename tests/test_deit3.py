@@ -82,7 +82,7 @@ def test_bce_binarises_mixed_targets_and_averages_over_classes():
         recipes.probability("bce_xent")
 
 
-def test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
+def test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, digits_dir):
     r = recipes.get("deit3_s16_400ep")
     assert (r["optimizer"], r["loss"], r["lr"], r["batch_size"]) == ("lamb", "bce", 4e-3, 2048)
     assert r["model"]["layer_scale"] == 1e-4 and r["model"]["posemb_prefix"] is False
@@ -90,7 +90,7 @@ def test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path):
     assert aug["three_augment"] and aug["color_jitter"] == 0.3 and aug["repeats"] == 3
     assert aug["timm_mix"]["label_smoothing"] == 0.0 and not aug.get("auto_augment")
     cfg = T.build_config(recipe="deit3_s16_400ep", dataset="sklearn_digits", epochs=1,
-                         image_size=32, batch_size=128, data_dir=str(tmp_path / "tfds"))
+                         image_size=32, batch_size=128, data_dir=str(digits_dir))
     cfg["model"].update(width=32, depth=2, num_heads=2, mlp_dim=64)
     model, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0)
     assert [b.drop_path for b in model.blocks] == [0.05, 0.05]  # DeiT III: every block

@@ -17,11 +17,6 @@ from keras_reluvit import backup as B
 from keras_reluvit import train as T
 
 
-@pytest.fixture(scope="module")
-def digits_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("tfds_digits")
-
-
 def tiny(digits_dir, epochs=2, **kwargs):
     cfg = T.build_config(recipe="digits", epochs=epochs, data_dir=str(digits_dir),
                          batch_size=256, **kwargs)
