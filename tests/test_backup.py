@@ -267,14 +267,15 @@ def test_bad_backup_arguments_are_named():
 
 def test_a_process_stopped_by_anothers_signal_survives_its_own_late_copy(tmp_path,
                                                                          monkeypatch):
-    """In a cluster, the processes agree after every step; one that stops on a
+    """In a cluster, the processes agree as training begins, after every step
+    and at each epoch's end; one that stops on a
     peer's SIGTERM gets its own copy later (torchrun signals its workers one by
     one): once it has saved, later signals are passed over, so it reports and
     exits 0. A single process gets its own handler back at once."""
     import keras_reluvit.distribution as D
 
     calls = []
-    monkeypatch.setattr(D, "any_process", lambda flag: calls.append(flag) or len(calls) == 3)
+    monkeypatch.setattr(D, "any_process", lambda flag: calls.append(flag) or len(calls) == 4)
     received = []
     before = signal.signal(signal.SIGTERM, lambda *_: received.append(1))
     try:
@@ -282,7 +283,8 @@ def test_a_process_stopped_by_anothers_signal_survives_its_own_late_copy(tmp_pat
                                               "step 3 of epoch 1"):
             B.fit(tiny(), tiny_data(), 2, B.StepBackup(tmp_path / "b", process=(0, 2)),
                   verbose=0)
-        assert calls == [False] * 3  # this process had no signal of its own
+        # training's start, steps 1-3; this process had no signal of its own
+        assert calls == [False] * 4
         os.kill(os.getpid(), signal.SIGTERM)  # its own copy, late: passed over
         os.kill(os.getpid(), signal.SIGTERM)  # and any other: it has saved, it exits
         assert received == []
