@@ -23,6 +23,7 @@ The backend is Keras' (`KERAS_BACKEND=jax|tensorflow|torch`).
 import argparse
 import json
 import os
+import signal
 import sys
 
 from keras_reluvit import runs
@@ -44,6 +45,14 @@ def _train(args):
     # stop as training begins (exit 0, said), not a kill.
     with kr_backup.signals_noted():
         _train_noted(args)
+    # The run is complete and said so: a SIGTERM while the process winds down
+    # (TensorFlow's teardown takes seconds) ends it with 0, not 143.
+    signal.signal(signal.SIGTERM, _complete)
+
+
+def _complete(signum, frame):
+    print("keras-reluvit: SIGTERM after the run completed: exiting.", flush=True)
+    os._exit(0)
 
 
 def _train_noted(args):
@@ -94,7 +103,7 @@ def _train_noted(args):
     final = metrics["final"]
     print(json.dumps({"output": args.output, "backend": engine.backend,
                       "process": kr_distribution.process_index(), **final,
-                      "train_seconds": round(metrics["train_seconds"], 1)}))
+                      "train_seconds": round(metrics["train_seconds"], 1)}), flush=True)
 
 
 def _prepared(dataset, data_dir, manual_dir):
@@ -355,7 +364,8 @@ def parser():
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a ViT (default: the embedded digits data set)")
-    t.add_argument("--model", help="vit_s16, vit_b32, ... (default: the recipe's)")
+    t.add_argument("--model", help="the ViT variant: S/16, B/32, ... or vit_s16, vit_b32, ... "
+                   "(default: the recipe's)")
     t.add_argument("--attention", help="attention kind (see `attention`; default relu, or "
                    "with --init the checkpoint's own)")
     t.add_argument("--dataset", help="tfds name, or a folder of images with one sub-folder "
@@ -392,8 +402,12 @@ def parser():
                    "(default: the recipe's; a folder smaller than it: its training images)")
     t.add_argument("--image-size", type=int, help="input resolution in pixels (default: the "
                    "recipe's; with --init the checkpoint's)")
-    t.add_argument("--pool", choices=["gap", "tok", "map", "tok_gap"])
-    t.add_argument("--posemb", choices=["learn", "sincos2d"])
+    t.add_argument("--pool", choices=["gap", "tok", "map", "tok_gap"],
+                   help="the head's input: gap (mean of the patch tokens), tok (the class "
+                   "token), map (attention pooling), tok_gap (class token and mean); default "
+                   "the recipe's")
+    t.add_argument("--posemb", choices=["learn", "sincos2d"], help="position embedding: "
+                   "learned, or fixed 2-D sin-cos (big_vision's); default the recipe's")
     t.add_argument("--remat", help="recompute each block's activations in the backward pass "
                    "to save memory: full, or a jax.checkpoint_policies name (see "
                    "keras_reluvit.remat)")

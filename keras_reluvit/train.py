@@ -153,7 +153,10 @@ def _augment(augment, repeats, loss, auto_augment=None):
 
         name = None if str(auto_augment).lower() in ("none", "") else auto_augment
         if name is not None:
-            parse(name)  # an unknown name fails here
+            try:
+                parse(name)  # an unknown name fails here
+            except ValueError as e:
+                raise ValueError(f"auto_augment (train --aa): {e}") from None
         replaced = [f"RandAugment{tuple(augment['randaug'])}"] if augment.get("randaug") else []
         if augment.get("auto_augment") and augment["auto_augment"] != name:
             replaced.append(repr(augment["auto_augment"]))
@@ -199,7 +202,8 @@ def _accum_steps(accum, batch_size):
         raise ValueError(f"accum_steps (train --accum-steps) must be a whole number >= 1 "
                          f"(1: off), got {accum!r}.")
     if batch_size % accum:
-        raise ValueError(f"accum_steps={accum} must divide the batch size {batch_size}: each "
+        raise ValueError(f"accum_steps (train --accum-steps) {accum} must divide the batch size "
+                         f"{batch_size} (--batch-size): each "
                          "update is accum_steps micro-batches of batch_size / accum_steps.")
     return accum
 
@@ -258,13 +262,11 @@ def _json(value):
 
 def _settings_changed(before, config):
     """{setting: [before, now]} of what a rerun changes (the model's keys as
-    `model.<key>`), leaving out `RERUN_FREE`."""
+    `model.<key>`), `RERUN_FREE` included."""
     now = _json(config)
     changed = {}
     for k in sorted(set(before) | set(now)):
-        if k in RERUN_FREE or k == "model":
-            continue
-        if before.get(k) != now.get(k):
+        if k != "model" and before.get(k) != now.get(k):
             changed[k] = [before.get(k), now.get(k)]
     was = before.get("model") or {}
     for k in sorted(now.get("model") or {}):
@@ -273,10 +275,23 @@ def _settings_changed(before, config):
     return changed
 
 
+def _say(changed):
+    def value(v):
+        return "the recipe's" if v is None else repr(v)
+
+    return ", ".join(f"{k} {value(a)} -> {value(b)}" for k, (a, b) in changed.items())
+
+
+# What a run in `output` leaves besides its backups: --restart deletes them too.
+ARTEFACTS = ("model.keras", "last.keras", "metrics.json", "curves.png", "tensorboard",
+             "saved_model", image_folder.SPLIT_FILE)
+
+
 def _launch(config, output, process, rerun):
-    """(this launch's record, the records of the launches before it) for
-    config.json; says in one line that the run resumes, and what a rerun
-    with other settings does (`rerun`: see `train`)."""
+    """(this launch's record, the records of the launches before it, the
+    run's config.json as it was) for config.json; says in one line that the
+    run resumes, and what a rerun with other settings does (`rerun`: see
+    `train`)."""
     if rerun not in RERUN:
         raise ValueError(f"rerun must be one of {RERUN}, got {rerun!r}.")
     index, count = process
@@ -285,41 +300,93 @@ def _launch(config, output, process, rerun):
     record = kr_backup.StepBackup(folder).latest(quiet=True)
     launch = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), processes=count,
                   resumed=None, changed={})
-    if record is None:
-        return launch, []
     try:
         with open(os.path.join(output, "config.json")) as f:
             old = json.load(f)
     except (OSError, ValueError):
         old = {}
-    where = (f"epoch {record['epoch'] + 1}, after step {record['done']} of it (step "
+    if rerun == "restart":
+        if index == 0 or folder != root:  # JAX: one shared backup, process 0's to delete
+            shutil.rmtree(folder, ignore_errors=True)
+        if index == 0:  # and what the earlier run wrote, so that nothing of it is taken for ours
+            for name in ARTEFACTS:
+                path = os.path.join(output, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                elif os.path.exists(path):
+                    os.remove(path)
+        if count > 1:
+            kr_distribution.barrier("restart")
+        if index == 0:
+            print(f"keras_reluvit: restart: the backups and artefacts of the run in {output} "
+                  "are deleted; starting anew.", flush=True)
+        return dict(launch, restart=True), [], {}
+    if record is None:
+        return launch, [], {}
+    epochs = (old.get("settings") or old).get("epochs")
+    complete = epochs is not None and record["epoch"] >= epochs and not record["done"]
+    where = (f"a complete run of {epochs} epoch{'s' if epochs != 1 else ''} "
+             f"({record['step']} steps)" if complete else
+             f"a run at epoch {record['epoch'] + 1}, after step {record['done']} of it (step "
              f"{record['step']} of the run)")
     # Runs of before 0.3 kept no `settings`: the keys this config has.
     before = old.get("settings") or {k: old[k] for k in config if k in old}
     changed = _settings_changed(before, config) if old else {}
-    said = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
-    if rerun == "restart":
-        if index == 0 or folder != root:  # JAX: one shared backup, process 0's to delete
-            shutil.rmtree(folder, ignore_errors=True)
-        if count > 1:
-            kr_distribution.barrier("restart")
-        if index == 0:
-            print(f"keras_reluvit: restart: the backups of the run in {output} (at {where}) "
-                  "are deleted; starting anew.", flush=True)
-        return dict(launch, restart=True), []
+    blocking = {k: v for k, v in changed.items() if k not in RERUN_FREE}
+    if blocking and rerun == "error":
+        raise ValueError(
+            f"{output} holds {where}, trained with other settings: {_say(blocking)}. Rerun "
+            "with its settings to continue it; or --restart (Python: rerun='restart') to "
+            "start anew in this folder (its backups and artefacts deleted), --override "
+            "(rerun='override') to continue it with these settings, or another --output.")
+    if index == 0:
+        said = (f", with settings changed (--override): {_say(blocking)}" if blocking else "")
+        print(f"keras_reluvit: {output} holds {where}: "
+              + ("writing its artefacts again" if complete else "resuming it")
+              + said + ".", flush=True)
+    launch.update(resumed=dict(epoch=record["epoch"], done=record["done"],
+                               step=record["step"], complete=complete), changed=changed)
+    return launch, list(old.get("launches", [])), old
+
+
+def _check_same_data(old, d, folder, output, rerun):
+    """A resumed run reads the data it was trained on: the same steps per
+    epoch and, for a folder, the same split (a folder that gained images
+    would resume on other batches and hold out other images). Named, or with
+    --override said and recorded; returns the changes."""
+    if not old:
+        return {}
+    changed = {}
+    if old.get("steps_per_epoch") not in (None, d.steps_per_epoch):
+        changed["steps_per_epoch"] = [old["steps_per_epoch"], d.steps_per_epoch]
+    split = os.path.join(output, image_folder.SPLIT_FILE)
+    if folder is not None and os.path.exists(split):
+        with open(split) as f:
+            was = json.load(f)
+        now = _json(folder.split_record())
+        if was.get("splits") != now.get("splits"):  # the files of each drawn split
+
+            def counts(record):
+                return {k: len(v) for k, v in (record.get("splits") or {}).items()} or None
+
+            changed["split"] = [counts(was), counts(now)]
     if changed and rerun == "error":
         raise ValueError(
-            f"{output} holds a run at {where} trained with other settings: {said}. Rerun "
-            "with its settings to continue it; or --restart (rerun='restart') to start anew "
-            "in this folder (its backups deleted), --override (rerun='override') to continue "
-            "it with these settings, or another --output.")
-    if index == 0:
-        print(f"keras_reluvit: resuming the run in {output} at {where}"
-              + (f", with settings changed (--override): {said}." if changed else "."),
+            f"The data of the run in {output} changed since it was trained: {_say(changed)} "
+            "(images added or removed?). Resuming would read other batches and hold out other "
+            "images: --restart to start anew on them, --override to continue anyway.")
+    if changed:
+        print(f"keras_reluvit: --override: the data changed ({_say(changed)}); continuing.",
               flush=True)
-    launch.update(resumed=dict(epoch=record["epoch"], done=record["done"],
-                               step=record["step"]), changed=changed)
-    return launch, list(old.get("launches", []))
+    return changed
+
+
+def _old_train_seconds(output):
+    try:
+        with open(os.path.join(output, "metrics.json")) as f:
+            return float(json.load(f).get("train_seconds", 0.0))
+    except (OSError, ValueError):
+        return 0.0
 
 
 def _write_atomically(path, write):
@@ -361,7 +428,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     os.makedirs(output, exist_ok=True)
     index, count = kr_distribution.process_index(), kr_distribution.process_count()
     chief = index == 0
-    launch, launches = _launch(config, output, (index, count), rerun)
+    launch, launches, old = _launch(config, output, (index, count), rerun)
     shards = int(config.get("data_shards") or count)
     if count > 1 and shards != count:
         raise ValueError(f"data_shards={shards} in a cluster of {count} processes: leave it "
@@ -413,6 +480,8 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             model = ViT(**model_cfg)
     with engine.scope():
         folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
+        if launch["resumed"]:
+            launch["changed"].update(_check_same_data(old, d, folder, output, rerun))
         full = dict(config, model=model_cfg, num_classes=d.num_classes,
                     label_names=d.label_names, backend=engine.backend,
                     steps_per_epoch=d.steps_per_epoch, processes=count,
@@ -450,6 +519,8 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                       verbose=verbose if chief else 0,
                       distribute=lambda ds: engine.distribute(model, ds)[0])
         train_seconds = backup.train_seconds()  # the whole run's
+        if (launch["resumed"] or {}).get("complete"):  # nothing trained now: the run's own
+            train_seconds = max(train_seconds, _old_train_seconds(output))
     # Scoring and writing take long (a spot machine's notice is ~30 s): a
     # signal now stops at once; the backup holds the trained run.
     with kr_backup.signals_stop(f"scoring and writing the run's artefacts (the training is "

@@ -332,5 +332,6 @@ def test_accumulation_of_4_micro_batches_equals_one_step_of_the_whole_batch(tmp_
     np.testing.assert_allclose(m4["history"]["loss"], m1["history"]["loss"], rtol=1e-5)
     for v, a, b in zip(one.weights, weights(acc), weights(one)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6, err_msg=v.path)
-    with pytest.raises(ValueError, match="accum_steps=3 must divide the batch size 128"):
+    with pytest.raises(ValueError, match=r"accum_steps \(train --accum-steps\) 3 must divide "
+                       "the batch size 128"):
         small_config(digits_dir, 1, accum_steps=3)

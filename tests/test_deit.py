@@ -49,7 +49,8 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, digi
     assert aa["augment"]["auto_augment"] == "augmix-m3" and aa["augment"]["randaug"] is None
     off = T.build_config(recipe="deit_s16_300ep", batch_size=8, auto_augment="none")
     assert off["augment"]["auto_augment"] is None
-    with pytest.raises(ValueError, match="Unknown auto_augment 'rand_m9'"):
+    with pytest.raises(ValueError,
+                       match=r"auto_augment \(train --aa\): Unknown auto_augment 'rand_m9'"):
         T.build_config(recipe="deit_s16_300ep", batch_size=8, auto_augment="rand_m9")
     cfg = T.build_config(recipe="deit_s16_300ep", dataset="sklearn_digits", epochs=1,
                          image_size=32, batch_size=256, data_dir=str(digits_dir),

@@ -11,6 +11,7 @@ import signal
 import time
 
 import keras
+import numpy as np
 import pytest
 
 from keras_reluvit import backup as B
@@ -122,12 +123,14 @@ def test_a_rerun_with_other_settings_is_named_then_restarted_or_overridden(tmp_p
     _, first = T.train(cfg, out, export=False, verbose=0)
     steps = first["optimizer_steps"]
     _, same = T.train(cfg, out, export=False, verbose=0)  # a finished run, rerun: said
-    assert f"resuming the run in {out} at epoch 2, after step 0 of it" in capsys.readouterr().out
+    assert (f"{out} holds a complete run of 1 epoch ({steps} steps): writing its artefacts "
+            "again." in capsys.readouterr().out)
     assert same["optimizer_steps"] == steps
+    assert same["train_seconds"] == first["train_seconds"]  # nothing trained: the run's own
     longer = tiny(digits_dir, epochs=2, lr=5e-3, checkpoint_every=3)  # the cadence is free
-    with pytest.raises(ValueError, match=r"holds a run at epoch 2, after step 0 of it .* "
-                       r"trained with other settings: epochs 1 -> 2, lr None -> 0.005\. Rerun "
-                       r"with its settings .* --restart .* --override"):
+    with pytest.raises(ValueError, match=r"holds a complete run of 1 epoch \(\d+ steps\), "
+                       r"trained with other settings: epochs 1 -> 2, lr the recipe's -> 0.005\. "
+                       r"Rerun with its settings .* --restart .* --override"):
         T.train(longer, out, export=False, verbose=0)
     with pytest.raises(ValueError, match="rerun must be one of"):
         T.train(longer, out, export=False, verbose=0, rerun="continue")
@@ -137,11 +140,16 @@ def test_a_rerun_with_other_settings_is_named_then_restarted_or_overridden(tmp_p
     config = json.loads((out / "config.json").read_text())
     assert config["epochs"] == 2 and config["settings"]["lr"] == 5e-3
     assert [bool(launch["resumed"]) for launch in config["launches"]] == [False, True, True]
-    assert config["launches"][2]["changed"] == {"epochs": [1, 2], "lr": [None, 0.005]}
+    changed = config["launches"][2]["changed"]  # the free ones recorded too
+    assert changed["epochs"] == [1, 2] and changed["lr"] == [None, 0.005]
+    assert changed["checkpoint_every"][1] == 3 and set(changed) == {"epochs", "lr",
+                                                                    "checkpoint_every"}
     assert over["train_seconds"] > first["train_seconds"]
+    (out / "tensorboard" / "stale").write_text("an earlier run's")
     _, anew = T.train(cfg, out, export=False, verbose=0, rerun="restart")
-    assert "restart: the backups of the run in" in capsys.readouterr().out
+    assert "restart: the backups and artefacts of the run in" in capsys.readouterr().out
     assert anew["optimizer_steps"] == steps and len(anew["step_loss"]) == steps
+    assert not (out / "tensorboard" / "stale").exists()
     assert len(json.loads((out / "config.json").read_text())["launches"]) == 1
 
 
@@ -250,3 +258,32 @@ def test_the_cli_passes_restart_and_override_and_refuses_both(tmp_path, digits_d
     assert cli.main(base + ["--restart", "--override"]) == 2
     assert "--restart starts the run in --output anew, --override continues it" in (
         capsys.readouterr().err)
+
+
+@pytest.mark.backend_independent
+def test_a_rerun_on_a_folder_that_gained_images_is_named(tmp_path, capsys):
+    """Was: resumed onto other batches (18 -> 27 steps an epoch) and another
+    held-out split, without a word."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def images(start, count):
+        for c in ("a", "b"):
+            (tmp_path / "imgs" / c).mkdir(parents=True, exist_ok=True)
+            for i in range(start, start + count):
+                Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(
+                    tmp_path / "imgs" / c / f"{i}.png")
+
+    images(0, 20)
+    cfg = T.build_config(recipe="digits", epochs=1, dataset=str(tmp_path / "imgs"),
+                         batch_size=8, image_size=8)
+    cfg["model"].update(width=16, depth=1, num_heads=1, mlp_dim=16, patch_size=4)
+    out = tmp_path / "run"
+    T.train(cfg, out, export=False, verbose=0)
+    images(20, 10)
+    with pytest.raises(ValueError, match=r"The data of the run in .* changed since it was "
+                       r"trained: steps_per_epoch 4 -> 6, split .* --restart .* --override"):
+        T.train(cfg, out, export=False, verbose=0)
+    T.train(cfg, out, export=False, verbose=0, rerun="override")
+    assert "--override: the data changed (steps_per_epoch 4 -> 6" in capsys.readouterr().out
