@@ -8,6 +8,9 @@ split into class-ordered shards: each class's share of an epoch's images
 
 import numpy as np
 import pytest
+from helpers.id_data import id_image
+from helpers.id_data import ids_of
+from helpers.id_data import write_class_files_tfds
 from scipy import stats
 
 from keras_reluvit import data as D
@@ -72,14 +75,7 @@ def _png_folder(root, classes, per, size=4):
         d.mkdir(parents=True)
         for j in range(per):
             i = c * per + j
-            Image.fromarray(np.broadcast_to(np.array([i // 256, i % 256, 7], "uint8"),
-                                            (size, size, 3)).copy()).save(d / f"{j}.png")
-
-
-def _ids(images):
-    """The ids `_png_folder` / `_encoded` wrote, from normalised batches ([-1, 1])."""
-    px = np.rint((np.asarray(images)[:, 0, 0, :2] + 1.0) * 127.5).astype(int)
-    return px[:, 0] * 256 + px[:, 1]
+            Image.fromarray(id_image(i, size)).save(d / f"{j}.png")
 
 
 def _epochs(train, count):
@@ -88,7 +84,7 @@ def _epochs(train, count):
         labels, ids = [], []
         for x, y in train:
             labels.append(np.argmax(np.asarray(y), 1))
-            ids.append(_ids(x))
+            ids.append(ids_of(x))
         out.append((np.concatenate(labels), np.concatenate(ids)))
     return out
 
@@ -134,24 +130,9 @@ def test_a_multi_shard_tfds_set_is_drawn_whole_in_each_process(tmp_path):
     each epoch a uniform third of the split with a buffer of a twelfth of it
     (ImageNet's is 1 %); in a 2-process cluster each
     process a uniform third of its own shard, the shards disjoint."""
-    import tensorflow as tf
-    import tensorflow_datasets as tfds
-
     classes, per = 8, 150
     root = tmp_path / "tfds"
-    out = root / "shards" / "1.0.0"
-    out.mkdir(parents=True)
-    features = tfds.features.FeaturesDict({
-        "image": tfds.features.Image(shape=(4, 4, 3)),
-        "label": tfds.features.ClassLabel(num_classes=classes)})
-    for c in range(classes):
-        name = out / f"shards-train.tfrecord-{c:05d}-of-{classes:05d}"
-        with tf.io.TFRecordWriter(str(name)) as w:
-            for j in range(per):
-                i = c * per + j
-                image = np.broadcast_to(np.array([i // 256, i % 256, 7], "uint8"), (4, 4, 3))
-                w.write(features.serialize_example({"image": image.copy(), "label": c}))
-    tfds.folder_dataset.write_metadata(data_dir=str(out), features=features)
+    write_class_files_tfds(root, "shards", classes, per)
     n = classes * per
     data = D.load("shards", 100, 4, data_dir=str(root), augment=D.Augment(**WHOLE, repeats=R),
                   seed=2, train_split="train", val_split=False, shuffle_buffer=100)

@@ -7,6 +7,8 @@ import os
 import keras
 import numpy as np
 import pytest
+from helpers.id_data import id_image
+from helpers.id_data import write_class_files_tfds
 
 import keras_reluvit as kr
 from keras_reluvit import data as D
@@ -724,11 +726,6 @@ def test_folder_shards_are_disjoint_and_cover_the_split(monkeypatch, tmp_path, c
 WHOLE_IMAGE = dict(crop_area=(1.0, 1.0), crop_aspect=(1.0, 1.0), flip=False)  # pixels kept
 
 
-def _id_image(i):
-    """A 4x4 image whose pixel is its id (two channels: id // 256, id % 256)."""
-    return np.broadcast_to(np.array([i // 256, i % 256, 7], "uint8"), (4, 4, 3)).copy()
-
-
 def _training_reads(name, data_dir, count=2, batch_size=16, epochs=2):
     """Per process of `count`: the (label, id) pairs its *training* pipeline
     yields over `epochs` epochs (each a new iterator, as `fit`)."""
@@ -772,7 +769,7 @@ def test_folder_training_pipelines_of_two_processes_read_disjoint_halves(tmp_pat
     for c in range(classes):
         (tmp_path / "train" / f"c{c}").mkdir(parents=True)
         for j in range(per):
-            Image.fromarray(_id_image(c * per + j)).save(tmp_path / "train" / f"c{c}" / f"{j}.png")
+            Image.fromarray(id_image(c * per + j)).save(tmp_path / "train" / f"c{c}" / f"{j}.png")
     _assert_training_shards_partition(_training_reads(str(tmp_path), None), classes * per, per)
 
 
@@ -780,21 +777,7 @@ def test_folder_training_pipelines_of_two_processes_read_disjoint_halves(tmp_pat
 def test_tfds_training_pipelines_of_two_processes_read_disjoint_halves(tmp_path):
     """The same for a tfds set (4 files, one class each) read by the real
     builder: the training read of each process is its `even_splits` half."""
-    import tensorflow as tf
-    import tensorflow_datasets as tfds
-
     classes, per = 4, 16
-    out = tmp_path / "idshards" / "1.0.0"
-    out.mkdir(parents=True)
-    features = tfds.features.FeaturesDict({
-        "image": tfds.features.Image(shape=(4, 4, 3)),
-        "label": tfds.features.ClassLabel(num_classes=classes)})
-    for c in range(classes):
-        with tf.io.TFRecordWriter(str(out / f"idshards-train.tfrecord-{c:05d}-of-"
-                                            f"{classes:05d}")) as w:
-            for j in range(per):
-                w.write(features.serialize_example({"image": _id_image(c * per + j),
-                                                    "label": c}))
-    tfds.folder_dataset.write_metadata(data_dir=str(out), features=features)
+    write_class_files_tfds(tmp_path, "idshards", classes, per)
     _assert_training_shards_partition(_training_reads("idshards", str(tmp_path)),
                                       classes * per, per)
