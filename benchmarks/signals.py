@@ -154,7 +154,7 @@ def main(argv=None):
         lines = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores. Command: python -m "
                  "benchmarks.signals --out benchmarks/results", "",
                  "SIGTERM from outside at each moment of `keras-reluvit train` (digits, tiny "
-                 "model, 2 epochs of 6 steps, " + " ".join(ARGS) + "); then the same command "
+                 "model, 2 epochs of 5 steps, " + " ".join(ARGS) + "); then the same command "
                  "again.", "",
                  "| backend | moment | signal to exit (s) | exit | steps at the signal | "
                  "steps saved | lost | the line | rerun: exit, steps of the run |",

@@ -111,6 +111,19 @@ def signals_noted():
             _NOTED.clear()
 
 
+def stop_if_noted(where, process=(0, 1)):
+    """Raises `Preempted` now if `signals_noted` noted a signal: a single
+    process stops at `where` (while the run is prepared) instead of at the
+    first step, which on a large data set may come after a preemption
+    notice's ~30 s. A cluster's process goes on to the first step, where its
+    peers agree (one stopping alone would leave them waiting)."""
+    if _NOTED and process[1] == 1:
+        name = signal.Signals(_NOTED[0]).name
+        _NOTED.clear()
+        raise Preempted(f"stopped by {name} {where}, before the first step: nothing was "
+                        "trained since; rerun the same command to continue or start.")
+
+
 @contextlib.contextmanager
 def signals_stop(where):
     """Within: SIGTERM / SIGINT (or one noted before) raise `Preempted` at

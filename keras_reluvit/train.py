@@ -461,6 +461,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     import tensorflow as tf
 
     tf.random.set_seed(TF_PIPELINE_SEED)
+    kr_backup.stop_if_noted("as the run began", (index, count))
     engine = Engine()
     if config.get("init"):
         classes = load_data(pipelines=False)
@@ -499,6 +500,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                         epochs=config["epochs"], lr=config.get("lr"),
                         layer_decay=config.get("layer_decay"), accum_steps=accum,
                         ema=config.get("ema"))
+    kr_backup.stop_if_noted("once the data and the model were ready", (index, count))
     engine.prepare(model)  # torch clusters: DistributedDataParallel
     # TensorFlow clusters: each worker's own shard (no re-batching, no auto-sharding)
     _, val_data = engine.distribute(model, d.train, d.val)

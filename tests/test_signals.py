@@ -85,8 +85,8 @@ def test_sigterm_before_the_first_step_stops_cleanly(tmp_path, digits_dir, monke
 
     monkeypatch.setattr(T.kr_data, "load", load_then_signal)
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(B.Preempted, match="stopped by SIGTERM as training began, before the "
-                       "first step: nothing was trained since; rerun the same command to start"):
+    with pytest.raises(B.Preempted, match="stopped by SIGTERM once the data and the model were "
+                       "ready, before the first step: nothing was trained since; rerun"):
         T.train(tiny(digits_dir), tmp_path / "run", export=False, verbose=0)
     assert signal.getsignal(signal.SIGTERM) is before
     assert B.StepBackup(tmp_path / "run" / "backup").latest() is None
