@@ -148,24 +148,29 @@ def main(argv=None):
             rows.append(row)
     shutil.rmtree(root, ignore_errors=True)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "signals.json"), "w") as f:
-            json.dump(rows, f, indent=1)
-        lines = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores. Command: python -m "
-                 "benchmarks.signals --out benchmarks/results", "",
-                 "SIGTERM from outside at each moment of `keras-reluvit train` (digits, tiny "
-                 "model, 2 epochs of 5 steps, " + " ".join(ARGS) + "); then the same command "
-                 "again.", "",
-                 "| backend | moment | signal to exit (s) | exit | steps at the signal | "
-                 "steps saved | lost | the line | rerun: exit, steps of the run |",
-                 "|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            at = "-" if r["steps_at_signal"] in (None, -1) else r["steps_at_signal"]
-            lines.append(f"| {r['backend']} | {r['moment']} | {r['seconds']} | {r['exit']} | "
-                         f"{at} | {r['saved_step']} | {'-' if r['lost'] is None else r['lost']}"
-                         f" | stopped by{r['said']} | {r['rerun_exit']}, {r['run_steps']} |")
-        with open(os.path.join(args.out, "signals.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+        write(rows, args.out)
+
+
+def write(rows, out, note=""):
+    """signals.json and signals.md in `out` (`note`: a line under the table)."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "signals.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = [f"Machine: {os.uname().machine}, {os.cpu_count()} cores. Command: python -m "
+             "benchmarks.signals --out benchmarks/results", "",
+             "SIGTERM from outside at each moment of `keras-reluvit train` (digits, tiny "
+             "model, 2 epochs of 5 steps, " + " ".join(ARGS) + "); then the same command "
+             "again.", "",
+             "| backend | moment | signal to exit (s) | exit | steps at the signal | "
+             "steps saved | lost | the line | rerun: exit, steps of the run |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        at = "-" if r["steps_at_signal"] in (None, -1) else r["steps_at_signal"]
+        lines.append(f"| {r['backend']} | {r['moment']} | {r['seconds']} | {r['exit']} | "
+                     f"{at} | {r['saved_step']} | {'-' if r['lost'] is None else r['lost']}"
+                     f" | stopped by{r['said']} | {r['rerun_exit']}, {r['run_steps']} |")
+    with open(os.path.join(out, "signals.md"), "w") as f:
+        f.write("\n".join(lines + ([""] + [note] if note else [])) + "\n")
 
 
 if __name__ == "__main__":
