@@ -28,6 +28,14 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_CO
 # `python scripts/lanes.py update DIR` refreshes tests/durations.json.
 DURATIONS_DIR="${KRV_DURATIONS_DIR:-$LOGS}"
 mkdir -p "$DURATIONS_DIR"
+# Two lanes on two cores: each process's math libraries get one thread
+# (OpenMP / torch's intra-op pool, TensorFlow's intra-op pool) instead of one
+# per core, so the lanes do not oversubscribe the cores. KRV_THREADS=0 keeps
+# the libraries' defaults (the A/B in docs/development.md).
+if [ "${KRV_THREADS:-1}" != 0 ]; then
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${KRV_THREADS:-1}}"
+  export TF_NUM_INTRAOP_THREADS="${TF_NUM_INTRAOP_THREADS:-${KRV_THREADS:-1}}"
+fi
 suite() {  # label, durations file's name, then the command
   local label="$1" name="$2"; shift 2
   local start=$SECONDS
