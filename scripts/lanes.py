@@ -3,7 +3,8 @@
 The once lane runs `tests/once` and the backend-independent tests under
 torch; the backend lane runs the three per-backend suites one after the
 other. Files of `tests/once` move to the end of the backend lane (still run
-once, under torch) while that lowers the longer lane's total, largest first,
+once, under torch) while that lowers the longer lane's total, each time the
+file that lowers it most,
 by the seconds in `tests/durations.json` (a file it has no number for stays).
 
     python scripts/lanes.py second-lane      # the tests/once files to move
@@ -40,12 +41,15 @@ def balance(durations):
     a = sum(once.values())
     b = sum(sum(durations.get(s, {}).values()) for s in BACKENDS)
     moved = []
-    movable = sorted(((s, f) for f, s in once.items() if f.startswith("tests/once/")
-                      and os.path.exists(os.path.join(ROOT, f))), reverse=True)
-    for seconds, path in movable:
-        if max(a - seconds, b + seconds) < max(a, b):
-            a, b = a - seconds, b + seconds
-            moved.append(path)
+    movable = {f: s for f, s in once.items() if f.startswith("tests/once/")
+               and os.path.exists(os.path.join(ROOT, f))}
+    while movable:  # each time the move that shortens the longer lane most
+        path = min(movable, key=lambda f: (max(a - movable[f], b + movable[f]), f))
+        seconds = movable.pop(path)
+        if max(a - seconds, b + seconds) >= max(a, b):
+            break
+        a, b = a - seconds, b + seconds
+        moved.append(path)
     return sorted(moved), a, b
 
 
