@@ -183,6 +183,8 @@ class StepBackup(keras.callbacks.Callback):
         history: the whole run's per-epoch logs (those of the epochs before
             a resume included).
         step_loss: the loss Keras reports after every step of the whole run.
+        train_seconds: seconds in `fit` of the whole run, to its newest
+            backup (a rerun of a finished run: the same number).
     """
 
     def __init__(self, directory, every=None, keep=KEEP_CHECKPOINTS, signals=None, process=(0, 1),
@@ -211,6 +213,7 @@ class StepBackup(keras.callbacks.Callback):
         self._agree = False
         self.seconds = 0.0  # training seconds of the run before this launch (its backup's)
         self._started = None  # when this launch's training began
+        self.train_seconds = 0.0  # seconds in `fit` of the whole run, to its newest backup
 
     # ---- reading ------------------------------------------------------------
     def backups(self):
@@ -260,11 +263,6 @@ class StepBackup(keras.callbacks.Callback):
         self._pending = self.latest()
         record = self._pending
         return (record["epoch"], record["done"]) if record else (0, 0)
-
-    def train_seconds(self):
-        """Seconds in `fit` of the whole run: its launches before this one
-        (to their last backup) and this one's so far."""
-        return self.seconds + (time.time() - self._started if self._started else 0.0)
 
     # ---- the callback -------------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -373,6 +371,9 @@ class StepBackup(keras.callbacks.Callback):
         final = os.path.join(self.directory, f"step_{self.step:09d}")
         if os.path.exists(os.path.join(final, RECORD)):
             return final  # this step is saved (a step that ends an epoch)
+        # The launches before this one (to their backups) and this one's so far.
+        self.train_seconds = self.seconds + (time.time() - self._started if self._started
+                                             else 0.0)
         tmp = os.path.join(self.directory, f".tmp_step_{self.step:09d}")
         # On JAX the processes of a cluster write one backup; process 0 its record.
         shared = self.sharded and self.process[1] > 1
@@ -396,7 +397,7 @@ class StepBackup(keras.callbacks.Callback):
         if writer:
             record = dict(epoch=self.epoch, done=self.done, step=self.step,
                           history=self.history, step_loss=self.step_loss, every=self.every,
-                          processes=self.process[1], train_seconds=self.train_seconds(),
+                          processes=self.process[1], train_seconds=self.train_seconds,
                           **self.info)
             with open(os.path.join(tmp, RECORD), "w") as f:
                 json.dump(record, f)
@@ -446,7 +447,7 @@ class StepBackup(keras.callbacks.Callback):
         self.epoch, self.done, self.step = record["epoch"], record["done"], record["step"]
         self.history = {k: list(v) for k, v in record["history"].items()}
         self.step_loss = list(record["step_loss"])
-        self.seconds = float(record.get("train_seconds", 0.0))
+        self.seconds = self.train_seconds = float(record.get("train_seconds", 0.0))
 
     def restore(self, model):
         """Loads the newest backup into `model` now (`fit` does, when the

@@ -296,18 +296,12 @@ def _launch(config, output, process, rerun):
         raise ValueError(f"rerun must be one of {RERUN}, got {rerun!r}.")
     index, count = process
     root = os.path.join(output, "backup")
-    folder = kr_backup.backup_folder(root, process)
-    record = kr_backup.StepBackup(folder).latest(quiet=True)
     launch = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), processes=count,
                   resumed=None, changed={})
-    try:
-        with open(os.path.join(output, "config.json")) as f:
-            old = json.load(f)
-    except (OSError, ValueError):
-        old = {}
     if rerun == "restart":
-        if index == 0 or folder != root:  # JAX: one shared backup, process 0's to delete
-            shutil.rmtree(folder, ignore_errors=True)
+        # Whatever the backups' layout (another process count's included):
+        # every process deletes them (its own, or the shared folder), then all wait.
+        shutil.rmtree(root, ignore_errors=True)
         if index == 0:  # and what the earlier run wrote, so that nothing of it is taken for ours
             for name in ARTEFACTS:
                 path = os.path.join(output, name)
@@ -321,6 +315,12 @@ def _launch(config, output, process, rerun):
             print(f"keras_reluvit: restart: the backups and artefacts of the run in {output} "
                   "are deleted; starting anew.", flush=True)
         return dict(launch, restart=True), [], {}
+    record = kr_backup.StepBackup(kr_backup.backup_folder(root, process)).latest(quiet=True)
+    try:
+        with open(os.path.join(output, "config.json")) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        old = {}
     if record is None:
         return launch, [], {}
     epochs = (old.get("settings") or old).get("epochs")
@@ -379,14 +379,6 @@ def _check_same_data(old, d, folder, output, rerun):
         print(f"keras_reluvit: --override: the data changed ({_say(changed)}); continuing.",
               flush=True)
     return changed
-
-
-def _old_train_seconds(output):
-    try:
-        with open(os.path.join(output, "metrics.json")) as f:
-            return float(json.load(f).get("train_seconds", 0.0))
-    except (OSError, ValueError):
-        return 0.0
 
 
 def _write_atomically(path, write):
@@ -520,9 +512,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                       steps_per_epoch=d.steps_per_epoch * accum,
                       verbose=verbose if chief else 0,
                       distribute=lambda ds: engine.distribute(model, ds)[0])
-        train_seconds = backup.train_seconds()  # the whole run's
-        if (launch["resumed"] or {}).get("complete"):  # nothing trained now: the run's own
-            train_seconds = max(train_seconds, _old_train_seconds(output))
+        train_seconds = backup.train_seconds  # the whole run's, to its last backup
     # Scoring and writing take long (a spot machine's notice is ~30 s): a
     # signal now stops at once; the backup holds the trained run.
     with kr_backup.signals_stop(f"scoring and writing the run's artefacts (the training is "

@@ -287,3 +287,19 @@ def test_a_rerun_on_a_folder_that_gained_images_is_named(tmp_path, capsys):
         T.train(cfg, out, export=False, verbose=0)
     T.train(cfg, out, export=False, verbose=0, rerun="override")
     assert "--override: the data changed (steps_per_epoch 4 -> 6" in capsys.readouterr().out
+
+
+@pytest.mark.backend_independent
+def test_restart_clears_backups_of_another_process_count(tmp_path):
+    """`--restart` deletes whatever backups the folder holds, those of a
+    run of 2 processes too (without it, resuming them in 1 is an error)."""
+    out = tmp_path / "run"
+    for i in (0, 1):
+        step = out / "backup" / f"process_{i}" / "step_000000003"
+        step.mkdir(parents=True)
+        (step / "record.json").write_text("{}")
+    cfg = T.build_config(recipe="digits", batch_size=64)
+    with pytest.raises(ValueError, match="holds the backups of a run of 2 processes"):
+        T._launch(cfg, str(out), (0, 1), "error")
+    launch, launches, old = T._launch(cfg, str(out), (0, 1), "restart")
+    assert launch["restart"] and launches == [] and not (out / "backup").exists()
