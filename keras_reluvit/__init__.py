@@ -22,15 +22,21 @@ __all__ = [
 ]
 
 
+def _program():
+    """The running program's name, lower case, without its extension: the
+    console script `keras-reluvit` (`keras-reluvit.exe` /
+    `keras-reluvit-script.py` on Windows), `-m` while `python -m` imports
+    this package, `cli` for `python keras_reluvit/cli.py`."""
+    argv = _sys.argv
+    return _os.path.splitext(_os.path.basename(argv[0] if argv else ""))[0].lower()
+
+
 def _command_line_help_only():
     """`keras-reluvit --help` / `--version` / `<command> --help`: argparse
     answers and exits before any command runs, so nothing below (Keras, a
     backend) needs importing and the answer comes in a fraction of a second."""
     argv = _sys.argv
-    # The console script: `keras-reluvit`, `keras-reluvit.exe` /
-    # `keras-reluvit-script.py` (Windows launchers), any case.
-    program = _os.path.splitext(_os.path.basename(argv[0] if argv else ""))[0].lower()
-    return program in ("keras-reluvit", "keras-reluvit-script") and (
+    return _program() in ("keras-reluvit", "keras-reluvit-script") and (
         len(argv) == 1 or any(a in ("-h", "--help", "--version") for a in argv[1:]))
 
 
@@ -39,10 +45,8 @@ def _command_line_train():
     torchrun starts it): its SIGTERM handling begins before the imports
     below (seconds), so that a preemption notice that comes this early
     still ends in a clean stop (`kr.backup.signals_noted` reads `_EARLY`)."""
-    argv = _sys.argv
-    program = _os.path.basename(argv[0] if argv else "").lower()
-    return (program.startswith("keras-reluvit") or program in ("-m", "cli.py")) and (
-        argv[1:2] == ["train"])
+    return _program() in ("keras-reluvit", "keras-reluvit-script", "-m", "cli") and (
+        _sys.argv[1:2] == ["train"])
 
 
 _EARLY = []  # SIGTERM noted while `keras-reluvit train` imports
