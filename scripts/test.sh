@@ -63,8 +63,16 @@ once() { suite "backend-independent (torch)" once env KERAS_BACKEND=torch \
 backends() {
   local start=$SECONDS
   for backend in jax tensorflow torch; do
+    # The JAX suite's own process compiles its many tiny models with most of
+    # XLA's optimisations off (compiling dominates there: its tests' seconds
+    # -24 %); its subprocesses, which train runs of many steps, keep them
+    # (tests/conftest.py subprocess_env). KRV_JAX_OPTIMIZE=1 keeps them everywhere.
+    local fast=()
+    if [ "$backend" = jax ] && [ "${KRV_JAX_OPTIMIZE:-0}" != 1 ]; then
+      fast=(JAX_DISABLE_MOST_OPTIMIZATIONS=1)
+    fi
     suite "$backend" "$backend" env KERAS_BACKEND="$backend" KRV_BACKEND_INDEPENDENT=skip \
-      python -m pytest tests -q --durations=10 --ignore=tests/once "$@"
+      "${fast[@]}" python -m pytest tests -q --durations=10 --ignore=tests/once "$@"
   done
   if [ ${#SECOND_LANE_ONCE[@]} -gt 0 ]; then
     suite "backend-independent, 2nd lane (torch)" once-2 env KERAS_BACKEND=torch \

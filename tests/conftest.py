@@ -73,6 +73,21 @@ FULL_ONLY = (
     # and DeiT's own tiny epoch runs on all three.
     "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@jax",
     "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@tensorflow",
+    # DeiT's tiny epoch on TensorFlow (~24 s): it runs on JAX and PyTorch; on TensorFlow its
+    # parts are checked apart (the EMA's closed form, RecipeLamb, the losses, the XLA recipe
+    # step in test_training) and the digits recipe trains in the TF clusters of test_engines.
+    "test_deit.py::test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on@tensorflow",
+    # The fine-tune CLI end to end on JAX and TensorFlow (~20 s each): PyTorch's runs; the
+    # literal reader runs the README's fine-tune commands on JAX with their outcomes checked
+    # (the checkpoint's attention, the classes, eval = the run's score, the served classes);
+    # the API fine-tune runs on all three.
+    "test_finetune.py::test_fine_tune_a_folder_through_the_cli@jax",
+    "test_finetune.py::test_fine_tune_a_folder_through_the_cli@tensorflow",
+    # A SIGTERM in the last validation on TensorFlow (~20 s): the stop is StepBackup's
+    # backend-free callback code, run on JAX and PyTorch; TensorFlow's clusters stop on
+    # SIGTERM in test_engines.
+    "test_signals.py::test_sigterm_in_the_last_validation_stops_at_the_epoch_end_and_the_rerun_"
+    "finishes@tensorflow",
 )
 
 
@@ -220,6 +235,10 @@ def subprocess_env(backend):
     env = dict(os.environ)
     env["KERAS_BACKEND"] = backend
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # scripts/test.sh turns XLA's optimisations off in the JAX suite's own
+    # process (tiny models: compiling dominates); a subprocess trains a run of
+    # many steps, where they pay (docs/development.md).
+    env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
