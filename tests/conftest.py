@@ -272,6 +272,16 @@ def digits_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def digits_built(digits_dir):
+    """`digits_dir` with the digits set built in it (here, once), for tests
+    whose subprocesses read it: each used to prepare its own (~8 s a module)."""
+    from keras_reluvit import data as kr_data
+
+    kr_data.prepare("sklearn_digits", str(digits_dir))
+    return digits_dir
+
+
+@pytest.fixture(scope="session")
 def imagenet_manual(tmp_path_factory):
     """A tiny ImageNet in the official archive layout: the two tars (train:
     one inner tar per synset; val: ILSVRC2012_val_%08d.JPEG)."""

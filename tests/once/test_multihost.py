@@ -130,11 +130,8 @@ def check_saved_model(out, ref, data_dir):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tfds")
-    # prepared once, so that the runs below time training only
-    one_process(["prepare", "sklearn_digits", "--data-dir", str(d)])
-    return d
+def data_dir(digits_built):
+    return digits_built  # prepared once, so that the runs below time training only
 
 
 @pytest.fixture(scope="module")
