@@ -18,6 +18,7 @@ __all__ = [
     "imagenet1k_labels", "load_checkpoint",
     "load_image", "load_model", "load_weights", "pointwise_attention", "preprocess",
     "preprocessing", "recipes", "remat", "resample_posemb", "resize_model", "set_kernel",
+    "checkpoints", "kernels", "models", "training",
     "settings", "train", "transfer_weights", "use_kernel",
 ]
 
@@ -55,61 +56,75 @@ if _command_line_train():
 
     _signal.signal(_signal.SIGTERM, lambda signum, frame: _EARLY.append(signum))
 
+# Where each module lived before the packages (CHANGELOG, "The house, step 4"):
+# `import keras_reluvit.vit`, `from keras_reluvit import recipes` and `kr.train`
+# keep working, as the same module objects as their new homes.
+_MOVED = {
+    "vit": "models.vit", "vit_config": "models.config", "layers": "models.layers",
+    "attention": "models.attention", "attention_kinds": "models.attention_kinds",
+    "activations": "models.activations", "posemb": "models.posemb",
+    "variants": "models.variants", "zoo": "models.zoo", "remat": "models.remat",
+    "keywords": "models.keywords", "train": "training.run", "recipes": "training.recipes",
+    "backup": "training.backup", "callbacks": "training.callbacks",
+    "fewshot": "training.fewshot", "finetune": "training.finetune",
+    "settings": "training.settings", "runs": "training.runs", "embedded": "data.embedded",
+    "image_folder": "data.folders",
+}
+
 if not _command_line_help_only():
-    from keras_reluvit import backup
-    from keras_reluvit import callbacks
+    import importlib as _importlib
+
+    from keras_reluvit import checkpoints
     from keras_reluvit import data
     from keras_reluvit import distribution
     from keras_reluvit import export
-    from keras_reluvit import fewshot
-    from keras_reluvit import finetune
+    from keras_reluvit import kernels
+    from keras_reluvit import models
     from keras_reluvit import preprocessing
-    from keras_reluvit import recipes
-    from keras_reluvit import remat
-    from keras_reluvit import settings
-    from keras_reluvit import train
-    from keras_reluvit.attention import ACTIVATION_NAMES
-    from keras_reluvit.attention import PointwiseAttention
-    from keras_reluvit.attention import pointwise_attention
-    from keras_reluvit.attention_kinds import attention_kinds
-    from keras_reluvit.attention_kinds import attention_presets  # deprecated alias
+    from keras_reluvit import training
     from keras_reluvit.checkpoints import load_checkpoint
     from keras_reluvit.checkpoints import load_model
-    from keras_reluvit.data import folders as image_folder  # its name before data/ was a package
     from keras_reluvit.kernels import get_kernel
     from keras_reluvit.kernels import set_kernel
     from keras_reluvit.kernels import use_kernel
-    from keras_reluvit.layers import ClassToken
-    from keras_reluvit.layers import EncoderBlock
-    from keras_reluvit.layers import MAPHead
-    from keras_reluvit.layers import MLPBlock
-    from keras_reluvit.posemb import PositionEmbedding
-    from keras_reluvit.posemb import resample_posemb
+    from keras_reluvit.models.attention import ACTIVATION_NAMES
+    from keras_reluvit.models.attention import PointwiseAttention
+    from keras_reluvit.models.attention import pointwise_attention
+    from keras_reluvit.models.attention_kinds import attention_kinds
+    from keras_reluvit.models.attention_kinds import attention_presets  # deprecated alias
+    from keras_reluvit.models.layers import ClassToken
+    from keras_reluvit.models.layers import EncoderBlock
+    from keras_reluvit.models.layers import MAPHead
+    from keras_reluvit.models.layers import MLPBlock
+    from keras_reluvit.models.posemb import PositionEmbedding
+    from keras_reluvit.models.posemb import resample_posemb
+    from keras_reluvit.models.variants import VARIANTS
+    from keras_reluvit.models.vit import ViT
+    from keras_reluvit.models.zoo import BUILDERS
+    from keras_reluvit.models.zoo import ViT_B8
+    from keras_reluvit.models.zoo import ViT_B16
+    from keras_reluvit.models.zoo import ViT_B32
+    from keras_reluvit.models.zoo import ViT_H14
+    from keras_reluvit.models.zoo import ViT_L8
+    from keras_reluvit.models.zoo import ViT_L16
+    from keras_reluvit.models.zoo import ViT_L32
+    from keras_reluvit.models.zoo import ViT_S8
+    from keras_reluvit.models.zoo import ViT_S16
+    from keras_reluvit.models.zoo import ViT_S32
+    from keras_reluvit.models.zoo import ViT_Ti8
+    from keras_reluvit.models.zoo import ViT_Ti16
+    from keras_reluvit.models.zoo import ViT_Ti32
+    from keras_reluvit.models.zoo import load_weights
+    from keras_reluvit.models.zoo import resize_model
+    from keras_reluvit.models.zoo import transfer_weights
     from keras_reluvit.preprocessing import ImagePreprocessor
     from keras_reluvit.preprocessing import decode_predictions
     from keras_reluvit.preprocessing import imagenet1k_labels
     from keras_reluvit.preprocessing import load_image
     from keras_reluvit.preprocessing import preprocess
-    from keras_reluvit.variants import VARIANTS
-    from keras_reluvit.vit import ViT
-    from keras_reluvit.zoo import BUILDERS
-    from keras_reluvit.zoo import ViT_B8
-    from keras_reluvit.zoo import ViT_B16
-    from keras_reluvit.zoo import ViT_B32
-    from keras_reluvit.zoo import ViT_H14
-    from keras_reluvit.zoo import ViT_L8
-    from keras_reluvit.zoo import ViT_L16
-    from keras_reluvit.zoo import ViT_L32
-    from keras_reluvit.zoo import ViT_S8
-    from keras_reluvit.zoo import ViT_S16
-    from keras_reluvit.zoo import ViT_S32
-    from keras_reluvit.zoo import ViT_Ti8
-    from keras_reluvit.zoo import ViT_Ti16
-    from keras_reluvit.zoo import ViT_Ti32
-    from keras_reluvit.zoo import load_weights
-    from keras_reluvit.zoo import resize_model
-    from keras_reluvit.zoo import transfer_weights
 
-    # `import keras_reluvit.image_folder` keeps working: the same module as
-    # `keras_reluvit.data.folders` (CHANGELOG).
-    _sys.modules.setdefault(__name__ + ".image_folder", image_folder)
+    for _old, _new in _MOVED.items():
+        _module = _importlib.import_module(f"{__name__}.{_new}")
+        globals()[_old] = _module  # kr.train, kr.recipes, kr.image_folder, ...
+        _sys.modules.setdefault(f"{__name__}.{_old}", _module)  # import keras_reluvit.train
+    del _old, _new, _module

@@ -30,7 +30,7 @@ def model_throughput(variant="S/16", batch_size=8, image_size=224, reps=3):
     """{attention: images/s} of `predict_on_batch` for relu and softmax."""
     import numpy as np
 
-    from keras_reluvit.vit import ViT
+    from keras_reluvit.models.vit import ViT
 
     x = np.random.default_rng(0).uniform(-1, 1, (batch_size, image_size, image_size, 3))
     x = x.astype("float32")

@@ -26,17 +26,17 @@ import os
 import signal
 import sys
 
-from keras_reluvit import runs
-from keras_reluvit.settings import KEEP_CHECKPOINTS
-from keras_reluvit.settings import LORA_RANK
-from keras_reluvit.settings import RECIPE
-from keras_reluvit.settings import TRAINABLE_DEFAULT
-from keras_reluvit.settings import VAL_FRACTION
-from keras_reluvit.settings import RunSettings
+from keras_reluvit.training import runs
+from keras_reluvit.training.settings import KEEP_CHECKPOINTS
+from keras_reluvit.training.settings import LORA_RANK
+from keras_reluvit.training.settings import RECIPE
+from keras_reluvit.training.settings import TRAINABLE_DEFAULT
+from keras_reluvit.training.settings import VAL_FRACTION
+from keras_reluvit.training.settings import RunSettings
 
 
 def _train(args):
-    from keras_reluvit import backup as kr_backup
+    from keras_reluvit.training import backup as kr_backup
 
     if args.restart and args.override:
         raise ValueError("--restart starts the run in --output anew, --override continues it "
@@ -57,8 +57,8 @@ def _complete(signum, frame):
 
 def _train_noted(args):
     from keras_reluvit import distribution as kr_distribution
-    from keras_reluvit import train as kr_train
     from keras_reluvit.distribution.engine import Engine
+    from keras_reluvit.training import run as kr_train
 
     engine = Engine()
     engine.check(mesh=args.mesh, sequence_axis=args.sequence_axis, sharding=args.sharding,
@@ -127,8 +127,8 @@ def _prepare(args):
 
 def _eval(args):
     from keras_reluvit import data as kr_data
-    from keras_reluvit import recipes
     from keras_reluvit.data import folders as image_folder
+    from keras_reluvit.training import recipes
 
     directory, run = runs.run_of(args.model)
     source = args.model
@@ -283,7 +283,7 @@ def _export(args):
 
 
 def recipes_probability(name):
-    from keras_reluvit import recipes
+    from keras_reluvit.training import recipes
 
     try:
         return recipes.probability(name)
@@ -302,7 +302,7 @@ def _bench(args):
     print(f"train pipeline ({args.dataset}, {args.image_size}px, randaug(2,10) + mixup): "
           f"{ips:,.0f} images/s")
     if args.model:
-        from keras_reluvit.variants import variant_with_patch
+        from keras_reluvit.models.variants import variant_with_patch
 
         res = bench.model_throughput(variant_with_patch(args.model), image_size=args.image_size)
         print(f"{args.model} inference on {keras.backend.backend()}: relu {res['relu']:.1f} "
@@ -340,13 +340,13 @@ def _convert(args):
 
 
 def _recipes(args):
-    from keras_reluvit import recipes
+    from keras_reluvit.training import recipes
 
     print(recipes.describe(args.name))
 
 
 def _attention(args):
-    from keras_reluvit.attention_kinds import attention_kinds
+    from keras_reluvit.models.attention_kinds import attention_kinds
 
     if args.command == "presets":
         print("keras-reluvit: `presets` is renamed `attention` (it lists attention kinds); "

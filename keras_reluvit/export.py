@@ -47,6 +47,7 @@ import tempfile
 import keras
 
 from keras_reluvit._keras_compat import flatten_layers
+from keras_reluvit.models import extensions
 
 _CHILD = (
     "import sys, json, importlib, keras, keras_reluvit\n"
@@ -297,3 +298,7 @@ def hf_state_dict(model, directory=None, strict=True):
     from keras_reluvit import checkpoints
 
     return checkpoints.hf_state_dict(model, directory, strict=strict)
+
+
+# `ViT.export(format="tf_saved_model" | "onnx")` asks here.
+extensions.register("export", sys.modules[__name__])

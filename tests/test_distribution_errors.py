@@ -181,7 +181,7 @@ def test_the_engine_holds_the_backend_branches(monkeypatch):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     with engine.scope():
         model.compile("sgd", "mse")
-    assert engine.prepare(model) is model
+    assert engine.all_reduce_gradients(model) is model
     assert engine.layout() is None  # no mesh asked for, no cluster
     if BACKEND == "jax":
         engine.check(mesh="batch=1", sharding="fsdp")

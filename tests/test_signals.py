@@ -16,6 +16,7 @@ import pytest
 
 from keras_reluvit import backup as B
 from keras_reluvit import train as T
+from keras_reluvit.training import signals
 
 
 def tiny(digits_dir, epochs=2, **kwargs):
@@ -90,7 +91,7 @@ def test_sigterm_before_the_first_step_stops_cleanly(tmp_path, digits_dir, monke
         T.train(tiny(digits_dir), tmp_path / "run", export=False, verbose=0)
     assert signal.getsignal(signal.SIGTERM) is before
     assert B.StepBackup(tmp_path / "run" / "backup").latest() is None
-    assert B._NOTED == []
+    assert signals.NOTED == []
 
 
 @pytest.mark.backend_independent  # train()'s Python, not the backend's: run once

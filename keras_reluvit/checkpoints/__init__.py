@@ -39,13 +39,11 @@ and builds the model; a new format is a module and a line in `FORMATS`.
 
 import os
 import re
+import sys
 
 import keras
 import numpy as np
 
-from keras_reluvit import variants
-from keras_reluvit.attention_kinds import deserialize_attention
-from keras_reluvit.attention_kinds import resolve_attention
 from keras_reluvit.checkpoints import big_vision
 from keras_reluvit.checkpoints import hf
 from keras_reluvit.checkpoints import keras_hub
@@ -63,6 +61,10 @@ from keras_reluvit.checkpoints.preset import PRESET_METADATA  # noqa: F401
 from keras_reluvit.checkpoints.preset import PRESET_WEIGHTS
 from keras_reluvit.checkpoints.preset import save_to_preset  # noqa: F401
 from keras_reluvit.checkpoints.timm import timm_state_dict  # noqa: F401
+from keras_reluvit.models import extensions
+from keras_reluvit.models import variants
+from keras_reluvit.models.attention_kinds import deserialize_attention
+from keras_reluvit.models.attention_kinds import resolve_attention
 
 
 def _variant_name(width, patch):
@@ -381,3 +383,7 @@ def from_preset(directory, **overrides):
         raise CheckpointError(f"{directory}: not a model directory (a preset's config.json + "
                               f"{PRESET_WEIGHTS}, a transformers or a timm hub directory).")
     return load_checkpoint(directory, **overrides)
+
+
+# `ViT.from_preset` / `save_to_preset` and the builders' `weights=` ask here.
+extensions.register("checkpoints", sys.modules[__name__])

@@ -10,7 +10,7 @@ import re
 import keras
 import numpy as np
 
-from keras_reluvit.posemb import resample_posemb
+from keras_reluvit.models.posemb import resample_posemb
 
 
 def model_class():

@@ -7,7 +7,6 @@ import re
 
 import numpy as np
 
-from keras_reluvit import variants
 from keras_reluvit.checkpoints.common import CheckpointError
 from keras_reluvit.checkpoints.common import Link
 from keras_reluvit.checkpoints.common import export_weights
@@ -22,6 +21,7 @@ from keras_reluvit.checkpoints.common import read_links
 from keras_reluvit.checkpoints.common import refuse
 from keras_reluvit.checkpoints.common import require
 from keras_reluvit.checkpoints.common import write_links
+from keras_reluvit.models import variants
 from keras_reluvit.preprocessing import IMAGENET_MEAN
 from keras_reluvit.preprocessing import IMAGENET_STD
 from keras_reluvit.preprocessing import OPENAI_CLIP_MEAN

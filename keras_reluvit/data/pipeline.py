@@ -307,6 +307,17 @@ def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
                     shuffle_buffer=shuffle_buffer, preprocessing=model.preprocessing)
 
 
+def skip_passes(dataset, passes):
+    """Moves a training set's stream `passes` passes ahead without reading
+    them: each iterator created from a `kr.data` training set is a new pass
+    with its own shuffle order and augmentation draws (the epoch's key),
+    and tf.data starts no work before the first read. A resumed run calls
+    this to read the pass the uninterrupted run had (`kr.backup.fit`,
+    `StepBackup(dataset=)`, `kr.callbacks.ResumeDataStream`)."""
+    for _ in range(int(passes)):
+        iter(dataset)
+
+
 def split_batches(dataset, parts):
     """Each batch of `dataset` as `parts` consecutive micro-batches of equal
     size (the batch size must be a multiple of `parts`): gradient

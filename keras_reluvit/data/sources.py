@@ -3,12 +3,12 @@ and `load`, which turns either into train / validation pipelines."""
 
 
 from keras_reluvit.data import folders as image_folder
+from keras_reluvit.data.folders import VAL_FRACTION
 from keras_reluvit.data.pipeline import pipeline
 from keras_reluvit.data.tfds import SPLITS
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.data.tfds import _tfds
 from keras_reluvit.data.tfds import builder
-from keras_reluvit.settings import VAL_FRACTION
 
 
 class Data:

@@ -42,7 +42,7 @@ def _tfds():
     # Registers the embedded data set too.
     import tensorflow_datasets as tfds
 
-    from keras_reluvit import embedded  # noqa: F401
+    from keras_reluvit.data import embedded  # noqa: F401
 
     return tfds
 

@@ -9,8 +9,9 @@ run asks what differs between JAX, TensorFlow and PyTorch.
 
 `Engine()` answers for the current backend: `check` (what the command line
 asked that the engine cannot do), `join` (the cluster), `layout` (JAX's
-mesh), `scope` (where variables are created), `prepare` (a compiled model
-before it trains) and `distribute` (the data as `fit` takes them).
+mesh), `scope` (where variables are created), `all_reduce_gradients` (a
+compiled model before it trains: torch's DDP) and `distribute` (the data as
+`fit` takes them).
 """
 
 import contextlib
@@ -111,21 +112,12 @@ class Engine:
         strategy = cluster.tf_strategy() if self.backend == "tensorflow" else None
         return strategy.scope() if strategy is not None else contextlib.nullcontext()
 
-    def before_training(self, model):
-        """What a compiled model needs before its train function is made:
-        under a TensorFlow strategy of several replicas, clipping moved after
-        the all-reduce (`tf_multi_worker.clip_after_all_reduce`). A `kr.ViT`
-        calls it from `make_train_function`."""
-        if self.backend == "tensorflow":
-            from keras_reluvit.distribution.tf_multi_worker import clip_after_all_reduce
-
-            clip_after_all_reduce(model)
-
-    def prepare(self, model):
-        """A built, compiled model before `fit`: in a torch cluster it trains
-        through DistributedDataParallel (gradients all-reduced). (TensorFlow's
-        clipping: `before_training`, from the ViT's train function and
-        `distribute`.)"""
+    def all_reduce_gradients(self, model):
+        """A built, compiled model before `fit`, in a cluster: on PyTorch it
+        trains through DistributedDataParallel (its gradients all-reduced);
+        on TensorFlow and JAX the strategy / the mesh all-reduces already.
+        (TensorFlow's clipping after the all-reduce attaches to every
+        `kr.ViT`'s train function: `tf_multi_worker.clip_after_all_reduce`.)"""
         if self.backend == "torch" and cluster.process_count() > 1:
             from keras_reluvit.distribution.torch_ddp import ddp
 

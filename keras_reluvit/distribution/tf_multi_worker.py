@@ -6,6 +6,7 @@ import keras
 
 from keras_reluvit import _keras_compat as compat
 from keras_reluvit.distribution.cluster import tf_strategy
+from keras_reluvit.models import extensions
 
 
 def multi_worker(model, train, val=None):
@@ -143,3 +144,7 @@ def _clip_after_all_reduce(optimizer):
 
     compat.tf_set_all_reduce(optimizer, reduce_then_clip)
 
+
+
+# A `kr.ViT` clips after the all-reduce before Keras makes its train function.
+extensions.on_train_function(clip_after_all_reduce)

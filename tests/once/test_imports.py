@@ -1,10 +1,19 @@
-"""No import circles inside keras_reluvit/: every `import` statement of the
-package (module level and inside functions) is an edge; a cycle fails."""
+"""The package's shape: no import circles inside keras_reluvit/ (every
+`import` statement, module level and inside functions, is an edge), at the
+level of modules and of packages; no arrow from a lower floor up (`FLOORS`:
+the model imports nothing of checkpoints, serving, data, distribution or
+training); at most 8 modules at the top besides packages; no file over 600
+lines (kernels 900)."""
 
 import ast
 import os
 
 PKG = "keras_reluvit"
+# The modules' names before the packages (keras_reluvit/__init__.py _MOVED).
+MOVED_NAMES = ("vit", "vit_config", "layers", "attention", "attention_kinds", "activations",
+               "posemb", "variants", "zoo", "remat", "keywords", "train", "recipes", "backup",
+               "callbacks", "fewshot", "finetune", "settings", "runs", "embedded",
+               "image_folder")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -77,12 +86,12 @@ def find_cycle(edges):
 
 def test_the_graph_sees_function_level_imports():
     edges = import_graph()
-    assert "keras_reluvit.kernels" in edges["keras_reluvit.attention"]
+    assert "keras_reluvit.kernels" in edges["keras_reluvit.models.attention"]
     # inside functions (the Pallas kernel imports jax: only on its own paths)
     assert "keras_reluvit.kernels.pallas" in edges["keras_reluvit.kernels.sharded"]
     assert "keras_reluvit.kernels.pallas" in edges["keras_reluvit.kernels"]
     # one way: layer -> kernels; the torch fast path needs nothing of the layer
-    assert not any("keras_reluvit.attention" in edges[m] for m in edges
+    assert not any("keras_reluvit.models.attention" in edges[m] for m in edges
                    if m.startswith("keras_reluvit.kernels"))
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert "keras_reluvit.kernels.switches" in edges["keras_reluvit.kernels.pallas"]
@@ -105,6 +114,124 @@ def test_a_name_imported_from_the_own_package_is_an_edge(tmp_path):
 def test_no_import_circles_in_the_package():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+# The floors, lowest first: a module may import its own floor's and lower
+# floors' modules only (`__init__`, the public face, imports every floor).
+FLOORS = [
+    ("_version", "_keras_compat"),
+    ("kernels",),
+    ("preprocessing",),
+    ("models",),
+    ("checkpoints",),
+    ("export",),
+    ("data",),
+    ("distribution",),
+    ("training",),
+    ("bench", "cli"),
+]
+TOP_MODULES = 8  # at most, besides packages (the issue's limit)
+MAX_LINES, MAX_KERNEL_LINES = 600, 900
+
+
+def floor_of(module):
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(FLOORS)  # keras_reluvit/__init__.py
+    for i, names in enumerate(FLOORS):
+        if parts[1] in names:
+            return i
+    raise AssertionError(f"{module} is on no floor: add its package to FLOORS")
+
+
+def upward_arrows(edges):
+    return sorted((a, b) for a, targets in edges.items() for b in targets
+                  if floor_of(b) > floor_of(a))
+
+
+def package_graph(edges):
+    """The graph of the top-level packages (keras_reluvit.X), from the modules'."""
+    top = {}
+    for a, targets in edges.items():
+        pa = ".".join(a.split(".")[:2])
+        for b in targets:
+            pb = ".".join(b.split(".")[:2])
+            if pa != pb and pa != PKG and pb != PKG:
+                top.setdefault(pa, set()).add(pb)
+            top.setdefault(pb, set())
+        top.setdefault(pa, set())
+    return top
+
+
+def test_no_arrow_goes_up_and_no_package_circle():
+    edges = import_graph()
+    assert upward_arrows(edges) == []
+    cycle = find_cycle(package_graph(edges))
+    assert cycle is None, "package circle: " + " -> ".join(cycle)
+    # the checks see what they must: an upward arrow and a package circle
+    assert upward_arrows({f"{PKG}.models.vit": {f"{PKG}.training.run"}}) == [
+        (f"{PKG}.models.vit", f"{PKG}.training.run")]
+    assert find_cycle(package_graph({f"{PKG}.models.vit": {f"{PKG}.data.x"},
+                                     f"{PKG}.data.y": {f"{PKG}.models.zoo"}})) is not None
+
+
+def test_every_import_names_a_module_that_exists():
+    """Inside the package, imports use the modules' homes, not the old
+    names `keras_reluvit/__init__.py` keeps for users (`keras_reluvit.vit`)."""
+    mods = modules()
+    stale = []
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, ast.ImportFrom) and not node.level and (
+                    node.module or "").startswith(PKG + "."):
+                if node.module not in mods:
+                    stale.append((name, node.module))
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    if node.module == PKG and full not in mods and a.name in MOVED_NAMES:
+                        stale.append((name, full))
+            elif isinstance(node, ast.ImportFrom) and node.module == PKG and not node.level:
+                for a in node.names:
+                    if a.name in MOVED_NAMES:
+                        stale.append((name, f"{PKG}.{a.name}"))
+    assert stale == []
+
+
+def test_the_tree_is_small_at_the_top_and_no_file_is_long():
+    top = [f for f in os.listdir(os.path.join(ROOT, PKG)) if f.endswith(".py")]
+    assert len(top) <= TOP_MODULES, sorted(top)
+    long = []
+    for name, path in modules().items():
+        limit = MAX_KERNEL_LINES if ".kernels" in name else MAX_LINES
+        lines = sum(1 for _ in open(path))
+        if lines > limit:
+            long.append((name, lines))
+    assert long == []
+
+
+def test_old_import_paths_are_the_new_modules():
+    """`import keras_reluvit.train`, `from keras_reluvit import recipes`,
+    `kr.backup`: each old path is its new home's module object, in a fresh
+    process (CHANGELOG lists the moves)."""
+    import subprocess
+    import sys
+
+    import keras_reluvit
+
+    code = ("import importlib, keras_reluvit as kr\n"
+            "for old, new in kr._MOVED.items():\n"
+            "    module = importlib.import_module('keras_reluvit.' + old)\n"
+            "    assert module is importlib.import_module('keras_reluvit.' + new), old\n"
+            "    assert getattr(kr, old) is module, old\n"
+            "from keras_reluvit.vit import ViT\n"
+            "from keras_reluvit.train import build_config\n"
+            "assert ViT is kr.ViT and build_config is kr.train.build_config\n"
+            "print(len(kr._MOVED))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, KERAS_BACKEND="jax"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) == len(keras_reluvit._MOVED) >= 20
+    assert set(MOVED_NAMES) == set(keras_reluvit._MOVED)
 
 
 def test_fast_help_recognises_the_console_script_under_every_launcher_name(monkeypatch):

@@ -21,7 +21,6 @@ lr. Epochs are unchanged.
 """
 
 import collections.abc
-import contextlib
 import copy
 import dataclasses
 import json
@@ -29,7 +28,17 @@ import json
 import keras
 import numpy as np
 
-from keras_reluvit import _keras_compat as compat
+from keras_reluvit.training.losses import LOSSES  # noqa: F401 - kr.recipes.LOSSES
+from keras_reluvit.training.losses import BinarizedCrossEntropy
+from keras_reluvit.training.losses import SigmoidCrossEntropy
+from keras_reluvit.training.losses import check_loss
+from keras_reluvit.training.optimizers import LayerDecayAdamW  # noqa: F401 - saved names
+from keras_reluvit.training.optimizers import LayerDecaySGD  # noqa: F401
+from keras_reluvit.training.optimizers import RecipeAdamW
+from keras_reluvit.training.optimizers import RecipeLamb
+from keras_reluvit.training.optimizers import RecipeSGD
+from keras_reluvit.training.optimizers import swap_ema  # noqa: F401 - kr.recipes.swap_ema
+from keras_reluvit.training.schedules import PerUpdate
 
 _AUGREG_I1K_AUG = {  # variant: (randaug, mixup) -- vit_i1k.py
     "Ti/16": ((2, 0), 0.0),
@@ -342,14 +351,6 @@ def get(name, variant=None):
     return Recipe(name=name, **recipe)
 
 
-LOSSES = ("softmax_xent", "sigmoid_xent", "bce")
-
-
-def _check_loss(loss):
-    if loss not in LOSSES:
-        raise ValueError(f"Unknown loss {loss!r}; valid: {', '.join(LOSSES)}.")
-
-
 def probability(recipe):
     """The probability function that matches a recipe's loss (a recipe name,
     dict or loss name): `"sigmoid"` for `sigmoid_xent` and `bce`, else
@@ -361,7 +362,7 @@ def probability(recipe):
     else:
         loss = recipe
     if loss is not None:
-        _check_loss(loss)
+        check_loss(loss)
     return "sigmoid" if loss in ("sigmoid_xent", "bce") else "softmax"
 
 
@@ -376,37 +377,6 @@ def describe(name=None):
                        for n in names)
 
 
-@keras.saving.register_keras_serializable(package="keras_reluvit")
-class SigmoidCrossEntropy(keras.losses.Loss):
-    """big_vision's `sigmoid_xent`: per example the *sum* over classes of the
-    binary cross-entropy of the logits, averaged over the batch."""
-
-    def __init__(self, name="sigmoid_xent", **kwargs):
-        super().__init__(name=name, **kwargs)
-
-    def call(self, y_true, y_pred):
-        y_true = keras.ops.cast(y_true, y_pred.dtype)
-        log_p = keras.ops.log_sigmoid(y_pred)
-        log_not_p = keras.ops.log_sigmoid(-y_pred)
-        return -keras.ops.sum(y_true * log_p + (1.0 - y_true) * log_not_p, axis=-1)
-
-
-@keras.saving.register_keras_serializable(package="keras_reluvit")
-class BinarizedCrossEntropy(keras.losses.BinaryCrossentropy):
-    """DeiT III's `--bce-loss`: the targets binarised first (every class
-    with a positive target is 1: both classes of a MixUp / CutMix image,
-    timm's mixing done), then `keras.losses.BinaryCrossentropy` of the
-    logits, the mean over classes and batch (torch's `BCEWithLogitsLoss`).
-    Smoothed targets would all be 1: DeiT III's smoothing is 0."""
-
-    def __init__(self, from_logits=True, name="bce", **kwargs):
-        super().__init__(from_logits=from_logits, name=name, **kwargs)
-
-    def call(self, y_true, y_pred):
-        y_true = keras.ops.cast(keras.ops.greater(y_true, 0), y_pred.dtype)
-        return super().call(y_true, y_pred)
-
-
 def scaled(recipe, batch_size, steps_per_epoch, epochs, lr=None):
     """(peak lr, warmup steps, total steps) for `batch_size`; `lr` given is
     the peak itself (not scaled)."""
@@ -419,183 +389,6 @@ def scaled(recipe, batch_size, steps_per_epoch, epochs, lr=None):
         warmup = int(round(recipe["warmup_steps"] / ratio))
     warmup = min(warmup, total // 2)
     return lr, warmup, total
-
-
-def _eager_on_tensorflow():
-    """TensorFlow's `init_scope` (eager inside a traced function); elsewhere
-    nothing."""
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.init_scope()
-    return contextlib.nullcontext()
-
-
-class _RecipeOptimizer:
-    """A Keras optimizer with what the recipes add to it.
-
-    Layer-wise learning rates: the learning rate is multiplied per variable
-    by `layer_scales[variable.path]` (1.0 where absent); the update step and
-    the decoupled weight decay of each group of equal scales run through the
-    optimizer's own code (every backend's, tf.distribute's included) with
-    `learning_rate` scaled for that group.
-
-    The weights' EMA as timm keeps it (`use_ema=True`, `ema_momentum` the
-    decay d): the average starts as the initial weights and after update t
-    (1, 2, ...) becomes `d_t * average + (1 - d_t) * weights`, `d_t = d`, or
-    with `ema_warmup` timm's `ModelEmaV3` warm-up `min(d, 1 - (1 + t)^(-2/3))`;
-    micro-steps of gradient accumulation leave it. Keras' own EMA copies the
-    weights at the first step and has no warm-up. The averages live in the
-    optimizer's variables (a backup keeps them); `fit` does not swap them into
-    the model at its end (a resumed run fits twice): `swap_ema(model)` does.
-    """
-
-    def __init__(self, *args, layer_scales=None, ema_warmup=False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.layer_scales = {str(k): float(v) for k, v in (layer_scales or {}).items()}
-        self.ema_warmup = bool(ema_warmup)
-        self._group_scale = 1.0
-
-    def build(self, variables):
-        super().build(variables)
-        if self.use_ema:  # timm: the average starts as the model
-            # TensorFlow's fit builds the optimizer while it traces the train
-            # step: the copy runs now, eagerly (traced, the averages began at 0).
-            with _eager_on_tensorflow():
-                for v, average in zip(variables, compat.ema_averages(self)):
-                    if average is not None:
-                        average.assign(keras.ops.copy(v))  # its own buffer (JAX donates both)
-
-    def _update_model_variables_moving_average(self, trainable_variables):
-        if not self.use_ema:
-            return
-        ops = keras.ops
-        steps = self.gradient_accumulation_steps or 1
-        after = ops.cast(compat.micro_steps(self) + 1, "float32")  # micro-steps, this one too
-        t = ops.floor(after / steps)  # updates so far, this one included
-        decay = ops.cast(self.ema_momentum, "float32")
-        if self.ema_warmup:
-            decay = ops.minimum(decay, 1.0 - ops.power(1.0 + t, -2.0 / 3.0))
-        if steps > 1:  # a micro-step that updates nothing leaves the average
-            decay = ops.where(ops.equal(ops.mod(after, steps), 0), decay, 1.0)
-        for var, average in zip(trainable_variables, compat.ema_averages(self)):
-            if average is not None:
-                d = ops.cast(decay, var.dtype)
-                average.assign(d * average + (1.0 - d) * var)
-
-    def finalize_variable_values(self, var_list):
-        """Keeps the trained weights (see the class docstring)."""
-
-    def _get_current_learning_rate(self):
-        lr = super()._get_current_learning_rate()
-        return lr if self._group_scale == 1.0 else lr * self._group_scale
-
-    def _groups(self, variables, grads=None):
-        groups = {}
-        for i, v in enumerate(variables):
-            scale = self.layer_scales.get(getattr(v, "path", None), 1.0)
-            g = groups.setdefault(scale, ([], []))
-            g[0].append(v)
-            g[1].append(None if grads is None else grads[i])
-        return groups.items()
-
-    def _apply_weight_decay(self, variables):
-        for scale, (vs, _) in self._groups(variables):
-            self._group_scale = scale
-            try:
-                super()._apply_weight_decay(vs)
-            finally:
-                self._group_scale = 1.0
-
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        for scale, (vs, gs) in self._groups(trainable_variables, grads):
-            self._group_scale = scale
-            try:
-                super()._backend_update_step(gs, vs, self.learning_rate)
-            finally:
-                self._group_scale = 1.0
-
-    def get_config(self):
-        return {**super().get_config(), "layer_scales": self.layer_scales,
-                "ema_warmup": self.ema_warmup}
-
-
-@keras.saving.register_keras_serializable(package="keras_reluvit")
-class RecipeAdamW(_RecipeOptimizer, keras.optimizers.AdamW):
-    """`keras.optimizers.AdamW` with per-variable learning-rate multipliers
-    (`layer_scales`, e.g. `finetune.layer_decay_scales`) and timm's EMA of
-    the weights (`use_ema`, `ema_momentum`, `ema_warmup`)."""
-
-
-@keras.saving.register_keras_serializable(package="keras_reluvit")
-class RecipeSGD(_RecipeOptimizer, keras.optimizers.SGD):
-    """`keras.optimizers.SGD`, with the same additions as `RecipeAdamW`."""
-
-
-@keras.saving.register_keras_serializable(package="keras_reluvit")
-class RecipeLamb(_RecipeOptimizer, keras.optimizers.Lamb):
-    """LAMB as timm's `Lamb` and apex's `FusedLAMB` (DeiT III's
-    `--opt fusedlamb`) compute it, with the additions of `RecipeAdamW`.
-
-    Per variable: Adam's bias-corrected step `m / (sqrt(v) + epsilon)` plus,
-    for a variable that decays, `weight_decay * variable` (the decay inside
-    the step, as theirs); that step is scaled by the trust ratio
-    `||variable|| / ||step||` (1 where either norm is 0) for the decaying
-    variables only -- the rest (biases, norms, LayerScale, embeddings) take
-    Adam's step (apex's `use_nvlamb=False`, timm's `always_adapt=False`).
-    `keras.optimizers.Lamb` decays apart from the step and scales every
-    variable. Their built-in clipping of the global norm at 1.0 is
-    `global_clipnorm` here (the recipes' `grad_clip`)."""
-
-    def __init__(self, *args, epsilon=1e-6, **kwargs):
-        super().__init__(*args, epsilon=epsilon, **kwargs)
-
-    def _apply_weight_decay(self, variables):
-        """Part of the step (`update_step`)."""
-
-    def update_step(self, gradient, variable, learning_rate):
-        ops = keras.ops
-        lr = ops.cast(learning_rate, variable.dtype)
-        gradient = ops.cast(gradient, variable.dtype)
-        t = ops.cast(self.iterations + 1, variable.dtype)
-        m, v = compat.adam_slots(self, variable)
-        self.assign_add(m, (gradient - m) * (1.0 - self.beta_1))
-        self.assign_add(v, (ops.square(gradient) - v) * (1.0 - self.beta_2))
-        m_hat = m / (1.0 - ops.power(ops.cast(self.beta_1, variable.dtype), t))
-        v_hat = v / (1.0 - ops.power(ops.cast(self.beta_2, variable.dtype), t))
-        step = m_hat / (ops.sqrt(v_hat) + self.epsilon)
-        if self.weight_decay and compat.uses_weight_decay(self, variable):
-            step = step + ops.cast(self.weight_decay, variable.dtype) * variable
-            w_norm = ops.sqrt(ops.sum(ops.square(variable)))
-            s_norm = ops.sqrt(ops.sum(ops.square(step)))
-            ratio = ops.where((w_norm > 0) & (s_norm > 0), w_norm / s_norm, 1.0)
-            step = ratio * step
-        self.assign_sub(variable, lr * step)
-
-
-@keras.saving.register_keras_serializable(package="keras_reluvit")
-class LayerDecayAdamW(RecipeAdamW):
-    """`RecipeAdamW` by its name in models saved before 0.2."""
-
-
-@keras.saving.register_keras_serializable(package="keras_reluvit")
-class LayerDecaySGD(RecipeSGD):
-    """`RecipeSGD` by its name in models saved before 0.2."""
-
-
-def swap_ema(model):
-    """Swaps the weights' EMA (kept by a recipe optimizer with `use_ema`)
-    and the model's trainable weights: call it once to evaluate, save or
-    export the EMA, again to swap back."""
-    optimizer = model.optimizer
-    if optimizer is None or not getattr(optimizer, "use_ema", False):
-        raise ValueError("The model's optimizer keeps no EMA of the weights (compile it with a "
-                         "recipe and ema=, keras-reluvit train --ema DECAY).")
-    for v, average in zip(model.trainable_variables, compat.ema_averages(optimizer)):
-        if average is not None:
-            value = keras.ops.copy(v.value)  # not a view: torch and TF assign in place
-            v.assign(average)
-            average.assign(value)
 
 
 def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=None,
@@ -668,7 +461,7 @@ def loss_and_metrics(model, recipe):
     (accuracy; top-5 above 5 classes): what a run reports, and what
     `keras-reluvit eval` compiles to reproduce it."""
     recipe = get(recipe) if isinstance(recipe, str) else recipe
-    _check_loss(recipe["loss"])
+    check_loss(recipe["loss"])
     smoothing = float(recipe.get("label_smoothing") or 0.0)
     if recipe["loss"] == "sigmoid_xent":
         loss = SigmoidCrossEntropy()
@@ -683,34 +476,11 @@ def loss_and_metrics(model, recipe):
     return loss, metrics
 
 
-@keras.saving.register_keras_serializable(package="keras_reluvit")
-class PerUpdate(keras.optimizers.schedules.LearningRateSchedule):
-    """`schedule` counted in updates when each update accumulates `steps`
-    micro-steps: Keras' optimizer asks its schedule with the micro-step
-    count (`gradient_accumulation_steps` leaves the count per micro-step),
-    so the u-th update would read the schedule at u * steps."""
-
-    def __init__(self, schedule, steps):
-        self.schedule = schedule
-        self.steps = int(steps)
-
-    def __call__(self, step):
-        return self.schedule(keras.ops.floor_divide(step, self.steps))
-
-    def get_config(self):
-        return dict(schedule=keras.saving.serialize_keras_object(self.schedule),
-                    steps=self.steps)
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["steps"])
-
-
 def _optimizer(model, recipe, schedule, layer_decay=None, accum=1, ema=None):
     """The recipe's optimizer (AdamW, LAMB, or SGD with momentum), with per-layer
     learning rates when `layer_decay` (or the recipe's) is set and timm's
     EMA of the weights when `ema` (or the recipe's) is a decay."""
-    from keras_reluvit import finetune
+    from keras_reluvit.training import finetune
 
     decay = recipe.get("layer_decay") if layer_decay is None else layer_decay
     scales = (finetune.layer_decay_scales(model, decay)

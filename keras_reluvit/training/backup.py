@@ -44,21 +44,26 @@ history = kr.backup.fit(model, train, epochs=30, validation_data=val,
 ```
 """
 
-import contextlib
 import json
 import math
 import os
 import re
 import shutil
 import signal
-import sys
-import threading
 import time
 
 import keras
 import numpy as np
 
-from keras_reluvit.settings import KEEP_CHECKPOINTS
+from keras_reluvit.data.pipeline import skip_passes
+from keras_reluvit.training import signals as noted_signals
+from keras_reluvit.training.settings import KEEP_CHECKPOINTS
+from keras_reluvit.training.settings import check_every
+from keras_reluvit.training.signals import Preempted
+from keras_reluvit.training.signals import _main_thread
+from keras_reluvit.training.signals import signals_noted  # noqa: F401 - kr.backup.signals_noted
+from keras_reluvit.training.signals import signals_stop  # noqa: F401
+from keras_reluvit.training.signals import stop_if_noted  # noqa: F401
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 RECORD = "record.json"
@@ -66,88 +71,6 @@ WEIGHTS = "state.weights.h5"
 STATE = "state"  # JAX: an Orbax checkpoint (`_state`)
 METRICS = "metrics.npz"
 LEGACY_RECORD, LEGACY_WEIGHTS = "training_metadata.json", "latest.weights.h5"  # 0.1
-
-
-class Preempted(Exception):
-    """Raised by `StepBackup` after it saved the run on SIGTERM / SIGINT."""
-
-
-_NOTED = []  # SIGTERM / SIGINT noted by `signals_noted`, for the next StepBackup
-_DEPTH = [0]  # `signals_noted` within itself (the CLI's, then `train`'s)
-
-
-def _main_thread():
-    return threading.current_thread() is threading.main_thread()
-
-
-@contextlib.contextmanager
-def signals_noted():
-    """Within: SIGTERM / SIGINT are noted, not fatal, until a `StepBackup`
-    takes over (it then stops the run before its first step, in a cluster
-    every process); a second SIGINT interrupts at once. `keras-reluvit train`
-    prepares its data and model in here, so that a preemption notice that
-    comes early still ends in a clean stop (exit 0, said in one line)."""
-    if not _main_thread():
-        yield
-        return
-    early = getattr(sys.modules.get("keras_reluvit"), "_EARLY", [])
-    _NOTED.extend(early)  # while `keras-reluvit train` imported (the package's __init__)
-    early.clear()
-
-    def note(signum, frame):
-        if signum == signal.SIGINT and signal.SIGINT in _NOTED:
-            raise KeyboardInterrupt
-        _NOTED.append(signum)
-
-    previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
-    _DEPTH[0] += 1
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        _DEPTH[0] -= 1
-        if not _DEPTH[0]:  # the outermost: what no StepBackup took is dropped
-            _NOTED.clear()
-
-
-def stop_if_noted(where, process=(0, 1)):
-    """Raises `Preempted` now if `signals_noted` noted a signal: a single
-    process stops at `where` (while the run is prepared) instead of at the
-    first step, which on a large data set may come after a preemption
-    notice's ~30 s. A cluster's process goes on to the first step, where its
-    peers agree (one stopping alone would leave them waiting)."""
-    if _NOTED and process[1] == 1:
-        name = signal.Signals(_NOTED[0]).name
-        _NOTED.clear()
-        raise Preempted(f"stopped by {name} {where}, before the first step: nothing was "
-                        "trained since; rerun the same command to continue or start.")
-
-
-@contextlib.contextmanager
-def signals_stop(where):
-    """Within: SIGTERM / SIGINT (or one noted before) raise `Preempted` at
-    once, its message "stopped by SIGTERM while `where`" -- for the work
-    after training (scoring, writing the artefacts), which a rerun redoes
-    from the backup: a preemptible machine's notice is shorter than it."""
-    if not _main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise Preempted(f"stopped by {signal.Signals(signum).name} while {where}: rerun the "
-                        "same command to finish.")
-
-    pending = list(_NOTED)
-    _NOTED.clear()
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        if pending:
-            stop(pending[0], None)
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 class StepBackup(keras.callbacks.Callback):
@@ -277,9 +200,9 @@ class StepBackup(keras.callbacks.Callback):
         if signals and _main_thread():
             for s in (signal.SIGTERM, signal.SIGINT):
                 self._handlers[s] = signal.signal(s, self._on_signal)
-            if _NOTED:  # came while the run was prepared (`signals_noted`)
-                self._signal = _NOTED[0]
-                _NOTED.clear()
+            if noted_signals.NOTED:  # came while the run was prepared (`signals_noted`)
+                self._signal = noted_signals.NOTED[0]
+                noted_signals.NOTED.clear()
         if signals and self._stop_agreed():
             self._uninstall(late=self._agree)
             where = (f"after step {self.done} of epoch {self.epoch + 1} (step {self.step} of "
@@ -472,8 +395,7 @@ class StepBackup(keras.callbacks.Callback):
                 "kr.backup.fit(model, train, epochs, backup=...).")
         compat.set_initial_epoch(self.model, self.epoch)
         if self.dataset is not None:
-            for _ in range(self.epoch):
-                iter(self.dataset)
+            skip_passes(self.dataset, self.epoch)
 
     def _on_signal(self, signum, frame):
         if self._signal == signal.SIGINT and signum == signal.SIGINT:
@@ -592,14 +514,6 @@ def _metric_states(model):
     return [keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables]
 
 
-def check_every(every, name="every"):
-    """`every` (steps between two events of a callback) checked: None or a
-    positive whole number; `name`: how the caller's user spells it."""
-    if every is not None and (isinstance(every, bool) or int(every) != every or every < 1):
-        raise ValueError(f"{name} must be a positive whole number of steps or None, "
-                         f"got {every!r}.")
-
-
 def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
         steps_per_epoch=None, verbose="auto", distribute=None):
     """`model.fit` over `dataset`, one pass per epoch, resumed at the step
@@ -638,8 +552,7 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
         raise ValueError(f"The backup in {backup.directory} is at step {done} of an epoch of "
                          f"{steps} steps: was it written by another run (batch size, data)?")
     backup.driven = True
-    for _ in range(epoch):
-        iter(dataset)
+    skip_passes(dataset, epoch)
     if epoch >= epochs:  # the run had finished (killed while writing its artefacts)
         backup.restore(model)
         return backup.history

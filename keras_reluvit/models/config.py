@@ -4,15 +4,15 @@ the error naming a bad one, and the config `get_config` returns."""
 
 import numpy as np
 
-from keras_reluvit import layers
-from keras_reluvit import remat as remat_module
-from keras_reluvit.attention import check_attention_args
-from keras_reluvit.attention import check_heads
-from keras_reluvit.attention import check_qk_norm
-from keras_reluvit.attention import check_rate
-from keras_reluvit.attention_kinds import resolve_attention
+from keras_reluvit.models import layers
+from keras_reluvit.models import remat as remat_module
+from keras_reluvit.models.attention import check_attention_args
+from keras_reluvit.models.attention import check_heads
+from keras_reluvit.models.attention import check_qk_norm
+from keras_reluvit.models.attention import check_rate
+from keras_reluvit.models.attention_kinds import resolve_attention
+from keras_reluvit.models.variants import parse_variant
 from keras_reluvit.preprocessing import check_preprocessing
-from keras_reluvit.variants import parse_variant
 
 POOLS = ("gap", "tok", "map", "tok_gap")
 POSEMBS = ("learn", "sincos2d")

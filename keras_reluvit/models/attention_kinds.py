@@ -6,7 +6,7 @@ directory, as in keras-hub's `from_preset`.)"""
 
 import copy
 
-from keras_reluvit.attention import ACTIVATION_NAMES
+from keras_reluvit.models.attention import ACTIVATION_NAMES
 
 _KINDS = {
     "softmax": (

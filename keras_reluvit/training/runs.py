@@ -4,7 +4,7 @@ config, whether a data set is its own, and the split it held out."""
 import json
 import os
 
-from keras_reluvit.settings import VAL_FRACTION
+from keras_reluvit.training.settings import VAL_FRACTION
 
 
 def run_of(source):

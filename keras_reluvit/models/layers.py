@@ -11,15 +11,15 @@ import math
 import keras
 from keras import ops
 
-from keras_reluvit import remat as remat_module
-from keras_reluvit.attention import PointwiseAttention
-from keras_reluvit.attention import check_heads
-from keras_reluvit.attention import check_qk_norm
-from keras_reluvit.attention import check_rate
-from keras_reluvit.attention_kinds import deserialize_attention
-from keras_reluvit.attention_kinds import resolve_attention
 from keras_reluvit.kernels import torch_fast
 from keras_reluvit.kernels.keras_ops import is_symbolic
+from keras_reluvit.models import remat as remat_module
+from keras_reluvit.models.attention import PointwiseAttention
+from keras_reluvit.models.attention import check_heads
+from keras_reluvit.models.attention import check_qk_norm
+from keras_reluvit.models.attention import check_rate
+from keras_reluvit.models.attention_kinds import deserialize_attention
+from keras_reluvit.models.attention_kinds import resolve_attention
 
 LN_EPS = 1e-6
 MLP_ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu")
@@ -320,7 +320,7 @@ def __getattr__(name):  # 0.1.0 names, one release: now in keras_reluvit.posemb
     if name in _MOVED:
         import warnings
 
-        from keras_reluvit import posemb
+        from keras_reluvit.models import posemb
 
         warnings.warn(f"keras_reluvit.layers.{name} moved to keras_reluvit.posemb.{name} "
                       "(this alias goes in the next release).", DeprecationWarning, stacklevel=2)

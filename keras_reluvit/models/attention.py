@@ -27,11 +27,11 @@ from keras import ops
 
 from keras_reluvit import _keras_compat as compat
 from keras_reluvit import kernels
-from keras_reluvit.activations import ACTIVATION_NAMES  # noqa: F401 - kr.attention.ACTIVATION_NAMES
-from keras_reluvit.activations import ACTIVATIONS  # noqa: F401 - kr.attention.ACTIVATIONS
-from keras_reluvit.activations import SOFTMAX  # noqa: F401 - kr.attention.SOFTMAX
-from keras_reluvit.activations import get_activation  # noqa: F401 - kr.attention.get_activation
 from keras_reluvit.kernels import torch_fast
+from keras_reluvit.models.activations import ACTIVATION_NAMES  # noqa: F401 - kr.attention.ACTIVATION_NAMES
+from keras_reluvit.models.activations import ACTIVATIONS  # noqa: F401 - kr.attention.ACTIVATIONS
+from keras_reluvit.models.activations import SOFTMAX  # noqa: F401 - kr.attention.SOFTMAX
+from keras_reluvit.models.activations import get_activation  # noqa: F401 - kr.attention.get_activation
 
 
 def check_seq_len_exponent(seq_len_exponent):

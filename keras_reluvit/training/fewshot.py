@@ -125,7 +125,7 @@ class FewShot(keras.callbacks.Callback):
     def __init__(self, train, test, shots=(1, 5, 10), every=None, seeds=3, l2_reg=L2_REG,
                  log_dir=None):
         super().__init__()
-        from keras_reluvit.backup import check_every
+        from keras_reluvit.training.settings import check_every
 
         check_every(every)
         shots = tuple(int(k) for k in shots)

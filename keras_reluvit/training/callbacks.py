@@ -4,7 +4,8 @@ import os
 
 import keras
 
-from keras_reluvit.settings import KEEP_CHECKPOINTS
+from keras_reluvit.data.pipeline import skip_passes
+from keras_reluvit.training.settings import KEEP_CHECKPOINTS
 
 
 def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1), every=None,
@@ -28,8 +29,8 @@ def default(output, checkpoint_every_epoch=True, dataset=None, process=(0, 1), e
               callbacks=kr.callbacks.default("runs/s16_relu", dataset=train))
     ```
     """
-    from keras_reluvit.backup import StepBackup
-    from keras_reluvit.backup import backup_folder
+    from keras_reluvit.training.backup import StepBackup
+    from keras_reluvit.training.backup import backup_folder
 
     output = os.path.expanduser(os.fspath(output))
     os.makedirs(output, exist_ok=True)
@@ -74,7 +75,7 @@ class EMAEvaluation(keras.callbacks.Callback):
         self.validation_data = validation_data
 
     def on_epoch_end(self, epoch, logs=None):
-        from keras_reluvit.recipes import swap_ema
+        from keras_reluvit.training.recipes import swap_ema
 
         swap_ema(self.model)
         try:
@@ -139,8 +140,7 @@ class ResumeDataStream(keras.callbacks.Callback):
         from keras_reluvit import _keras_compat as compat
 
         epoch = compat.initial_epoch(self.model)
-        for _ in range(epoch):
-            iter(self.dataset)
+        skip_passes(self.dataset, epoch)
         self.skipped = epoch
 
 

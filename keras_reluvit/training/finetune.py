@@ -27,83 +27,27 @@ import re
 import keras
 
 from keras_reluvit._keras_compat import flatten_layers
-from keras_reluvit.settings import LORA_RANK
-from keras_reluvit.settings import TRAINABLE_DEFAULT
+from keras_reluvit.models import lora
+from keras_reluvit.models.lora import DEFAULT_LORA_LAYER_NAMES  # noqa: F401 - kr.finetune
+from keras_reluvit.models.lora import LORA_LAYER_NAMES  # noqa: F401
+from keras_reluvit.models.lora import enable_lora
+from keras_reluvit.training.settings import LORA_RANK
+from keras_reluvit.training.settings import TRAINABLE_DEFAULT
 
 TRAINABLE = ("all", "head", "lora")
-DEFAULT_LORA_LAYER_NAMES = ("query", "value")
-LORA_LAYER_NAMES = ("query", "key", "value", "attention_output", "fc1", "fc2")
 _EMBEDDING = ("embedding/", "cls/", "reg/", "pos_embedding/", "pre_norm/")
 _BLOCK = re.compile(r"block_(\d+)/")
-
-
-def _head(model):
-    try:
-        return model.get_layer("head")
-    except ValueError:
-        raise ValueError(
-            f"{model.name} has no classifier head (include_top=False): a linear probe or "
-            "LoRA trains the head; load the checkpoint with num_classes=N.") from None
 
 
 def linear_probe(model):
     """Freezes everything but the classifier `head` (in place; returns
     `model`). Compile after calling it: the optimizer sees only the head."""
-    head = _head(model)
+    head = lora.classifier_head(model)
     model.trainable = True  # (before the layers: it sets every sub-layer)
     for layer in flatten_layers(model, include_self=False):
         layer.trainable = False
     head.trainable = True
     return model
-
-
-def enable_lora(model, rank, target_layer_names=None, train_head=True, lora_alpha=None):
-    """LoRA of rank `rank` on `model`'s projections named
-    `target_layer_names` (default `("query", "value")`, keras-hub's choice),
-    everything else frozen but the head (with `train_head`). In place;
-    returns the list of layers given LoRA. Compile after calling it."""
-    rank = int(rank)
-    if rank < 1:
-        raise ValueError(f"LoRA rank must be a positive int, got {rank!r}.")
-    names = tuple(target_layer_names or DEFAULT_LORA_LAYER_NAMES)
-    unknown = sorted(set(names) - set(LORA_LAYER_NAMES))
-    if unknown:
-        raise ValueError(f"No LoRA target named {unknown}; valid: {', '.join(LORA_LAYER_NAMES)}.")
-    head = _head(model) if train_head else None
-    model.trainable = True
-    layers = list(flatten_layers(model, include_self=False))
-    for layer in layers:
-        layer.trainable = False
-    targets = [layer for layer in layers if layer.name in names and hasattr(layer, "enable_lora")]
-    for layer in targets:
-        if getattr(layer, "lora_enabled", False):
-            raise ValueError(f"LoRA is already enabled on {layer.path}.")
-        layer.trainable = True
-        layer.enable_lora(rank, lora_alpha=lora_alpha)  # freezes the kernel
-        if getattr(layer, "bias", None) is not None:
-            layer.bias.trainable = False  # only the low-rank factors train
-        _restart_factors_on_load(layer)
-    if head is not None:
-        head.trainable = True
-    return targets
-
-
-def _restart_factors_on_load(layer):
-    """Keras' LoRA layers load the merged kernel and set *both* factors to
-    zero, where no gradient reaches either again (d/dA = g B^T, d/dB = A^T g):
-    a LoRA run resumed by `BackupAndRestore` would stop learning. After a
-    load, `lora_kernel_a` is drawn again from its initializer (B stays zero:
-    the loaded model's function is unchanged) so training goes on."""
-    load = layer.load_own_variables
-
-    def load_own_variables(store):
-        load(store)
-        a = layer.lora_kernel_a
-        init = keras.initializers.VarianceScaling(scale=5 ** 0.5, mode="fan_in",
-                                                  distribution="uniform")
-        a.assign(init(a.shape, a.dtype))
-
-    layer.load_own_variables = load_own_variables
 
 
 def set_trainable(model, trainable=TRAINABLE_DEFAULT, lora_rank=LORA_RANK, lora_targets=None):

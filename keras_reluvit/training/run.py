@@ -17,11 +17,10 @@
 - `split.json` — on a folder of images: how its splits were made and, where
   the validation split was drawn (no `val/` folder), the files of each, so
   that `keras-reluvit eval` holds out what the run held out;
-- `last.keras` (each epoch) and `model.keras` (final);
+- `last.keras` (each epoch), `model.keras` (final), `curves.png`;
 - `metrics.json` — final evaluation, the per-epoch history, the loss
   after every step (`step_loss`) and `train_seconds`, of the whole run (a
   resumed run's too: its launches before, to their last backup);
-- `curves.png` — loss and accuracy curves;
 - `saved_model/1/` — a TF SavedModel (with `export=True`), in the version
   folder TF Serving loads (`--model_base_path=.../saved_model`).
 """
@@ -34,22 +33,22 @@ import time
 
 import keras
 
-from keras_reluvit import backup as kr_backup
-from keras_reluvit import callbacks as kr_callbacks
 from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
-from keras_reluvit import recipes
 from keras_reluvit.data import folders as image_folder
 from keras_reluvit.data.pipeline import check_repeats
 from keras_reluvit.data.pipeline import split_batches
 from keras_reluvit.distribution.engine import Engine
-from keras_reluvit.settings import KEEP_CHECKPOINTS
-from keras_reluvit.settings import LORA_RANK
-from keras_reluvit.settings import TRAINABLE_DEFAULT
-from keras_reluvit.settings import VAL_FRACTION
-from keras_reluvit.settings import RunSettings
-from keras_reluvit.variants import variant_with_patch
-from keras_reluvit.vit import ViT
+from keras_reluvit.models.variants import variant_with_patch
+from keras_reluvit.models.vit import ViT
+from keras_reluvit.training import backup as kr_backup
+from keras_reluvit.training import callbacks as kr_callbacks
+from keras_reluvit.training import recipes
+from keras_reluvit.training.settings import KEEP_CHECKPOINTS
+from keras_reluvit.training.settings import LORA_RANK
+from keras_reluvit.training.settings import TRAINABLE_DEFAULT
+from keras_reluvit.training.settings import VAL_FRACTION
+from keras_reluvit.training.settings import RunSettings
 
 # What a fine-tuning recipe's `model` may set on a checkpoint's model (with --trainable
 # all or lora: a frozen backbone keeps its inference-time behaviour).
@@ -77,7 +76,7 @@ def build_config(settings=None, **kwargs):
     `"all"`, `"head"` (linear probe) or `"lora"` (rank `lora_rank`; see
     `keras_reluvit.finetune`); `layer_decay` and `lr` override the recipe's.
     """
-    from keras_reluvit import finetune
+    from keras_reluvit.training import finetune
 
     if isinstance(settings, str):  # build_config("digits"): the recipe
         kwargs = dict(kwargs, recipe=settings)
@@ -493,7 +492,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                         layer_decay=config.get("layer_decay"), accum_steps=accum,
                         ema=config.get("ema"))
     kr_backup.stop_if_noted("once the data and the model were ready", (index, count))
-    engine.prepare(model)  # torch clusters: DistributedDataParallel
+    engine.all_reduce_gradients(model)  # torch clusters: DistributedDataParallel
     # TensorFlow clusters: each worker's own shard (no re-batching, no auto-sharding)
     _, val_data = engine.distribute(model, d.train, d.val)
     every = config.get("checkpoint_every")
@@ -570,7 +569,7 @@ def _checkpoint(config, d):
 
 
 def _set_trainable(model, config, chief):
-    from keras_reluvit import finetune
+    from keras_reluvit.training import finetune
 
     finetune.set_trainable(model, config.get("trainable", TRAINABLE_DEFAULT),
                            config.get("lora_rank", LORA_RANK))

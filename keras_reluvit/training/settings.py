@@ -3,15 +3,18 @@
 `RunSettings` is what `keras-reluvit train` and `kr.train.build_config`
 take; `build_config` resolves it (with the recipe, once) into the run's
 config. The defaults that other parts repeat -- a folder's held-out share,
-the LoRA rank, the backups kept, the recipe -- are the constants here, and every module that
-needs one imports it (the CLI's options, `ImageFolder`, `data.load`,
-`finetune.set_trainable`, `eval` of an older run).
+the LoRA rank, the backups kept, the recipe -- are the constants here (a
+folder's held-out share is the data package's own, `data.folders.VAL_FRACTION`,
+imported here), and every module that needs one imports it (the CLI's
+options, `ImageFolder`, `data.load`, `finetune.set_trainable`, `eval` of an
+older run).
 """
 
 import dataclasses
 
+from keras_reluvit.data.folders import VAL_FRACTION
+
 RECIPE = "digits"  # the main job's recipe (the embedded data set)
-VAL_FRACTION = 0.1  # a folder without val/: this seeded share of each class is held out
 LORA_RANK = 8
 KEEP_CHECKPOINTS = 2  # the newest backups a run keeps
 TRAINABLE_DEFAULT = "all"  # what a fine-tune trains (finetune.TRAINABLE: the choices)
@@ -48,3 +51,12 @@ class RunSettings:
     @classmethod
     def fields(cls):
         return [f.name for f in dataclasses.fields(cls)]
+
+
+def check_every(every, name="every"):
+    """`every` (steps between two events of a callback: backups, the
+    few-shot probe) checked: None or a positive whole number; `name`: how
+    the caller's user spells it."""
+    if every is not None and (isinstance(every, bool) or int(every) != every or every < 1):
+        raise ValueError(f"{name} must be a positive whole number of steps or None, "
+                         f"got {every!r}.")

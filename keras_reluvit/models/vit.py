@@ -11,18 +11,19 @@ import re
 
 import keras
 
-from keras_reluvit import export as kr_export
-from keras_reluvit import layers
 from keras_reluvit._keras_compat import flatten_layers
-from keras_reluvit.attention_kinds import deserialize_attention
-from keras_reluvit.attention_kinds import resolve_attention
-from keras_reluvit.keywords import check_keywords
-from keras_reluvit.keywords import parameters
-from keras_reluvit.posemb import PositionEmbedding
+from keras_reluvit.models import extensions
+from keras_reluvit.models import layers
+from keras_reluvit.models import lora
+from keras_reluvit.models.attention_kinds import deserialize_attention
+from keras_reluvit.models.attention_kinds import resolve_attention
+from keras_reluvit.models.config import POOLS  # noqa: F401 - kr.vit.POOLS
+from keras_reluvit.models.config import POSEMBS  # noqa: F401
+from keras_reluvit.models.config import _checked_config
+from keras_reluvit.models.keywords import check_keywords
+from keras_reluvit.models.keywords import parameters
+from keras_reluvit.models.posemb import PositionEmbedding
 from keras_reluvit.preprocessing import ImagePreprocessor
-from keras_reluvit.vit_config import POOLS  # noqa: F401 - kr.vit.POOLS
-from keras_reluvit.vit_config import POSEMBS  # noqa: F401
-from keras_reluvit.vit_config import _checked_config
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")
@@ -254,18 +255,18 @@ class ViT(keras.Model):
         return super().call(inputs, training=training, mask=mask)
 
     def make_train_function(self, force=False):
-        """Keras' train function; first, under a TensorFlow `tf.distribute`
-        strategy of several replicas (`MirroredStrategy`,
-        `MultiWorkerMirroredStrategy`), makes the optimizer's
-        `global_clipnorm` / `clipnorm` / `clipvalue` clip the all-reduced
-        gradient, as on one device: Keras 3.15 clips each replica's gradient
-        before summing them, a different update whenever the clip is active
-        (`kr.distribution.clip_after_all_reduce`, the engine's
-        `before_training`). Here rather than in `compile`, which Keras must
-        see unchanged to recompile a loaded `.keras` model."""
-        from keras_reluvit.distribution.engine import Engine
-
-        Engine().before_training(self)
+        """Keras' train function, after the hooks the packages above the
+        model registered (`extensions.on_train_function`): under a
+        TensorFlow `tf.distribute` strategy of several replicas
+        (`MirroredStrategy`, `MultiWorkerMirroredStrategy`),
+        `keras_reluvit.distribution` makes the optimizer's `global_clipnorm`
+        / `clipnorm` / `clipvalue` clip the all-reduced gradient, as on one
+        device: Keras 3.15 clips each replica's gradient before summing
+        them, a different update whenever the clip is active
+        (`kr.distribution.clip_after_all_reduce`). Here rather than in
+        `compile`, which Keras must see unchanged to recompile a loaded
+        `.keras` model."""
+        extensions.before_train_function(self)
         return super().make_train_function(force)
 
     def intermediates_model(self, attention_weights=True):
@@ -302,7 +303,7 @@ class ViT(keras.Model):
         projections (or `target_layer_names`, among `query`, `key`, `value`,
         `attention_output`, `fc1`, `fc2`); every other weight is frozen
         except the classifier head (`train_head`). Saved and exported
-        models hold the merged kernels. See `keras_reluvit.finetune`.
+        models hold the merged kernels. See `keras_reluvit.models.lora`.
 
         Example:
 
@@ -311,9 +312,7 @@ class ViT(keras.Model):
         model.enable_lora(8)           # then compile and fit
         ```
         """
-        from keras_reluvit import finetune
-
-        finetune.enable_lora(self, rank, target_layer_names, train_head, lora_alpha)
+        lora.enable_lora(self, rank, target_layer_names, train_head, lora_alpha)
 
     # ---- presets (keras-hub's convention) ----------------------------------
     @classmethod
@@ -331,17 +330,13 @@ class ViT(keras.Model):
         model = keras_reluvit.ViT.from_preset("presets/vit_s16_augreg", attention="relu")
         ```
         """
-        from keras_reluvit import checkpoints
-
-        return checkpoints.from_preset(preset, **overrides)
+        return extensions.provider("checkpoints").from_preset(preset, **overrides)
 
     def save_to_preset(self, preset_dir):
         """Writes `config.json` (the full config), `model.weights.h5` and
         `metadata.json` (versions, parameter count, source) to `preset_dir`,
         loadable with `ViT.from_preset` on any backend."""
-        from keras_reluvit import checkpoints
-
-        return checkpoints.save_to_preset(self, preset_dir)
+        return extensions.provider("checkpoints").save_to_preset(self, preset_dir)
 
     # ---- Keras' own export call -------------------------------------------
     def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
@@ -374,6 +369,7 @@ class ViT(keras.Model):
                 f"{self.name}.export(format={format!r}) does not take {sorted(kwargs)}: "
                 "keras_reluvit writes the archive in a TensorFlow process from the .keras "
                 "model (see keras_reluvit.export), where those options do nothing. Drop them.")
+        kr_export = extensions.provider("export")
         if format == "onnx":
             path = kr_export.onnx(self, filepath, input_signature=input_signature)
             what = "an ONNX model (model inputs -> logits)"

@@ -5,10 +5,11 @@ import os
 
 import keras
 
-from keras_reluvit.keywords import check_keywords
-from keras_reluvit.posemb import resample_posemb
-from keras_reluvit.vit import ViT
-from keras_reluvit.vit import accepted_keywords
+from keras_reluvit.models import extensions
+from keras_reluvit.models.keywords import check_keywords
+from keras_reluvit.models.posemb import resample_posemb
+from keras_reluvit.models.vit import ViT
+from keras_reluvit.models.vit import accepted_keywords
 
 
 def transfer_weights(source, target):
@@ -90,8 +91,7 @@ def load_weights(model, path):
     AugReg, keras-hub, presets), which must then match the model's
     architecture; use `load_checkpoint` to build the model from the
     checkpoint instead."""
-    from keras_reluvit import checkpoints
-
+    checkpoints = extensions.provider("checkpoints")
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"No weights file at {path!r}.")
@@ -222,8 +222,7 @@ def _builder(variant):
 
 
 def _foreign(path):
-    from keras_reluvit import checkpoints
-
+    checkpoints = extensions.provider("checkpoints")
     try:
         return checkpoints.detect_format(path) in checkpoints.CHECKPOINT_FORMATS
     except (FileNotFoundError, ValueError):
@@ -231,9 +230,9 @@ def _foreign(path):
 
 
 def _from_checkpoint(variant, path, kwargs):
-    from keras_reluvit import checkpoints
-    from keras_reluvit.variants import parse_variant
+    from keras_reluvit.models.variants import parse_variant
 
+    checkpoints = extensions.provider("checkpoints")
     want = parse_variant(variant)
     kwargs = dict(kwargs)
     kwargs.setdefault("attention", "relu")

@@ -1,0 +1,14 @@
+"""Training: a run of `keras-reluvit train` and the parts it is made of.
+
+- `run`: the run (`build_config`, `train`: data, model, recipe, backups,
+  artefacts; `kr.train`); `settings`: its typed settings and the defaults
+  written once; `runs`: a finished run's folder as later commands read it;
+- `recipes`: the recipe catalogue, `compile` and the learning-rate schedule;
+  `optimizers`: the recipe optimizers (EMA, LAMB, layer decay);
+  `losses`: the sigmoid and binarized cross-entropies;
+- `backup`: step backups, exact resume and the SIGTERM stop (`kr.backup.fit`);
+  `signals`: the signals noted before and during a run;
+  `callbacks`: the callbacks a run adds (`kr.callbacks.default`);
+- `finetune`: what to train of a checkpoint and at which rate;
+  `fewshot`: the few-shot linear probe.
+"""
