@@ -58,7 +58,8 @@ if _command_line_train():
 
 # Where each module lived before the packages (CHANGELOG, "The house, step 4"):
 # `import keras_reluvit.vit`, `from keras_reluvit import recipes` and `kr.train`
-# keep working, as the same module objects as their new homes.
+# keep working, as the same module objects as their new homes, imported when
+# first asked for (`keras_reluvit.embedded` needs tensorflow-datasets).
 _MOVED = {
     "vit": "models.vit", "vit_config": "models.config", "layers": "models.layers",
     "attention": "models.attention", "attention_kinds": "models.attention_kinds",
@@ -71,9 +72,50 @@ _MOVED = {
     "image_folder": "data.folders",
 }
 
-if not _command_line_help_only():
-    import importlib as _importlib
 
+def __getattr__(name):
+    """`kr.train`, `kr.recipes`, ...: the moved modules by their old names."""
+    if name in _MOVED:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{_MOVED[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _MovedModules:
+    """`import keras_reluvit.<old name>`: the module at its new home (a
+    meta-path finder and loader: the import system then files it under the
+    old name too, the same object)."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        package, _, old = fullname.rpartition(".")
+        if package == __name__ and old in _MOVED:
+            import importlib.util
+
+            return importlib.util.spec_from_loader(fullname, _MovedModules)
+        return None
+
+    specs = {}  # the new home's own spec, which the import system overwrites
+
+    @staticmethod
+    def create_module(spec):
+        import importlib
+
+        module = importlib.import_module(f"{__name__}.{_MOVED[spec.name.rpartition('.')[2]]}")
+        _MovedModules.specs[module.__name__] = module.__spec__
+        return module
+
+    @staticmethod
+    def exec_module(module):
+        module.__spec__ = _MovedModules.specs[module.__name__]  # imported at its new home
+
+
+if not any(isinstance(f, type) and f.__name__ == "_MovedModules" and
+           getattr(f, "__module__", None) == __name__ for f in _sys.meta_path):
+    _sys.meta_path.append(_MovedModules)
+
+if not _command_line_help_only():
     from keras_reluvit import checkpoints
     from keras_reluvit import data
     from keras_reluvit import distribution
@@ -122,9 +164,3 @@ if not _command_line_help_only():
     from keras_reluvit.preprocessing import imagenet1k_labels
     from keras_reluvit.preprocessing import load_image
     from keras_reluvit.preprocessing import preprocess
-
-    for _old, _new in _MOVED.items():
-        _module = _importlib.import_module(f"{__name__}.{_new}")
-        globals()[_old] = _module  # kr.train, kr.recipes, kr.image_folder, ...
-        _sys.modules.setdefault(f"{__name__}.{_old}", _module)  # import keras_reluvit.train
-    del _old, _new, _module

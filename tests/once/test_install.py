@@ -17,7 +17,7 @@ PACKAGE = os.path.join(ROOT, "keras_reluvit")
 
 def _modules():
     """Every module of the package and of its subpackages, by its path in
-    the package ("vit.py", "data/tfds.py", "kernels/__init__.py")."""
+    the package ("models/vit.py", "data/tfds.py", "kernels/__init__.py")."""
     found = []
     for folder, dirs, files in os.walk(PACKAGE):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -32,16 +32,17 @@ MODULES = _modules()
 # Imports that happen inside other packages on our behalf (not visible in our
 # source): Keras' ONNX exporter imports tf2onnx + onnx; its TensorBoard
 # callback writes through tensorboard.
-INDIRECT = {"export.py": {"tf2onnx", "onnx", "onnxruntime"}, "callbacks.py": {"tensorboard"}}
+INDIRECT = {"export.py": {"tf2onnx", "onnx", "onnxruntime"},
+            "training/callbacks.py": {"tensorboard"}}
 # Modules whose imports are the `keras-reluvit train | eval | bench | export`
 # path: core + one backend + [train] must cover them (a name ending in "/":
 # every module of that subpackage).
-TRAIN_PATH = {"cli.py", "train.py", "embedded.py", "callbacks.py", "recipes.py", "bench.py",
-              "export.py", "backup.py", "data/", "distribution/", "preprocessing/"}
+TRAIN_PATH = {"cli.py", "bench.py", "export.py", "training/", "data/", "distribution/",
+              "preprocessing/"}
 # Imports of train-path modules that another extra covers (behind a function
 # whose error names that extra): the backups of JAX runs (orbax, [jax]), the
 # sample photographs of `kr.image_folder.sample_folder` ([samples]).
-OTHER_EXTRA = {"backup.py": {"orbax": "jax"},
+OTHER_EXTRA = {"training/backup.py": {"orbax": "jax"},
                "data/folders.py": {"PIL": "samples", "skimage": "samples"}}
 BACKENDS = {"jax", "torch", "tensorflow"}
 
@@ -85,7 +86,7 @@ def project():
 
 
 def test_every_subpackage_is_walked_and_the_tables_name_modules_that_exist():
-    for rel in ("vit.py", "data/tfds.py", "data/folders.py", "distribution/engine.py",
+    for rel in ("models/vit.py", "data/tfds.py", "data/folders.py", "distribution/engine.py",
                 "preprocessing/images.py", "checkpoints/__init__.py", "kernels/triton.py"):
         assert rel in MODULES, rel
     for rel in set(INDIRECT) | set(OTHER_EXTRA) | TRAIN_PATH:
