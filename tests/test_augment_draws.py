@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from keras_reluvit import data as D
-from keras_reluvit.data import augment as AUG
+from keras_reluvit.data import timm_augment as AUG
 
 pytestmark = pytest.mark.backend_independent
 

@@ -136,7 +136,7 @@ def test_the_pipeline_runs_deit3s_augmentation(tmp_path):
 def test_simple_random_crop_is_a_shifted_window_of_the_resized_image():
     import tensorflow as tf
 
-    from keras_reluvit.data.augment import simple_random_crop
+    from keras_reluvit.data.three_augment import simple_random_crop
 
     image = tf.constant(np.arange(20 * 30 * 3, dtype=np.float32).reshape(20, 30, 3))
     resized = np.asarray(tf.image.resize(image, (16, 24), method="bilinear"))

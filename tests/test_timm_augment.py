@@ -213,7 +213,7 @@ def test_rand_augment_draws_each_operation_of_its_set_uniformly(monkeypatch):
     monkeypatch.setattr(A, "_one_of", spy)
 
     def drawn(name, n):
-        ds = tf.data.Dataset.range(n).map(lambda i: A.timm_augment(
+        ds = tf.data.Dataset.range(n).map(lambda i: A.by_name(
             tf.zeros([1, 1, 3]), name, tf.stack([i, tf.constant(7, tf.int64)]))[0, 0, 0])
         codes = np.array(list(ds.as_numpy_iterator())).astype(int)
         return np.concatenate([codes // 16, codes % 16])  # two layers, each 0 or 1 + index

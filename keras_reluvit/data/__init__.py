@@ -29,12 +29,15 @@ big_vision's implementation uses; magnitudes above 10 (big_vision's 15) are
 clipped to factor 1.0 (Keras caps the strength of each op at its maximum).
 
 Modules: `tfds` (preparing tfds data sets, their builders and splits),
-`folders` (a folder of images as a data set: classes, splits, the split
-record), `augment` (crops, RandAugment, random erasing, MixUp / CutMix),
-`pillow_ops` (Pillow's image operations in tf.data), `three_augment` (DeiT
-III's 3-Augment, colour jitter), `timm_augment` (timm's RandAugment and AugMix
-by name), `pipeline` (examples to
-batches) and `sources` (`load`: a tfds name or a folder to pipelines).
+`embedded` (the digits data set), `folders` (a folder of images as a data
+set: classes, splits, the split record); the augmentations, one home per
+source (docs/training.md's table): `augment` (the `Augment` vocabulary, the
+crops, big_vision's RandAugment and MixUp), `timm_augment` (timm's:
+RandAugment and AugMix by name, random erasing, MixUp / CutMix),
+`three_augment` (DeiT III's: 3-Augment, colour jitter, the simple crop),
+`pillow_ops` (Pillow's image operations in tf.data, which timm's and DeiT
+III's use); `pipeline` (examples to batches) and `sources` (`load`: a tfds
+name or a folder to pipelines).
 """
 
 
@@ -49,11 +52,8 @@ from keras_reluvit.data.augment import decode_random_crop
 from keras_reluvit.data.augment import inception_crop
 from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.augment import random_crop
-from keras_reluvit.data.augment import random_erasing
 from keras_reluvit.data.augment import resize_small_central_crop
-from keras_reluvit.data.augment import simple_random_crop
 from keras_reluvit.data.augment import switch_randaugment
-from keras_reluvit.data.augment import timm_mix
 from keras_reluvit.data.pipeline import for_model
 from keras_reluvit.data.pipeline import pipeline
 from keras_reluvit.data.sources import Data
@@ -66,6 +66,9 @@ from keras_reluvit.data.tfds import SPLITS
 from keras_reluvit.data.tfds import builder
 from keras_reluvit.data.tfds import default_manual_dir
 from keras_reluvit.data.tfds import prepare
+from keras_reluvit.data.three_augment import simple_random_crop
+from keras_reluvit.data.timm_augment import random_erasing
+from keras_reluvit.data.timm_augment import timm_mix
 
 __all__ = ["Augment", "Data", "ILSVRC_HELP", "Info", "MANUAL_FILES", "SPLITS", "builder",
            "crop_window", "decode_inception_crop", "decode_random_crop", "default_manual_dir",

@@ -1,9 +1,11 @@
-"""Training augmentation in tf.data: big_vision's inception crop (only the
-window of a JPEG decoded), Keras' RandAugment one op at a time with keyed
-draws, timm's random erasing and big_vision's MixUp."""
+"""Training augmentation in tf.data: the `Augment` vocabulary (one field
+per augmentation, whatever its source: docs/training.md's table), the
+crops, and big_vision's: the inception crop (only the window of a JPEG
+decoded; timm's `RandomResizedCrop`), `randaug` through Keras' RandAugment
+one op at a time with keyed draws, and MixUp. timm's augmentations live in
+`timm_augment`, DeiT III's in `three_augment`."""
 
 import dataclasses
-import math
 
 from keras_reluvit import _keras_compat as compat
 from keras_reluvit.data.tfds import _tf
@@ -91,25 +93,6 @@ def decode_random_crop(data, area, aspect, seed, dct_method="", alpha="drop"):
 
 
 CROPS = ("inception", "simple")
-SIMPLE_CROP_PADDING = 4  # DeiT III's RandomCrop(size, padding=4, padding_mode="reflect")
-
-
-def simple_random_crop(image, size, seed):
-    """DeiT III's simple random crop (`--src`) of decoded pixels `image`
-    (`[H, W, C]`): resized (bilinear; DeiT's bicubic) so that it covers
-    `size` with its shorter side, `SIMPLE_CROP_PADDING` pixels of reflection
-    padding, a uniformly placed crop of `size`; float32 out."""
-    tf = _tf()
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    target = tf.constant(size, tf.float32)
-    scale = tf.reduce_max(target / shape)
-    resized = tf.image.resize(image, tf.cast(tf.math.ceil(shape * scale - 1e-3), tf.int32),
-                              method="bilinear")
-    p = SIMPLE_CROP_PADDING
-    padded = tf.pad(resized, [[p, p], [p, p], [0, 0]], mode="REFLECT")
-    return tf.image.stateless_random_crop(padded, (*size, tf.shape(image)[-1]), seed)
-
-
 def inception_crop(image, size, area, aspect, seed):
     """The random crop of decoded pixels `image` (`[H, W, C]`), resized to
     `size` (bilinear, float32 out)."""
@@ -220,50 +203,7 @@ def switch_randaugment(layer, image, key=None):
 
 # timm's RandomErasing (DeiT's settings): the erased share of the image, its
 # aspect ratio drawn log-uniformly, and the attempts at a box that fits.
-ERASE_AREA = (0.02, 1 / 3)
-ERASE_ASPECT = (0.3, 1 / 0.3)
-ERASE_ATTEMPTS = 10
-
-
-def random_erasing(image, probability, seed):
-    """timm's `RandomErasing(probability, mode="pixel")` of one normalised
-    image (`[H, W, C]`, after the model's normalisation): with
-    `probability`, a box of `ERASE_AREA` of the image (uniform) and aspect
-    ratio in `ERASE_ASPECT` (log-uniform) is filled with per-pixel standard
-    normal noise; of `ERASE_ATTEMPTS` draws the first box that fits is used
-    (none fits: the image is kept). Stateless, drawn from `seed`."""
-    tf = _tf()
-    keys = tf.random.experimental.stateless_split(seed, 5)
-    h, w = tf.shape(image)[0], tf.shape(image)[1]
-    hf, wf = tf.cast(h, tf.float32), tf.cast(w, tf.float32)
-    area = tf.random.stateless_uniform([ERASE_ATTEMPTS], keys[0], *ERASE_AREA) * hf * wf
-    log_aspect = tf.random.stateless_uniform(
-        [ERASE_ATTEMPTS], keys[1], math.log(ERASE_ASPECT[0]), math.log(ERASE_ASPECT[1]))
-    aspect = tf.exp(log_aspect)
-    box_h = tf.cast(tf.round(tf.sqrt(area * aspect)), tf.int32)
-    box_w = tf.cast(tf.round(tf.sqrt(area / aspect)), tf.int32)
-    fits = (box_h < h) & (box_w < w)
-    first = tf.argmax(tf.cast(fits, tf.int32))  # the first attempt that fits
-    bh, bw = box_h[first], box_w[first]
-    corner = tf.random.stateless_uniform([2], keys[2], 0.0, 1.0)
-    top = tf.cast(corner[0] * tf.cast(h - bh + 1, tf.float32), tf.int32)
-    left = tf.cast(corner[1] * tf.cast(w - bw + 1, tf.float32), tf.int32)
-    rows, cols = tf.range(h)[:, None, None], tf.range(w)[None, :, None]
-    inside = (rows >= top) & (rows < top + bh) & (cols >= left) & (cols < left + bw)
-    erase = tf.random.stateless_uniform([], keys[3]) < probability
-    inside = inside & tf.reduce_any(fits)
-
-    def erased():  # the noise drawn only for an image that is erased
-        noise = tf.random.stateless_normal(tf.shape(image), keys[4], dtype=image.dtype)
-        return tf.where(inside, noise, image)
-
-    return tf.cond(erase, erased, lambda: image)
-
-
-TIMM_MIX_MODES = ("batch", "elem", "pair")
-
-
-def _beta(shape, alpha, key1, key2):
+def beta_draws(shape, alpha, key1, key2):
     """Beta(alpha, alpha) draws as the ratio of two Gamma(alpha) draws."""
     tf = _tf()
     g1 = tf.random.stateless_gamma(shape, key1, alpha=alpha)
@@ -271,86 +211,12 @@ def _beta(shape, alpha, key1, key2):
     return g1 / (g1 + g2)
 
 
-def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
-             switch_prob=0.5, mode="batch", label_smoothing=0.1):
-    """timm's `Mixup` of one batch (`[B, H, W, C]` images, one-hot labels).
-
-    With probability `prob`, each batch (`mode="batch"`: one draw for the
-    batch) or each image (`"elem"`) is mixed with the batch in reverse order
-    (timm's `x.flip(0)`; `"pair"`: image i and image B-1-i share their draws,
-    so each pair swaps the same box or mixes with the same weight): CutMix with probability `switch_prob` when both
-    alphas are on, else the one that is, with `lam ~ Beta(alpha, alpha)`.
-    MixUp: `lam * x + (1 - lam) * x_flipped`. CutMix: a box of side
-    `sqrt(1 - lam)` of the image's (integer sizes, its centre uniform,
-    clipped at the borders) is pasted from the flipped image and `lam`
-    corrected to the share not pasted (timm's `correct_lam`). Labels are
-    smoothed first (`1 - s + s / K` on the class, `s / K` elsewhere) and
-    mixed with the same `lam`. Stateless, drawn from `seed`."""
-    tf = _tf()
-    if mode not in TIMM_MIX_MODES:
-        raise ValueError(f"Unknown timm_mix mode {mode!r}; valid: {TIMM_MIX_MODES}.")
-    if not (mixup_alpha > 0 or cutmix_alpha > 0):
-        raise ValueError("timm_mix needs mixup_alpha > 0 or cutmix_alpha > 0.")
-    keys = tf.random.experimental.stateless_split(seed, 7)
-    shape = tf.shape(images)
-    batch, h, w = shape[0], shape[1], shape[2]
-    n = 1 if mode == "batch" else batch
-    if mode == "pair":
-        tf.debugging.assert_equal(batch % 2, 0, message="timm_mix mode 'pair' needs an even "
-                                  "batch")
-
-    def beta(alpha, k1, k2):
-        return _beta([n], alpha, k1, k2) if alpha > 0 else tf.ones([n])
-
-    if mixup_alpha > 0 and cutmix_alpha > 0:
-        use_cutmix = tf.random.stateless_uniform([n], keys[0]) < switch_prob
-    else:
-        use_cutmix = tf.fill([n], cutmix_alpha > 0)
-    lam = tf.where(use_cutmix, beta(cutmix_alpha, keys[1], keys[2]),
-                   beta(mixup_alpha, keys[3], keys[4]))
-    apply = tf.random.stateless_uniform([n], keys[5]) < prob
-    centre = tf.random.stateless_uniform([n, 2], keys[6])
-    if mode == "pair":  # the second half mirrors the first: pairs (i, B-1-i)
-        first = tf.range(batch) < batch // 2
-
-        def mirrored(t):
-            return tf.where(tf.reshape(first, [-1] + [1] * (t.shape.rank - 1)), t,
-                            tf.reverse(t, [0]))
-
-        use_cutmix, lam, apply, centre = (mirrored(t) for t in (use_cutmix, lam, apply, centre))
-    lam = tf.where(apply, lam, tf.ones_like(lam))
-    use_cutmix = use_cutmix & apply
-    # CutMix's box (timm's rand_bbox): sides int(size * sqrt(1 - lam)), centre uniform.
-    cut = tf.sqrt(1.0 - lam)
-    cut_h = tf.cast(tf.cast(h, tf.float32) * cut, tf.int32)
-    cut_w = tf.cast(tf.cast(w, tf.float32) * cut, tf.int32)
-    cy = tf.cast(centre[:, 0] * tf.cast(h, tf.float32), tf.int32)
-    cx = tf.cast(centre[:, 1] * tf.cast(w, tf.float32), tf.int32)
-    y1, y2 = tf.clip_by_value(cy - cut_h // 2, 0, h), tf.clip_by_value(cy + cut_h // 2, 0, h)
-    x1, x2 = tf.clip_by_value(cx - cut_w // 2, 0, w), tf.clip_by_value(cx + cut_w // 2, 0, w)
-    pasted = tf.cast((y2 - y1) * (x2 - x1), tf.float32) / tf.cast(h * w, tf.float32)
-    lam = tf.where(use_cutmix, 1.0 - pasted, lam)
-    rows = tf.range(h)[None, :, None]
-    cols = tf.range(w)[None, None, :]
-    box = ((rows >= y1[:, None, None]) & (rows < y2[:, None, None])
-           & (cols >= x1[:, None, None]) & (cols < x2[:, None, None])
-           & use_cutmix[:, None, None])
-    flipped = tf.reverse(images, [0])
-    lam_x = tf.reshape(tf.where(use_cutmix, tf.ones_like(lam), lam), [n, 1, 1, 1])
-    mixed = lam_x * images + (1.0 - lam_x) * flipped
-    mixed = tf.where(box[..., None], flipped, mixed)
-    k = tf.cast(tf.shape(labels)[-1], labels.dtype)
-    smooth = labels * (1.0 - label_smoothing) + label_smoothing / k
-    lam_y = tf.reshape(lam, [n, 1])
-    return mixed, lam_y * smooth + (1.0 - lam_y) * tf.reverse(smooth, [0])
-
-
 def mixup(images, labels, p, seed):
     """big_vision MixUp: a ~ Beta(p, p), a = max(a, 1 - a), one a per batch,
     every example mixed with the batch rolled by one (images and labels)."""
     tf = _tf()
     s1, s2 = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    a = _beta([], p, s1, s2)
+    a = beta_draws([], p, s1, s2)
     a = tf.maximum(a, 1.0 - a)
     def mix(x):
         return a * x + (1.0 - a) * tf.roll(x, shift=1, axis=0)

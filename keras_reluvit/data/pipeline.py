@@ -6,15 +6,15 @@ from keras_reluvit.data.augment import Augment
 from keras_reluvit.data.augment import decode_inception_crop
 from keras_reluvit.data.augment import inception_crop
 from keras_reluvit.data.augment import mixup
-from keras_reluvit.data.augment import random_erasing
-from keras_reluvit.data.augment import simple_random_crop
 from keras_reluvit.data.augment import switch_randaugment
-from keras_reluvit.data.augment import timm_mix
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.data.three_augment import color_jitter
+from keras_reluvit.data.three_augment import simple_random_crop
 from keras_reluvit.data.three_augment import three_augment
+from keras_reluvit.data.timm_augment import by_name as timm_by_name
 from keras_reluvit.data.timm_augment import parse as parse_timm_augment
-from keras_reluvit.data.timm_augment import timm_augment
+from keras_reluvit.data.timm_augment import random_erasing
+from keras_reluvit.data.timm_augment import timm_mix
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import normalise
@@ -106,7 +106,7 @@ def pipeline(
             if randaug is not None:  # keyed by the example's own random draw
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
             if aug.auto_augment is not None:  # timm's --aa
-                image = timm_augment(image, aug.auto_augment, tf.stack([rnd, 6]))
+                image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]))
             if aug.three_augment:  # DeiT III's, then its colour jitter
                 image = three_augment(image, tf.stack([rnd, 4]))
             if aug.color_jitter > 0:

@@ -56,3 +56,22 @@ def three_augment(image, key):
     image = tf.switch_case(choice, [lambda: grayscale(image), lambda: solarize(image),
                                     lambda: gaussian_blur(image, sigma)])
     return tf.ensure_shape(image, [None, None, 3])
+
+
+SIMPLE_CROP_PADDING = 4  # DeiT III's RandomCrop(size, padding=4, padding_mode="reflect")
+
+
+def simple_random_crop(image, size, seed):
+    """DeiT III's simple random crop (`--src`) of decoded pixels `image`
+    (`[H, W, C]`): resized (bilinear; DeiT's bicubic) so that it covers
+    `size` with its shorter side, `SIMPLE_CROP_PADDING` pixels of reflection
+    padding, a uniformly placed crop of `size`; float32 out."""
+    tf = _tf()
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    target = tf.constant(size, tf.float32)
+    scale = tf.reduce_max(target / shape)
+    resized = tf.image.resize(image, tf.cast(tf.math.ceil(shape * scale - 1e-3), tf.int32),
+                              method="bilinear")
+    p = SIMPLE_CROP_PADDING
+    padded = tf.pad(resized, [[p, p], [p, p], [0, 0]], mode="REFLECT")
+    return tf.image.stateless_random_crop(padded, (*size, tf.shape(image)[-1]), seed)
