@@ -73,19 +73,15 @@ FULL_ONLY = (
     # and DeiT's own tiny epoch runs on all three.
     "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@jax",
     "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@tensorflow",
-    # DeiT's tiny epoch on TensorFlow (~24 s): it runs on JAX and PyTorch; on TensorFlow its
-    # parts are checked apart (the EMA's closed form, RecipeLamb, the losses, the XLA recipe
-    # step in test_training) and the digits recipe trains in the TF clusters of test_engines.
-    "test_deit.py::test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on@tensorflow",
-    # The fine-tune CLI end to end on JAX and TensorFlow (~20 s each): PyTorch's runs; the
-    # literal reader runs the README's fine-tune commands on JAX with their outcomes checked
-    # (the checkpoint's attention, the classes, eval = the run's score, the served classes);
-    # the API fine-tune runs on all three.
+    # The fine-tune CLI end to end on JAX (~24 s): PyTorch's and TensorFlow's run (TensorFlow's
+    # is CI's only `keras-reluvit eval` / `predict` on that backend); the literal reader runs
+    # the README's fine-tune commands on JAX with their outcomes checked (the checkpoint's
+    # attention, the classes, eval = the run's score, the served classes); the API
+    # fine-tune runs on all three.
     "test_finetune.py::test_fine_tune_a_folder_through_the_cli@jax",
-    "test_finetune.py::test_fine_tune_a_folder_through_the_cli@tensorflow",
     # A SIGTERM in the last validation on TensorFlow (~20 s): the stop is StepBackup's
-    # backend-free callback code, run on JAX and PyTorch; TensorFlow's clusters stop on
-    # SIGTERM in test_engines.
+    # backend-free callback code (`_stop_agreed` at the epoch's end), run on JAX and PyTorch;
+    # on TensorFlow, test_backup's SIGTERM test stops mid-epoch and resumes a finished run.
     "test_signals.py::test_sigterm_in_the_last_validation_stops_at_the_epoch_end_and_the_rerun_"
     "finishes@tensorflow",
 )
@@ -273,11 +269,12 @@ def digits_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def digits_built(digits_dir):
-    """`digits_dir` with the digits set built in it (here, once), for tests
-    whose subprocesses read it: each used to prepare its own (~8 s a module)."""
-    from keras_reluvit import data as kr_data
+    """`digits_dir` with the digits set built in it (here, once, by
+    `keras-reluvit prepare`), for tests whose subprocesses read it: each
+    used to prepare its own (~8 s a module)."""
+    from keras_reluvit import cli
 
-    kr_data.prepare("sklearn_digits", str(digits_dir))
+    assert cli.main(["prepare", "sklearn_digits", "--data-dir", str(digits_dir)]) == 0
     return digits_dir
 
 

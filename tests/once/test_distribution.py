@@ -122,13 +122,13 @@ def test_tensorflow_mirrored_strategy_recipe_matches_one_device():
     assert r["per_replica"][0][0] != pytest.approx(r["single_clipped"][0][0], rel=1e-3)
 
 
-def test_cli_train_with_a_mesh_on_eight_jax_devices(tmp_path, digits_dir):
+def test_cli_train_with_a_mesh_on_eight_jax_devices(tmp_path, digits_built):
     env = subprocess_env("jax")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     code = ("import sys; from keras_reluvit import cli; sys.exit(cli.main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", code, "train", "--epochs", "1", "--no-export",
                            "--mesh", "batch=2,model=4", "--sharding", "fsdp", "--quiet",
-                           "--data-dir", str(digits_dir), "--output", str(tmp_path / "run")],
+                           "--data-dir", str(digits_built), "--output", str(tmp_path / "run")],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
