@@ -129,6 +129,7 @@ if not _command_line_help_only():
     from keras_reluvit.kernels import get_kernel
     from keras_reluvit.kernels import set_kernel
     from keras_reluvit.kernels import use_kernel
+    from keras_reluvit.models import remat
     from keras_reluvit.models.attention import ACTIVATION_NAMES
     from keras_reluvit.models.attention import PointwiseAttention
     from keras_reluvit.models.attention import pointwise_attention
@@ -164,3 +165,23 @@ if not _command_line_help_only():
     from keras_reluvit.preprocessing import imagenet1k_labels
     from keras_reluvit.preprocessing import load_image
     from keras_reluvit.preprocessing import preprocess
+    from keras_reluvit.training import backup
+    from keras_reluvit.training import callbacks
+    from keras_reluvit.training import fewshot
+    from keras_reluvit.training import finetune
+    from keras_reluvit.training import recipes  # registers its optimizers, losses, schedule
+    from keras_reluvit.training import run as train
+    from keras_reluvit.training import settings
+
+    # The old names of the modules imported above are those modules already
+    # (`import keras_reluvit.attention_kinds` then finds the module without
+    # rebinding `kr.attention_kinds`, the function); the others (`embedded`,
+    # `runs`) are found when first imported.
+    for _old, _new in _MOVED.items():
+        if f"{__name__}.{_new}" in _sys.modules:
+            _sys.modules.setdefault(f"{__name__}.{_old}", _sys.modules[f"{__name__}.{_new}"])
+    del _old, _new
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_MOVED))

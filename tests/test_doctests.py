@@ -32,8 +32,9 @@ def modules_with_examples():
 def test_every_docstring_example_runs():
     names = modules_with_examples()
     # What the package documents today; a new module with examples joins by itself.
-    assert {"keras_reluvit.attention", "keras_reluvit.vit", "keras_reluvit.zoo",
-            "keras_reluvit.attention_kinds", "keras_reluvit.preprocessing.layer",
+    assert {"keras_reluvit.models.attention", "keras_reluvit.models.vit",
+            "keras_reluvit.models.zoo", "keras_reluvit.models.attention_kinds",
+            "keras_reluvit.preprocessing.layer",
             "keras_reluvit.preprocessing.labels"} <= set(names), names
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
@@ -46,7 +47,7 @@ def test_every_docstring_example_runs():
                 examples[test.name] = len(test.examples)
     assert runner.failures == 0, f"{runner.failures} doctest example(s) failed (output above)"
     # Every builder documents itself (13) and every module above has one.
-    assert sum(1 for n in examples if n.startswith("keras_reluvit.zoo.ViT_")) == 13, examples
+    assert sum(1 for n in examples if n.startswith("keras_reluvit.models.zoo.ViT_")) == 13, examples
     assert all(any(n.startswith(m + ".") for n in examples) for m in names), examples
     assert sum(examples.values()) >= 30, examples
 

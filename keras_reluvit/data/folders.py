@@ -33,9 +33,7 @@ import re
 
 import numpy as np
 
-# A folder without val/: this seeded share of each class is held out (the
-# one default; training.settings and the CLI import it from here).
-VAL_FRACTION = 0.1
+from keras_reluvit._defaults import VAL_FRACTION
 
 # The first bytes of each format tf.io.decode_image reads.
 _MAGIC = (

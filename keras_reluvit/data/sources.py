@@ -2,8 +2,8 @@
 and `load`, which turns either into train / validation pipelines."""
 
 
+from keras_reluvit._defaults import VAL_FRACTION
 from keras_reluvit.data import folders as image_folder
-from keras_reluvit.data.folders import VAL_FRACTION
 from keras_reluvit.data.pipeline import pipeline
 from keras_reluvit.data.tfds import SPLITS
 from keras_reluvit.data.tfds import _tf

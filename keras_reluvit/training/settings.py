@@ -3,21 +3,21 @@
 `RunSettings` is what `keras-reluvit train` and `kr.train.build_config`
 take; `build_config` resolves it (with the recipe, once) into the run's
 config. The defaults that other parts repeat -- a folder's held-out share,
-the LoRA rank, the backups kept, the recipe -- are the constants here (a
-folder's held-out share is the data package's own, `data.folders.VAL_FRACTION`,
-imported here), and every module that needs one imports it (the CLI's
-options, `ImageFolder`, `data.load`, `finetune.set_trainable`, `eval` of an
-older run).
+the LoRA rank, the backups kept, the recipe, what a fine-tune trains -- are
+written once in `keras_reluvit/_defaults.py` (the lowest floor: the data
+package and the command line's `--help` read them without importing
+TensorFlow) and are this module's names too; every module that needs one
+imports it (the CLI's options, `ImageFolder`, `data.load`,
+`finetune.set_trainable`, `eval` of an older run).
 """
 
 import dataclasses
 
-from keras_reluvit.data.folders import VAL_FRACTION
-
-RECIPE = "digits"  # the main job's recipe (the embedded data set)
-LORA_RANK = 8
-KEEP_CHECKPOINTS = 2  # the newest backups a run keeps
-TRAINABLE_DEFAULT = "all"  # what a fine-tune trains (finetune.TRAINABLE: the choices)
+from keras_reluvit._defaults import KEEP_CHECKPOINTS
+from keras_reluvit._defaults import LORA_RANK
+from keras_reluvit._defaults import RECIPE
+from keras_reluvit._defaults import TRAINABLE_DEFAULT
+from keras_reluvit._defaults import VAL_FRACTION
 
 
 @dataclasses.dataclass(frozen=True)

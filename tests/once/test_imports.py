@@ -119,7 +119,7 @@ def test_no_import_circles_in_the_package():
 # The floors, lowest first: a module may import its own floor's and lower
 # floors' modules only (`__init__`, the public face, imports every floor).
 FLOORS = [
-    ("_version", "_keras_compat"),
+    ("_version", "_keras_compat", "_defaults"),
     ("kernels",),
     ("preprocessing",),
     ("models",),
@@ -222,10 +222,14 @@ def test_old_import_paths_are_the_new_modules():
             "for old, new in kr._MOVED.items():\n"
             "    module = importlib.import_module('keras_reluvit.' + old)\n"
             "    assert module is importlib.import_module('keras_reluvit.' + new), old\n"
-            "    assert getattr(kr, old) is module, old\n"
+            "    # kr.attention_kinds is the function of that name, as before the move\n"
+            "    assert getattr(kr, old) is module or old == 'attention_kinds', old\n"
             "from keras_reluvit.vit import ViT\n"
             "from keras_reluvit.train import build_config\n"
             "assert ViT is kr.ViT and build_config is kr.train.build_config\n"
+            "import keras_reluvit.attention_kinds\n"  # the function keeps its package name
+            "assert callable(kr.attention_kinds) and isinstance(kr.attention_kinds(), dict)\n"
+            "assert kr.training.recipes is kr.recipes and 'recipes' in dir(kr)\n"
             "print(len(kr._MOVED))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, KERAS_BACKEND="jax"))
@@ -245,6 +249,28 @@ def test_fast_help_recognises_the_console_script_under_every_launcher_name(monke
         assert keras_reluvit._command_line_help_only() is expected, argv0
     monkeypatch.setattr("sys.argv", ["keras-reluvit.exe", "train", "--epochs", "1"])
     assert not keras_reluvit._command_line_help_only()
+
+
+def test_help_imports_neither_keras_nor_tensorflow():
+    """`keras-reluvit --help` and `keras-reluvit train --help` answer without
+    importing Keras, a backend or TensorFlow (a fraction of a second; was
+    7 s when training.settings imported the data package for a default)."""
+    import shutil
+    import subprocess
+    import sys
+
+    script = shutil.which("keras-reluvit") or os.path.join(os.path.dirname(sys.executable),
+                                                           "keras-reluvit")
+    assert os.path.exists(script), script
+    for args in (["--help"], ["train", "--help"], ["predict", "--help"]):
+        done = subprocess.run([sys.executable, "-X", "importtime", script, *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "usage: keras-reluvit" in done.stdout
+        imported = {line.split("|")[-1].strip().split(".")[0]
+                    for line in done.stderr.splitlines() if line.startswith("import time:")}
+        assert not imported & {"keras", "tensorflow", "jax", "torch", "numpy"}, (args, sorted(
+            imported & {"keras", "tensorflow", "jax", "torch", "numpy"}))
 
 
 def test_the_documented_modules_are_attributes_of_the_package():

@@ -1,0 +1,9 @@
+"""The defaults several parts share, each written once (`keras_reluvit.
+training.settings` names them for users): the lowest floor, importing
+nothing, so that the data package and `keras-reluvit --help` read them."""
+
+RECIPE = "digits"  # the main job's recipe (the embedded data set)
+VAL_FRACTION = 0.1  # a folder without val/: this seeded share of each class is held out
+LORA_RANK = 8
+KEEP_CHECKPOINTS = 2  # the newest backups a run keeps
+TRAINABLE_DEFAULT = "all"  # what a fine-tune trains (finetune.TRAINABLE: the choices)
