@@ -251,6 +251,33 @@ def test_fast_help_recognises_the_console_script_under_every_launcher_name(monke
     assert not keras_reluvit._command_line_help_only()
 
 
+def test_a_compiled_model_loads_after_importing_the_package(tmp_path):
+    """`import keras_reluvit` registers what a run's compiled `model.keras`
+    holds (the recipe optimizers, schedules, losses): a fresh process that
+    imports only the package and Keras loads it with its optimizer (the
+    package once stopped importing training/: 'Could not locate class
+    RecipeAdamW')."""
+    import subprocess
+    import sys
+
+    save = ("import keras, keras_reluvit as kr\n"
+            "m = kr.ViT('Ti/16', image_size=32, depth=1, num_classes=3)\n"
+            "kr.recipes.compile(m, 'digits', steps_per_epoch=2, accum_steps=2, ema=0.9)\n"
+            "m.fit(__import__('numpy').zeros((4, 32, 32, 3)), keras.ops.one_hot([0, 1, 2, 0], 3),"
+            " batch_size=2, verbose=0)\n"
+            f"m.save({str(tmp_path / 'm.keras')!r})\n")
+    load = ("import keras, keras_reluvit\n"
+            f"m = keras.saving.load_model({str(tmp_path / 'm.keras')!r})\n"
+            "print(type(m.optimizer).__name__,"
+            " m.optimizer.get_config()['learning_rate']['class_name'])\n")
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    for code in (save, load):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["RecipeAdamW", "PerUpdate"], done.stdout
+
+
 def test_help_imports_neither_keras_nor_tensorflow():
     """`keras-reluvit --help` and `keras-reluvit train --help` answer without
     importing Keras, a backend or TensorFlow (a fraction of a second; was
