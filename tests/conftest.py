@@ -231,9 +231,9 @@ def subprocess_env(backend):
     env = dict(os.environ)
     env["KERAS_BACKEND"] = backend
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    # scripts/test.sh turns XLA's optimisations off in the JAX suite's own
-    # process (tiny models: compiling dominates); a subprocess trains a run of
-    # many steps, where they pay (docs/development.md).
+    # KRV_JAX_FAST_COMPILE=1 (scripts/test.sh) turns XLA's optimisations off in
+    # the JAX suite's own process (tiny models: compiling dominates); a
+    # subprocess trains a run of many steps, where they pay (docs/development.md).
     env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
