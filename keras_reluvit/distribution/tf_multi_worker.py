@@ -145,6 +145,5 @@ def _clip_after_all_reduce(optimizer):
     compat.tf_set_all_reduce(optimizer, reduce_then_clip)
 
 
-
 # A `kr.ViT` clips after the all-reduce before Keras makes its train function.
 extensions.on_train_function(clip_after_all_reduce)

@@ -184,18 +184,14 @@ def test_every_import_names_a_module_that_exists():
     stale = []
     for name, path in mods.items():
         for node in ast.walk(ast.parse(open(path).read(), path)):
-            if isinstance(node, ast.ImportFrom) and not node.level and (
-                    node.module or "").startswith(PKG + "."):
-                if node.module not in mods:
-                    stale.append((name, node.module))
-                for a in node.names:
-                    full = f"{node.module}.{a.name}"
-                    if node.module == PKG and full not in mods and a.name in MOVED_NAMES:
-                        stale.append((name, full))
-            elif isinstance(node, ast.ImportFrom) and node.module == PKG and not node.level:
-                for a in node.names:
-                    if a.name in MOVED_NAMES:
-                        stale.append((name, f"{PKG}.{a.name}"))
+            if isinstance(node, ast.Import):
+                named = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                named = ([f"{PKG}.{a.name}" for a in node.names if a.name in MOVED_NAMES]
+                         if node.module == PKG else [node.module or ""])
+            else:
+                continue
+            stale += [(name, m) for m in named if m.startswith(PKG + ".") and m not in mods]
     assert stale == []
 
 
