@@ -173,38 +173,43 @@ def test_fsdp_cluster_trains_like_one_process(tmp_path, data_dir, reference):
     assert (out / "last.keras").exists() and (out / "curves.png").exists()
 
 
-def test_killed_sequence_parallel_cluster_resumes_from_its_backups(tmp_path, data_dir,
-                                                                   reference):
+SEQUENCE_PARALLEL = ["--mesh", "batch=2,seq=4", "--sequence-axis", "seq"]
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["uninterrupted", "killed"])
+def test_sequence_parallel_cluster_trains_like_one_process(tmp_path, data_dir, reference, killed):
     """Data parallelism with sequence parallelism on a (2, 4) mesh: the batch
     axis across the processes, each image's tokens split over a process's 4
-    devices. Killed in the 2nd epoch, the cluster resumes from its backups
-    and trains like one process."""
+    devices, trains like one dense process with 8 devices. `killed` (FULL_ONLY):
+    SIGKILLed in the 2nd epoch, the cluster resumes from its backups (in CI, a
+    killed JAX cluster resumes in
+    test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices)."""
     out = tmp_path / "cluster"
-    args = train_args(data_dir, out, "data") + ["--mesh", "batch=2,seq=4",
-                                                "--sequence-axis", "seq"]
-    killed = cluster(args, kill_at=[1, 3])  # both die in the 2nd epoch
-    # Both processes kill themselves after the same step (after a barrier); one
-    # that is still inside a collective when its peer dies may be aborted by
-    # JAX instead (as on a pod when a host goes down).
-    codes = [r[0] for r in killed]
-    assert set(codes) <= {-signal.SIGKILL, -signal.SIGABRT} and -signal.SIGKILL in codes, (
-        codes, [r[2][-2000:] for r in killed])
-    record = StepBackup(out / "backup").latest()  # the cluster's: the end of epoch 1
-    assert (record["epoch"], record["done"], record["step"]) == (1, 0, 11)
-    assert not (out / "model.keras").exists()
-    resumed = cluster(args)
-    for code, stdout, stderr in resumed:
+    args = train_args(data_dir, out, "data") + SEQUENCE_PARALLEL
+    if killed:
+        runs = cluster(args, kill_at=[1, 3])  # both die in the 2nd epoch
+        # Both processes kill themselves after the same step (after a barrier); one
+        # that is still inside a collective when its peer dies may be aborted by
+        # JAX instead (as on a pod when a host goes down).
+        codes = [r[0] for r in runs]
+        assert set(codes) <= {-signal.SIGKILL, -signal.SIGABRT} and -signal.SIGKILL in codes, (
+            codes, [r[2][-2000:] for r in runs])
+        record = StepBackup(out / "backup").latest()  # the cluster's: the end of epoch 1
+        assert (record["epoch"], record["done"], record["step"]) == (1, 0, 11)
+        assert not (out / "model.keras").exists()
+    runs = cluster(args)
+    for code, stdout, stderr in runs:
         assert code == 0, stderr[-3000:]
     assert json.loads((out / "config.json").read_text())["distribution"] == {
         "type": "ViTModelParallel", "mesh": {"batch": 2, "seq": 4}, "strategy": "data",
         "sequence_axis": "seq"}
     ref = reference
     a, b = metrics(out), metrics(ref)
-    # The restart trained only the 2nd epoch (11 more steps), on that epoch's data
+    # A restart trains only the 2nd epoch (11 more steps), on that epoch's data
     # stream; the run's record is the whole run's (both epochs, every step).
     assert a["optimizer_steps"] == b["optimizer_steps"] == 22
     assert len(a["history"]["loss"]) == 2 and len(a["step_loss"]) == 22
-    assert "Epoch 2/2" in resumed[0][1] and "Epoch 1/2" not in resumed[0][1]
+    assert "Epoch 2/2" in runs[0][1] and ("Epoch 1/2" in runs[0][1]) is not killed
     # The 2nd epoch: see test_fsdp_cluster_trains_like_one_process on the tolerance.
     np.testing.assert_allclose(a["step_loss"][:12], b["step_loss"][:12], rtol=1e-4)
     np.testing.assert_allclose(a["step_loss"], b["step_loss"], rtol=AMPLIFIED)
