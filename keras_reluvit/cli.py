@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 
+from keras_reluvit.training import flags
 from keras_reluvit.training import runs
 from keras_reluvit.training.settings import KEEP_CHECKPOINTS
 from keras_reluvit.training.settings import LORA_RANK
@@ -65,36 +66,21 @@ def _train_noted(args):
                  coordinator=args.coordinator)
     in_cluster = engine.join(args.coordinator, args.num_processes, args.process_id,
                              distributed=args.distributed, timeout=args.init_timeout)
-    config = kr_train.build_config(
-        recipe=args.recipe,
-        dataset=args.dataset,
-        model=args.model,
-        attention=args.attention,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        image_size=args.image_size,
-        data_dir=args.data_dir,
-        seed=args.seed,
-        pool=args.pool,
-        posemb=args.posemb,
-        remat=args.remat,
-        drop_path=args.drop_path,
-        init=args.init,
-        data_shards=args.data_shards,
-        trainable=args.trainable,
-        lora_rank=args.lora_rank,
-        layer_decay=args.layer_decay,
-        lr=args.lr,
-        val_fraction=args.val_fraction,
-        checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints,
-        accum_steps=args.accum_steps,
-        ema=args.ema,
-        aug_repeats=args.aug_repeats,
-        auto_augment=args.aa,
-    )
+    # The flags as one typed RunSettings, resolved with the recipe (once) into the
+    # RunConfig that train() reads; pool / posemb / remat / drop_path set the model.
+    settings = RunSettings(
+        recipe=args.recipe, dataset=args.dataset, model=args.model, attention=args.attention,
+        epochs=args.epochs, batch_size=args.batch_size, image_size=args.image_size,
+        data_dir=args.data_dir, seed=args.seed, init=args.init, data_shards=args.data_shards,
+        trainable=args.trainable, lora_rank=args.lora_rank, layer_decay=args.layer_decay,
+        lr=args.lr, val_fraction=args.val_fraction, checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints, accum_steps=args.accum_steps, ema=args.ema,
+        aug_repeats=args.aug_repeats, auto_augment=args.aa,
+        recipe_overrides=flags.overrides(args))
+    config = kr_train.build_config(settings, pool=args.pool, posemb=args.posemb,
+                                   remat=args.remat, drop_path=args.drop_path)
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
-        _prepared(config["dataset"], config["data_dir"], args.manual_dir)
+        _prepared(config.dataset, config.data_dir, args.manual_dir)
     kr_distribution.barrier("data prepared")
     engine.layout(args.mesh, args.sharding, args.sequence_axis, in_cluster)
     rerun = "restart" if args.restart else "override" if args.override else "error"
@@ -355,6 +341,11 @@ def _attention(args):
         print(f"{name:13s} {doc}")
 
 
+def also(ours):
+    """timm's / DeiT's names for one of our train flags (flags.RUN_ALIASES)."""
+    return [theirs for theirs, name in flags.RUN_ALIASES.items() if name == ours]
+
+
 def parser():
     p = argparse.ArgumentParser(prog="keras-reluvit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -400,7 +391,7 @@ def parser():
     t.add_argument("--epochs", type=int, help="epochs (default: the recipe's)")
     t.add_argument("--batch-size", type=int, help="global batch size, over all processes "
                    "(default: the recipe's; a folder smaller than it: its training images)")
-    t.add_argument("--image-size", type=int, help="input resolution in pixels (default: the "
+    t.add_argument("--image-size", *also("--image-size"), type=int, help="input resolution in pixels (default: the "
                    "recipe's; with --init the checkpoint's)")
     t.add_argument("--pool", choices=["gap", "tok", "map", "tok_gap"],
                    help="the head's input: gap (mean of the patch tokens), tok (the class "
@@ -446,11 +437,11 @@ def parser():
     t.add_argument("--accum-steps", type=int, help="gradient accumulation: each update "
                    "averages K micro-batches of batch-size / K (the recipe's batch on a "
                    "smaller slice; default the recipe's, 1)")
-    t.add_argument("--ema", type=float, metavar="DECAY",
+    t.add_argument("--ema", *also("--ema"), type=float, metavar="DECAY",
                    help="keep timm's EMA of the weights with this decay (DeiT: 0.99996), "
                    "evaluated beside the trained weights each epoch; model.keras and the export "
                    "then hold the EMA (default the recipe's: off; 0: off)")
-    t.add_argument("--aa", metavar="NAME",
+    t.add_argument("--auto-augment", *also("--auto-augment"), dest="aa", metavar="NAME",
                    help="timm's automatic augmentation by name, e.g. rand-m9-mstd0.5-inc1 "
                    "(DeiT's RandAugment) or augmix-m3-w3-d-1, instead of the recipe's "
                    "(none: off)")
@@ -458,6 +449,7 @@ def parser():
                    help="DeiT's repeated augmentation: each epoch a new random 1/N of the "
                    "images, each N times with its own draws, in as many steps (DeiT: 3; default "
                    "the recipe's; 1: off)")
+    flags.add_to(t)
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
     t.add_argument("--quiet", action="store_true", help="one line per epoch")
     t.set_defaults(func=_train)

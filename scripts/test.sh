@@ -63,12 +63,11 @@ once() { suite "backend-independent (torch)" once env KERAS_BACKEND=torch \
 backends() {
   local start=$SECONDS
   for backend in jax tensorflow torch; do
-    # KRV_JAX_FAST_COMPILE=1: the JAX suite's own process compiles with most
-    # of XLA's optimisations off (its subprocesses keep them: tests/conftest.py
-    # subprocess_env). Off by default: the clean-clone A/B in
-    # docs/development.md found no gain for the whole run.
+    # KRV_JAX_FAST_COMPILE (default 1): the JAX suite's own process compiles
+    # with most of XLA's optimisations off (its subprocesses keep them:
+    # tests/conftest.py subprocess_env); 0 keeps them (docs/development.md).
     local fast=()
-    if [ "$backend" = jax ] && [ "${KRV_JAX_FAST_COMPILE:-0}" = 1 ]; then
+    if [ "$backend" = jax ] && [ "${KRV_JAX_FAST_COMPILE:-1}" = 1 ]; then
       fast=(JAX_DISABLE_MOST_OPTIMIZATIONS=1)
     fi
     suite "$backend" "$backend" env KERAS_BACKEND="$backend" KRV_BACKEND_INDEPENDENT=skip \

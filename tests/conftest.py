@@ -41,6 +41,9 @@ FULL_ONLY = (
     "test_examples.py::test_train_imagenet_example_runs_a_deit_recipe",
     "test_examples.py::test_length_study_and_attention_scale_on_a_tiny_grid",
     "test_examples.py::test_alpha_sweep_writes_csv_and_plot_and_resumes",
+    # The relu_from_softmax research script (~40 s), as the other research scripts above:
+    # its recipe runs through the CLI in test_cli_train_from_a_checkpoint_with_relu_from_softmax.
+    "test_examples.py::test_relu_from_softmax_example_writes_every_arm_and_resumes",
     # Multi-process FSDP (~2.5 min): FSDP's numerics run in one process on 8
     # devices (test_distribution.py), a 2-process FSDP cluster is killed and resumes
     # on one process in test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices.
@@ -77,6 +80,10 @@ FULL_ONLY = (
     # and DeiT's own tiny epoch runs on all three.
     "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@jax",
     "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@tensorflow",
+    # DeiT's tiny epoch on JAX (~20-30 s): it runs on TensorFlow (the XLA recipe step with the
+    # EMA) and PyTorch; its parts (RecipeAdamW and the EMA, timm_mix, erasing, timm's
+    # RandAugment in tf.data) are checked apart on every backend or once.
+    "test_deit.py::test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on@jax",
     # The fine-tune CLI end to end on JAX (~24 s): PyTorch's and TensorFlow's run (TensorFlow's
     # is CI's only `keras-reluvit eval` / `predict` on that backend); the literal reader runs
     # the README's fine-tune commands on JAX with their outcomes checked (the checkpoint's
@@ -235,7 +242,7 @@ def subprocess_env(backend):
     env = dict(os.environ)
     env["KERAS_BACKEND"] = backend
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    # KRV_JAX_FAST_COMPILE=1 (scripts/test.sh) turns XLA's optimisations off in
+    # KRV_JAX_FAST_COMPILE (scripts/test.sh, on by default) turns XLA's optimisations off in
     # the JAX suite's own process (tiny models: compiling dominates); a
     # subprocess trains a run of many steps, where they pay (docs/development.md).
     env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)

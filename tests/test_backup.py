@@ -50,7 +50,7 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp
     repeated augmentation, stochastic depth, the weights' EMA): a run stopped mid-epoch and rerun
     ends as the uninterrupted one, bit for bit."""
     cfg = small_config(digits_dir, epochs=2, ema=0.9)
-    cfg["augment"].update(mixup=0.0, erase=0.25, repeats=3, timm_mix={"mixup_alpha": 0.8,
+    cfg["augment"].update(mixup=0.0, erase=0.25, aug_repeats=3, timm_mix={"mixup_alpha": 0.8,
                                                            "cutmix_alpha": 1.0,
                                                            "label_smoothing": 0.1})
     cfg["model"]["drop_path"] = 0.1
@@ -241,19 +241,19 @@ def test_a_jax_run_resumed_on_fewer_processes_reads_its_data_shards_side_by_side
     os.makedirs(record)
     (record / B.RECORD).write_text(json.dumps(dict(
         epoch=1, done=4, step=15, history={}, step_loss=[], processes=2, data_shards=2)))
-    assert T._data_layout(str(tmp_path), 2, 1, 2, None) == (2, 1)  # the same cluster
+    assert B.data_layout(str(tmp_path / "backup"), 2, 1, 2, None) == (2, 1)  # the same cluster
     if keras.backend.backend() != "jax":
-        assert T._data_layout(str(tmp_path), 1, 0, 1, None) == (1, 0)
+        assert B.data_layout(str(tmp_path / "backup"), 1, 0, 1, None) == (1, 0)
         return
-    assert T._data_layout(str(tmp_path), 1, 0, 1, None) == (2, [0, 1])
+    assert B.data_layout(str(tmp_path / "backup"), 1, 0, 1, None) == (2, [0, 1])
     assert ("resuming a run of 2 data shards on 1 process: each reads 2 of them"
             in capsys.readouterr().out)
     for args, named in [((3, 0, 3, None), "this run has 3 processes"),
                         ((1, 0, 1, 1), "this run has data_shards=1")]:
-        with pytest.raises(ValueError, match="a run whose data stream is split in 2 shards; "
-                                             + named):
-            T._data_layout(str(tmp_path), *args)
-    assert T._data_layout(str(tmp_path / "new"), 1, 0, 1, None) == (1, 0)  # nothing to resume
+        with pytest.raises(ValueError, match=r"a run of 2 data shards \(its data stream split "
+                                             r"in 2\); this run has " + named):
+            B.data_layout(str(tmp_path / "backup"), *args)
+    assert B.data_layout(str(tmp_path / "new"), 1, 0, 1, None) == (1, 0)  # nothing to resume
 
 
 def test_bad_backup_arguments_are_named():

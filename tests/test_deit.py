@@ -38,10 +38,10 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, digi
     r = recipes.get("deit_s16_300ep")
     assert (r["ema"], r["model"]["drop_path"], r["augment"]["erase"]) == (0.99996, 0.1, 0.25)
     assert r["augment"]["timm_mix"]["label_smoothing"] == 0.1 and r["label_smoothing"] == 0.0
-    assert r["augment"]["repeats"] == 3  # DeiT's RASampler
+    assert r["augment"]["aug_repeats"] == 3  # DeiT's RASampler
     assert r["augment"]["auto_augment"] == "rand-m9-mstd0.5-inc1"  # timm's, DeiT's --aa
     off = T.build_config(recipe="deit_s16_300ep", batch_size=8, aug_repeats=1)
-    assert off["augment"]["repeats"] == 1 and r["augment"]["repeats"] == 3
+    assert off["augment"]["aug_repeats"] == 1 and r["augment"]["aug_repeats"] == 3
     with pytest.raises(ValueError, match=r"aug_repeats \(train --aug-repeats\) must be a whole number >= 1"):
         T.build_config(recipe="deit_s16_300ep", batch_size=8, aug_repeats=0)
     # timm's --aa: instead of the recipe's automatic augmentation, said where it replaces one

@@ -87,7 +87,7 @@ def test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, dig
     assert (r["optimizer"], r["loss"], r["lr"], r["batch_size"]) == ("lamb", "bce", 4e-3, 2048)
     assert r["model"]["layer_scale"] == 1e-4 and r["model"]["posemb_prefix"] is False
     aug = r["augment"]
-    assert aug["three_augment"] and aug["color_jitter"] == 0.3 and aug["repeats"] == 3
+    assert aug["three_augment"] and aug["color_jitter"] == 0.3 and aug["aug_repeats"] == 3
     assert aug["timm_mix"]["label_smoothing"] == 0.0 and not aug.get("auto_augment")
     cfg = T.build_config(recipe="deit3_s16_400ep", dataset="sklearn_digits", epochs=1,
                          image_size=32, batch_size=128, data_dir=str(digits_dir))
@@ -95,6 +95,7 @@ def test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, dig
     model, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0)
     assert [b.drop_path for b in model.blocks] == [0.05, 0.05]  # DeiT III: every block
     assert isinstance(model.optimizer, recipes.RecipeLamb)
+    assert model.optimizer.epsilon == 1e-8  # DeiT III's main.py: --opt-eps 1e-8 to FusedLAMB
     scales = [v for v in model.trainable_variables if "ls1" in v.path]
     assert len(scales) == 2 and not any(model.optimizer._use_weight_decay(v) for v in scales)
     assert isinstance(model.loss, recipes.BinarizedCrossEntropy)
@@ -122,7 +123,7 @@ def test_deit3_ft224_fine_tunes_a_checkpoint_at_224(tmp_path):
     assert (r["optimizer"], r["lr"], r["batch_size"], r["epochs"]) == ("adamw", 1e-5, 512, 20)
     assert r["wd"] / r["lr"] == pytest.approx(0.1) and r["loss"] == "softmax_xent"
     assert r["augment"]["timm_mix"]["label_smoothing"] == 0.1
-    assert r["augment"].get("repeats", 1) == 1 and r["init_required"]
+    assert r["augment"].get("aug_repeats", 1) == 1 and r["init_required"]
     cfg = T.build_config(recipe="deit3_ft224", init=str(tmp_path / "deit3.keras"),
                          dataset="sklearn_digits", batch_size=8)
     assert cfg["model"] == {"drop_path": 0.2} and cfg["image_size"] == 224

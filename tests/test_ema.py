@@ -29,8 +29,21 @@ def weights(variables):
     return [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
 
+def model_ema_v3_decay(step, decay):
+    """timm 1.0.31's `ModelEmaV3.get_decay(step)` with `use_warmup=True` and
+    its defaults (update_after_step 0, warmup_gamma 1, power 2/3, min_decay 0),
+    as timm's train.py calls it: `update(model, step=num_updates)`, the count
+    of updates including this one."""
+    step = max(0, step - 0 - 1)
+    if step <= 0:
+        return 0.0
+    return max(min(1 - (1 + step / 1.0) ** (-2 / 3), decay), 0.0)
+
+
 @pytest.mark.parametrize("warmup", [False, True])
 def test_the_averages_follow_timms_recurrence(warmup):
+    """Without warm-up DeiT's `ModelEma` (a constant decay); with it timm's
+    `ModelEmaV3` as train.py steps it (the first update copies the weights)."""
     d = 0.9
     model = tiny(recipes.RecipeSGD(learning_rate=0.3, momentum=0.0, use_ema=True,
                                    ema_momentum=d, ema_warmup=warmup))
@@ -40,14 +53,15 @@ def test_the_averages_follow_timms_recurrence(warmup):
     for t in range(1, 6):
         model.train_on_batch(x, y)
         w = weights(model.trainable_variables)
-        d_t = min(d, 1 - (1 + t) ** (-2 / 3)) if warmup else d
+        d_t = model_ema_v3_decay(t, d) if warmup else d
         ema = [d_t * e + (1 - d_t) * v for e, v in zip(ema, w)]
         got = weights(compat.ema_averages(model.optimizer))
         for a, b in zip(got, ema):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-        assert max(np.abs(a - b).max() for a, b in zip(got, w)) > 1e-4  # not the weights
-    if warmup:  # 1 - 6^(-2/3) = 0.70 < 0.9: the warm-up decides
-        assert 1 - 6 ** (-2 / 3) < d
+        copied = max(np.abs(a - b).max() for a, b in zip(got, w))
+        assert copied == 0 if d_t == 0 else copied > 1e-4  # the first warm-up update copies
+    if warmup:  # 1 - 5^(-2/3) = 0.66 < 0.9: the warm-up decides
+        assert model_ema_v3_decay(5, d) < d
 
 
 def test_accumulation_micro_steps_leave_the_average():

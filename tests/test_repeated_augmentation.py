@@ -1,4 +1,4 @@
-"""DeiT's repeated augmentation (`Augment(repeats=3)`) sees every image: each
+"""DeiT's repeated augmentation (`Augment(aug_repeats=3)`) sees every image: each
 epoch a uniformly random third of the *whole* split, whatever the source's
 order, size, shards or shuffle buffer. Checked by statistics on the three
 kinds of source, each in a fixed order larger than its shuffle buffer or
@@ -95,7 +95,7 @@ def test_a_class_ordered_folder_larger_than_the_buffer_is_drawn_whole(tmp_path):
     `kr.data.load` with a buffer of 1,000: each epoch's third is a uniform draw."""
     classes, per = 11, 1000
     _png_folder(tmp_path / "train", classes, per)
-    data = D.load(str(tmp_path), 500, 4, augment=D.Augment(**WHOLE, repeats=R), seed=1,
+    data = D.load(str(tmp_path), 500, 4, augment=D.Augment(**WHOLE, aug_repeats=R), seed=1,
                   val_split=False, shuffle_buffer=1000)
     n = classes * per
     assert data.steps_per_epoch == n // 500
@@ -119,7 +119,7 @@ def test_for_model_on_a_fixed_order_set_draws_from_all_of_it():
     model = kr.ViT("Ti/16", num_classes=classes, image_size=4, patch_size=4, depth=1,
                    width=8, num_heads=1, mlp_dim=8)
     train = D.for_model(ds, model, train=True, batch_size=500,
-                        augment=D.Augment(**WHOLE, repeats=R))
+                        augment=D.Augment(**WHOLE, aug_repeats=R))
     _check(_epochs(train, 3), classes, n, per)
 
 
@@ -134,14 +134,14 @@ def test_a_multi_shard_tfds_set_is_drawn_whole_in_each_process(tmp_path):
     root = tmp_path / "tfds"
     write_class_files_tfds(root, "shards", classes, per)
     n = classes * per
-    data = D.load("shards", 100, 4, data_dir=str(root), augment=D.Augment(**WHOLE, repeats=R),
+    data = D.load("shards", 100, 4, data_dir=str(root), augment=D.Augment(**WHOLE, aug_repeats=R),
                   seed=2, train_split="train", val_split=False, shuffle_buffer=100)
     assert data.info.splits["train"].num_shards == classes
     _check(_epochs(data.train, 3), classes, n, per)
     shown, streams = [], []
     for index in (0, 1):
         part = D.load("shards", 100, 4, data_dir=str(root),
-                      augment=D.Augment(**WHOLE, repeats=R), seed=2, train_split="train",
+                      augment=D.Augment(**WHOLE, aug_repeats=R), seed=2, train_split="train",
                       val_split=False, process_index=index, process_count=2, shuffle_buffer=100)
         # even_splits: process 0 the first 4 classes' files, process 1 the last 4.
         epochs = _epochs(part.train, 2)

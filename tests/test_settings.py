@@ -95,7 +95,7 @@ def test_recipes_are_typed_and_a_wrong_key_is_an_error(monkeypatch):
     assert recipes.get("digits").label_smoothing == 0.0  # not in its data: the default
     r["warmup_steps"] = 0
     assert r.warmup_steps == 0
-    with pytest.raises(KeyError, match="'warmup' is not a recipe field"):
+    with pytest.raises(KeyError, match="'warmup' is not a Recipe field"):
         r["warmup"] = 5
     monkeypatch.setitem(recipes.RECIPES, "typo", dict(recipes.RECIPES["digits"], warmup=3))
     with pytest.raises(TypeError, match="warmup"):
@@ -103,3 +103,121 @@ def test_recipes_are_typed_and_a_wrong_key_is_an_error(monkeypatch):
     for name in recipes.RECIPES:
         if name != "typo":
             assert recipes.get(name).name == name
+
+
+def test_build_config_gives_one_typed_run_config_that_train_reads(monkeypatch):
+    """`build_config` returns a `RunConfig` (typed, every value decided, still
+    a mapping as the dict it replaces); the recipe is resolved there, once;
+    a mapping given to `train` must hold only its fields (named otherwise);
+    `to_dict` is what config.json records."""
+    import json
+
+    from keras_reluvit import recipes
+
+    calls = []
+    get = recipes.get
+    monkeypatch.setattr(recipes, "get", lambda *a, **k: calls.append(a) or get(*a, **k))
+    config = T.build_config(recipe="deit_s16_300ep", batch_size=8, aug_repeats=2)
+    assert len(calls) == 1 and isinstance(config, settings.RunConfig)
+    assert config.resolved_recipe.name == "deit_s16_300ep" and config.accum_steps == 1
+    assert config.augment["aug_repeats"] == 2 and config["epochs"] == 300
+    assert "resolved_recipe" not in config and "resolved_recipe" not in config.to_dict()
+    saved = config.to_dict()
+    assert json.loads(json.dumps(saved)) == saved  # JSON-able as it is
+    assert settings.RunConfig.of(saved).to_dict() == saved  # config.json's settings read back
+    config["model"].update(width=32)  # as the dict was used
+    config["epochs"] = 2
+    assert config.epochs == 2 and config.model["width"] == 32
+    with pytest.raises(KeyError, match="'epoch' is not a RunConfig field"):
+        config["epoch"] = 2
+    with pytest.raises(ValueError, match="Not run settings: epoch, lrate"):
+        settings.RunConfig.of(dict(saved, epoch=2, lrate=1.0))
+    # The old name of aug_repeats (a recipe or config.json of before 0.2).
+    from keras_reluvit.data import Augment
+
+    assert Augment(repeats=3).aug_repeats == 3 and "repeats" not in Augment(repeats=3).to_dict()
+    with pytest.raises(ValueError, match="repeats=3 is aug_repeats' old name"):
+        Augment(repeats=3, aug_repeats=2)
+    assert T._augment(dict(repeats=3), None, "softmax_xent") == dict(aug_repeats=3)
+
+
+@pytest.mark.backend_independent
+def test_train_reads_the_resolved_recipe_and_records_the_run_config(tmp_path, digits_dir,
+                                                                   monkeypatch):
+    """`train` compiles with the recipe `build_config` resolved (not a second
+    lookup) and config.json's `settings` is the RunConfig's `to_dict`."""
+    import json
+
+    from keras_reluvit import recipes
+
+    config = T.build_config(recipe="digits", epochs=1, data_dir=str(digits_dir), batch_size=512)
+    config["model"].update(width=16, depth=1, num_heads=1, mlp_dim=16)
+    config.resolved_recipe["opt_eps"] = 0.125  # seen by train only if it reads this object
+
+    def refused(*a, **k):
+        raise AssertionError("train looked the recipe up again")
+
+    monkeypatch.setattr(recipes, "get", refused)
+    model, _ = T.train(config, tmp_path / "run", export=False, verbose=0)
+
+    assert model.optimizer.epsilon == 0.125
+    written = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert written["settings"] == config.to_dict()
+
+
+def parse_train(argv):
+    from keras_reluvit import cli
+
+    return cli.parser().parse_args(["train"] + argv)
+
+
+def test_timms_flag_names_set_the_recipe_fields_and_say_so(capsys):
+    """Every timm / DeiT flag of `keras_reluvit.training.flags` parses, sets
+    its recipe field (timm's meaning: --weight-decay x lr, --smoothing in the
+    MixUp where the recipe mixes, --opt momentum = sgd), says so in one line
+    each, and reaches the compiled optimizer; a value we do not compute
+    (--remode const) is refused by the parser; docs/training.md holds the table."""
+    import keras
+
+    from keras_reluvit import recipes
+    from keras_reluvit.training import flags
+
+    argv = ("--opt momentum --opt-eps 1e-7 --clip-grad 0.5 --weight-decay 0.02 "
+            "--warmup-epochs 2 --smoothing 0.2 --mixup 0.3 --cutmix 0.7 --mixup-prob 0.9 "
+            "--mixup-switch-prob 0.25 --mixup-mode elem --reprob 0.1 --remode pixel --recount 1 "
+            "--src --color-jitter 0.2 --ThreeAugment --train-interpolation bilinear "
+            "--model-ema-decay 0.999 --input-size 64 --aa none").split()
+    args = parse_train(argv)
+    assert (args.ema, args.image_size, args.aa) == (0.999, 64, "none")
+    fields = flags.overrides(args)
+    config = T.build_config(RunSettings(recipe="deit_s16_300ep", batch_size=8,
+                                        auto_augment=args.aa, recipe_overrides=fields))
+    said = [line for line in capsys.readouterr().out.splitlines() if "the recipe's" in line]
+    assert len(said) == len(fields) + 1, said  # and --aa's line
+    r, was = config.resolved_recipe, recipes.get("deit_s16_300ep")
+    assert (r.optimizer, r.opt_eps, r.grad_clip, r.warmup_epochs) == ("sgd", 1e-7, 0.5, 2.0)
+    assert r.wd == pytest.approx(0.02 * was.lr)  # PyTorch's decay: times the lr
+    mix = config.augment["timm_mix"]
+    assert (mix["mixup_alpha"], mix["cutmix_alpha"], mix["prob"], mix["switch_prob"],
+            mix["mode"], mix["label_smoothing"]) == (0.3, 0.7, 0.9, 0.25, "elem", 0.2)
+    assert r.label_smoothing == was.label_smoothing  # the smoothing went to the MixUp
+    assert (config.augment["erase"], config.augment["crop"], config.augment["color_jitter"],
+            config.augment["three_augment"]) == (0.1, "simple", 0.2, False)  # --aa none: off
+    assert config.to_dict()["recipe_overrides"] == fields
+    for bad in ("--remode const", "--recount 2", "--train-interpolation bicubic", "--opt adam"):
+        with pytest.raises(SystemExit):
+            parse_train(bad.split())
+    # Without a timm MixUp in the recipe: --smoothing goes to the loss; a MixUp flag
+    # starts from timm's defaults and replaces big_vision's mixup, said.
+    c = T.build_config(RunSettings(recipe="s16_i1k_90ep", batch_size=8, recipe_overrides=flags
+                                   .overrides(parse_train("--smoothing 0.1 --cutmix 1".split()))))
+    assert c.resolved_recipe.label_smoothing == 0.1 and "mixup" not in c.augment
+    assert c.augment["timm_mix"] == dict(flags.TIMM_MIX_DEFAULTS, cutmix_alpha=1.0)
+    assert "replacing big_vision's mixup" in capsys.readouterr().out
+    # The compiled optimizer is the overridden recipe's.
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    recipes.compile(model, config.resolved_recipe, steps_per_epoch=10, batch_size=8, epochs=1)
+    assert isinstance(model.optimizer, recipes.RecipeSGD)
+    assert model.optimizer.global_clipnorm == 0.5
+    docs = open(os.path.join(os.path.dirname(PKG), "docs", "training.md")).read()
+    assert "\n".join(flags.table()) in docs, "docs/training.md's alias table is stale"

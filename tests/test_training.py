@@ -272,7 +272,7 @@ def _epochs_of_labels(ds, epochs):
 
 @pytest.mark.backend_independent
 def test_repeated_augmentation_shows_a_new_third_three_times_in_an_epoch_as_long():
-    """DeiT's RASampler (`Augment(repeats=3)`): each epoch holds ceil(n / 3)
+    """DeiT's RASampler (`Augment(aug_repeats=3)`): each epoch holds ceil(n / 3)
     images, each 3 times in a row with its own crop, in as many steps as
     without; the next epoch takes other images."""
     import tensorflow as tf
@@ -285,7 +285,7 @@ def test_repeated_augmentation_shows_a_new_third_three_times_in_an_epoch_as_long
     aug = D.Augment(crop_area=(0.3, 1.0), flip=False)
     plain = pipeline(ds, n, 8, batch, True, aug, seed=1)
     rep = pipeline(ds, n, 8, batch, True, D.Augment(crop_area=(0.3, 1.0), flip=False,
-                                                    repeats=3), seed=1)
+                                                    aug_repeats=3), seed=1)
     assert len(rep) == len(plain) == n // batch
     (plain_labels, _), = _epochs_of_labels(plain, 1)
     assert sorted(plain_labels) == list(range(n))  # one pass: every image once
@@ -300,9 +300,9 @@ def test_repeated_augmentation_shows_a_new_third_three_times_in_an_epoch_as_long
         assert all((c[0] != c[1]).any() and (c[1] != c[2]).any() for c in copies)
     assert set(epochs[0][0]) != set(epochs[1][0])  # a new third each epoch
     with pytest.raises(ValueError, match="size is unknown"):
-        pipeline(ds.filter(lambda ex: True), n, 8, batch, True, D.Augment(repeats=3))
+        pipeline(ds.filter(lambda ex: True), n, 8, batch, True, D.Augment(aug_repeats=3))
     with pytest.raises(ValueError, match="whole number >= 1"):
-        pipeline(ds, n, 8, batch, True, D.Augment(repeats=0))
+        pipeline(ds, n, 8, batch, True, D.Augment(aug_repeats=0))
 
 
 @pytest.mark.backend_independent
@@ -312,7 +312,7 @@ def test_repeated_augmentation_repeats_each_process_shard(digits_dir):
     steps as without repeats."""
     import hashlib
 
-    whole = D.Augment(crop_area=(1.0, 1.0), crop_aspect=(1.0, 1.0), flip=False, repeats=3)
+    whole = D.Augment(crop_area=(1.0, 1.0), crop_aspect=(1.0, 1.0), flip=False, aug_repeats=3)
     seen = []
     for index in (0, 1):
         data = D.load("sklearn_digits", 64, 16, digits_dir, whole, seed=2, val_split=False,
@@ -344,7 +344,7 @@ def test_for_model_repeats_a_keras_image_directory(tmp_path):
     ds = keras.utils.image_dataset_from_directory(str(tmp_path), image_size=(20, 20),
                                                   batch_size=4, seed=0)
     model = kr.ViT("Ti/16", num_classes=2, image_size=16, depth=1)
-    aug = D.Augment(crop_area=(1.0, 1.0), crop_aspect=(1.0, 1.0), flip=False, repeats=3)
+    aug = D.Augment(crop_area=(1.0, 1.0), crop_aspect=(1.0, 1.0), flip=False, aug_repeats=3)
     train = D.for_model(ds, model, train=True, batch_size=6, augment=aug)
     assert len(train) == 3  # 18 images, batches of 6
     images = np.concatenate([np.asarray(x) for x, _ in train])
@@ -382,12 +382,51 @@ def test_timm_cutmix_label_weight_is_the_pasted_share_of_every_image():
             own = (imgs[i] == values[i]).all(-1).mean()
             partner = (imgs[i] == values[b - 1 - i]).all(-1).mean()
             assert own + partner == 1.0  # pixels are one image's or the other's
-            np.testing.assert_allclose(labs[i, i], own, rtol=1e-6)
-            np.testing.assert_allclose(labs[i, b - 1 - i], partner, rtol=1e-6)
+            np.testing.assert_allclose(labs[i, i], own, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(labs[i, b - 1 - i], partner, rtol=1e-6, atol=1e-7)
             shares.append(partner)
     # lam ~ Beta(1, 1), box sides int(12 sqrt(1 - lam)) with the centre uniform
     # (clipped at the borders): less than 1 - lam on average, sometimes nothing
     assert 0.15 < np.mean(shares) < 0.5 and np.mean(np.array(shares) == 0) < 0.3
+
+
+def rand_bbox_timm_1_0_31(h, w, lam, cy, cx):
+    """timm 1.0.31's `timm.data.mixup.rand_bbox` (margin 0) for a given centre,
+    in NumPy: the definition our boxes must equal."""
+    ratio = np.sqrt(1 - lam)
+    cut_h, cut_w = int(h * ratio), int(w * ratio)
+    return (np.clip(cy - cut_h // 2, 0, h), np.clip(cy + (cut_h + 1) // 2, 0, h),
+            np.clip(cx - cut_w // 2, 0, w), np.clip(cx + (cut_w + 1) // 2, 0, w))
+
+
+@pytest.mark.backend_independent
+def test_cutmix_boxes_are_timms_rand_bbox():
+    """Every centre of a 12 x 20 image and 41 weights: the box is timm 1.0.31's
+    (an unclipped side exactly int(size * sqrt(1 - lam)), odd ones included;
+    timm 0.3.2's `cy + cut_h // 2` made every side even). And through
+    `timm_mix`: boxes away from the borders have odd sides too."""
+    import tensorflow as tf
+
+    from keras_reluvit.data import timm_augment as AUG
+
+    h, w = 12, 20
+    lams = np.linspace(0.0, 1.0, 41).astype("float32")
+    cy, cx, lam = (a.ravel() for a in np.meshgrid(np.arange(h), np.arange(w), lams,
+                                                   indexing="ij"))
+    centre = np.stack([(cy + 0.5) / h, (cx + 0.5) / w], -1).astype("float32")
+    ours = np.stack([np.asarray(t) for t in AUG.cutmix_box(tf.constant(lam), tf.constant(centre),
+                                                           h, w)], -1)
+    timm = np.array([rand_bbox_timm_1_0_31(h, w, lam[i], cy[i], cx[i]) for i in range(len(lam))])
+    np.testing.assert_array_equal(ours, timm)
+    images, _, values = timm_mixed(20, size=h, mixup_alpha=0.0, cutmix_alpha=1.0, mode="elem",
+                                   label_smoothing=0.0)
+    sides = []
+    for imgs in images:
+        for i in range(len(values)):
+            rows, cols = np.nonzero((imgs[i] == values[-1 - i]).all(-1))
+            if len(rows) and rows.min() > 0 and rows.max() < h - 1:
+                sides.append(rows.max() - rows.min() + 1)
+    assert len(sides) > 20 and any(s % 2 for s in sides), sides
 
 
 @pytest.mark.backend_independent

@@ -164,6 +164,31 @@ def test_big_vision_initialisation():
     assert "block_00/attention/query_norm/beta" not in w
 
 
+def test_timm_head_initialisation_for_deit_and_deit3_recipes():
+    """`head_init="trunc_normal"`: timm's `trunc_normal_(head.weight, std=.02)`
+    (DeiT's VisionTransformer and DeiT III's vit_models; bounds +-2, i.e. a
+    normal of std 0.02) by a KS test over ViT-S's 384 x 1000 head, which
+    rejects a normal truncated at 2 std (Keras' TruncatedNormal); the bias 0;
+    the DeiT and DeiT III recipes ask for it, kept by get_config."""
+    from scipy import stats
+
+    from keras_reluvit import recipes
+
+    keras.utils.set_random_seed(0)
+    model = kr.ViT("S/16", depth=1, image_size=32, num_classes=1000, head_init="trunc_normal")
+    head = model.get_layer("head")
+    k = to_np(head.kernel).ravel().astype(np.float64)
+    assert np.all(to_np(head.bias) == 0) and model.get_config()["head_init"] == "trunc_normal"
+    assert stats.kstest(k, stats.norm(0, 0.02).cdf).pvalue > 1e-3
+    truncated = stats.truncnorm(-2, 2, scale=0.02).rvs(len(k), random_state=0)
+    assert stats.kstest(truncated, stats.norm(0, 0.02).cdf).pvalue < 1e-6
+    assert kr.ViT.from_config(model.get_config()).get_config()["head_init"] == "trunc_normal"
+    for name in ("deit_s16_300ep", "deit3_s16_400ep", "deit3_b16_400ep"):
+        assert recipes.get(name).model["head_init"] == "trunc_normal", name
+    with pytest.raises(ValueError, match="Unknown head_init 'normal'"):
+        tiny(head_init="normal")
+
+
 def test_sigmoid_xent_head_bias_init():
     model = tiny(head_bias_init=-6.9)
     np.testing.assert_allclose(to_np(model.get_layer("head").bias), -6.9, rtol=1e-6)

@@ -20,9 +20,10 @@ class Augment:
     timm's random erasing (`--reprob`; DeiT's 0.25; see `random_erasing`);
     `timm_mix` the arguments of timm's MixUp / CutMix (`timm_mix`, e.g.
     DeiT's `{"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing":
-    0.1}`), instead of `mixup`; `repeats` DeiT's repeated augmentation
-    (`RASampler`, timm's `--aug-repeats`; DeiT's 3): each epoch takes a new
-    random `1 / repeats` of the images and shows each `repeats` times, each
+    0.1}`), instead of `mixup`; `aug_repeats` DeiT's repeated augmentation
+    (`RASampler`, timm's `--aug-repeats`; DeiT's 3; `repeats=`, its name
+    before 0.2, still accepted): each epoch takes a new random
+    `1 / aug_repeats` of the images and shows each `aug_repeats` times, each
     copy with its own draws, in the same number of steps; `crop`
     `"inception"` (the random-area crop of `crop_area` / `crop_aspect`: big_vision's
     inception crop, timm's `RandomResizedCrop`) or `"simple"` (DeiT III's
@@ -40,11 +41,19 @@ class Augment:
     mixup: float = 0.0
     erase: float = 0.0
     timm_mix: dict = None
-    repeats: int = 1
+    aug_repeats: int = 1
     crop: str = "inception"
     three_augment: bool = False
     color_jitter: float = 0.0
     auto_augment: str = None
+    repeats: dataclasses.InitVar[int] = None  # aug_repeats' name before 0.2
+
+    def __post_init__(self, repeats):
+        if repeats is not None:
+            if self.aug_repeats not in (1, repeats):
+                raise ValueError(f"Augment: repeats={repeats!r} is aug_repeats' old name; "
+                                 f"aug_repeats={self.aug_repeats!r} is given too.")
+            self.aug_repeats = repeats
 
     def to_dict(self):
         return dataclasses.asdict(self)

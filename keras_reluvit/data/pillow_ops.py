@@ -1,28 +1,51 @@
 """Pillow's image operations (`ImageOps`, `ImageEnhance`, `ImageFilter`,
 affine transforms), which timm, DeiT and torchvision run on PIL images, on
-float 0-255 pixels `[H, W, 3]` in tf.data: what `timm_augment` and
-`three_augment` are made of. No rounding to uint8 between operations;
-bilinear sampling; the Gaussian blur is exact where Pillow approximates it
-by three box blurs. Each is checked against Pillow in the tests
+0-255 pixels `[H, W, 3]` (float32) in tf.data: what `timm_augment` and
+`three_augment` are made of. Each writes the uint8 levels Pillow writes (its
+rounding: a blend truncates, the gray level of `convert("L")` rounds in
+fixed point, a bilinear transform truncates, a filter rounds), so a chain of
+them on a uint8 image is Pillow's chain: `pillow_levels` turns a float
+image (a resized crop) into levels first, as Pillow's resize does. Bilinear
+sampling; the Gaussian blur is exact where Pillow approximates it by three
+box blurs. Each is checked against Pillow in the tests
 (`tests/test_timm_augment.py`, `tests/test_three_augment.py`)."""
 
 import math
 
 from keras_reluvit.data.tfds import _tf
 
-GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma: Pillow's convert("L")
 FILL = (124, 116, 104)  # timm's img_mean fill: round(255 * ImageNet mean), as DeiT runs it
 BLUR_TAPS = 6  # each side of the Gaussian: 3 sigma at DeiT's largest sigma, 2
 
 
+def pillow_levels(image):
+    """A float image as the uint8 levels Pillow's resampling writes: clipped
+    to 0-255, rounded half up."""
+    tf = _tf()
+    return tf.floor(tf.clip_by_value(image, 0.0, 255.0) + 0.5)
+
+
+def truncated_levels(image):
+    """A float image as NumPy's `astype(uint8)` after `np.clip(0, 255)`
+    writes it (timm's AugMix mix): truncated levels."""
+    tf = _tf()
+    return tf.floor(tf.clip_by_value(image, 0.0, 255.0))
+
+
 def blend(degenerate, image, factor):
-    """Pillow's `Image.blend(degenerate, image, factor)`, clipped."""
-    return _tf().clip_by_value(degenerate + factor * (image - degenerate), 0.0, 255.0)
+    """Pillow's `Image.blend(degenerate, image, factor)`: in float32,
+    `degenerate + factor * (image - degenerate)`, truncated to a level."""
+    tf = _tf()
+    factor = tf.cast(factor, image.dtype)
+    return tf.clip_by_value(tf.floor(degenerate + factor * (image - degenerate)), 0.0, 255.0)
 
 
 def _gray(image):
+    """Pillow's `convert("L")` of levels: `(R 19595 + G 38470 + B 7471 +
+    2^15) >> 16` (ITU-R 601-2 in 16-bit fixed point; exact in float32)."""
     tf = _tf()
-    return tf.tensordot(image, tf.constant(GRAY_WEIGHTS, image.dtype), 1)[..., None]
+    weights = tf.constant([19595.0, 38470.0, 7471.0], image.dtype)
+    return tf.floor((tf.tensordot(image, weights, 1) + 32768.0) / 65536.0)[..., None]
 
 
 def grayscale(image):
@@ -32,13 +55,16 @@ def grayscale(image):
 
 def auto_contrast(image):
     """`ImageOps.autocontrast`: each channel stretched from its min..max to
-    0..255 (a flat channel kept)."""
+    0..255 by Pillow's table, `int(x * scale + offset)` in double (a flat
+    channel kept)."""
     tf = _tf()
-    lo = tf.reduce_min(image, axis=[0, 1])
-    hi = tf.reduce_max(image, axis=[0, 1])
+    x = tf.cast(image, tf.float64)
+    lo = tf.reduce_min(x, axis=[0, 1])
+    hi = tf.reduce_max(x, axis=[0, 1])
     scale = tf.where(hi > lo, 255.0 / tf.maximum(hi - lo, 1e-6), 1.0)
-    offset = tf.where(hi > lo, lo, 0.0)
-    return tf.clip_by_value((image - offset) * scale, 0.0, 255.0)
+    offset = tf.where(hi > lo, -lo * scale, 0.0)
+    out = tf.clip_by_value(tf.floor(x * scale + offset), 0.0, 255.0)
+    return tf.cast(out, image.dtype)
 
 
 def equalize(image):
@@ -93,9 +119,11 @@ def color(image, factor):
 
 
 def contrast(image, factor):
-    """`ImageEnhance.Contrast`: a blend with the mean gray level (rounded, as Pillow's)."""
+    """`ImageEnhance.Contrast`: a blend with the mean of `convert("L")`,
+    rounded (Pillow's `int(mean + 0.5)`)."""
     tf = _tf()
-    mean = tf.floor(tf.reduce_mean(_gray(image)) + 0.5)
+    mean = tf.floor(tf.reduce_mean(tf.cast(_gray(image), tf.float64)) + 0.5)
+    mean = tf.cast(mean, image.dtype)
     return blend(mean, image, factor)
 
 
@@ -111,7 +139,7 @@ def sharpness(image, factor):
     kernel = tf.constant([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13.0
     kernel = tf.tile(kernel[:, :, None, None], [1, 1, 3, 1])
     smooth = tf.nn.depthwise_conv2d(image[None], kernel, [1, 1, 1, 1], "VALID")[0]
-    smooth = tf.round(smooth)  # Pillow's filter writes uint8
+    smooth = tf.floor(smooth + 0.5)  # Pillow's filter writes levels, rounded half up
     h, w = tf.shape(image)[0], tf.shape(image)[1]
     smooth = tf.pad(smooth, [[1, 1], [1, 1], [0, 0]])
     rows, cols = tf.range(h)[:, None, None], tf.range(w)[None, :, None]
@@ -122,7 +150,7 @@ def sharpness(image, factor):
 def affine(image, matrix, fill=FILL):
     """Pillow's `Image.transform(size, AFFINE, matrix)`: output pixel
     centre `(x, y)` reads the input at `(a x + b y + c, d x + e y + f)`,
-    bilinear, `fill` outside."""
+    bilinear (truncated to a level, as Pillow's), `fill` outside."""
     tf = _tf()
     a, b, c, d, e, f = [tf.cast(m, tf.float32) for m in matrix]
     # Pillow's coordinates are pixel centres at + 0.5; TensorFlow's at the index.
@@ -134,7 +162,8 @@ def affine(image, matrix, fill=FILL):
         images=stacked, transforms=transform, output_shape=size, fill_value=0.0,
         interpolation="BILINEAR", fill_mode="CONSTANT")[0]
     inside = out[..., 3:]
-    return out[..., :3] + (1.0 - inside) * tf.constant(fill, image.dtype)
+    out = out[..., :3] + (1.0 - inside) * tf.constant(fill, image.dtype)
+    return tf.floor(tf.clip_by_value(out, 0.0, 255.0))
 
 
 def rotate(image, degrees):
@@ -170,7 +199,7 @@ def translate_y_rel(image, pct):
 
 def gaussian_blur(image, sigma):
     """A Gaussian blur of standard deviation `sigma` (Pillow's radius), the
-    edges repeated; separable, `2 * BLUR_TAPS + 1` taps."""
+    edges repeated; separable, `2 * BLUR_TAPS + 1` taps; written as levels."""
     tf = _tf()
     x = tf.range(-BLUR_TAPS, BLUR_TAPS + 1, dtype=image.dtype)
     taps = tf.exp(-0.5 * tf.square(x / tf.cast(sigma, image.dtype)))
@@ -183,4 +212,4 @@ def gaussian_blur(image, sigma):
     rows = tf.tile(tf.reshape(taps, [-1, 1, 1, 1]), [1, 1, channels, 1])
     cols = tf.tile(tf.reshape(taps, [1, -1, 1, 1]), [1, 1, channels, 1])
     out = tf.nn.depthwise_conv2d(padded[None], rows, [1, 1, 1, 1], "VALID")
-    return tf.nn.depthwise_conv2d(out, cols, [1, 1, 1, 1], "VALID")[0]
+    return pillow_levels(tf.nn.depthwise_conv2d(out, cols, [1, 1, 1, 1], "VALID")[0])

@@ -7,6 +7,7 @@ from keras_reluvit.data.augment import decode_inception_crop
 from keras_reluvit.data.augment import inception_crop
 from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.augment import switch_randaugment
+from keras_reluvit.data.pillow_ops import pillow_levels
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.data.three_augment import color_jitter
 from keras_reluvit.data.three_augment import simple_random_crop
@@ -49,7 +50,7 @@ def pipeline(
 
     Train: one shuffled pass per epoch (full batches, so `len(ds)` is the
     number of steps), seeded by `seed` yet different in every epoch,
-    augmented; with `augment.repeats` r > 1 (DeiT's repeated augmentation) an
+    augmented; with `augment.aug_repeats` r > 1 (DeiT's repeated augmentation) an
     epoch is as long and holds a new random 1/r of the examples, each r times
     in a row (`repeated`). Eval: one pass, deterministic, the last partial batch kept.
     """
@@ -105,6 +106,8 @@ def pipeline(
                 image = tf.image.stateless_random_flip_left_right(image, s2)
             if randaug is not None:  # keyed by the example's own random draw
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
+            if aug.auto_augment is not None or aug.three_augment or aug.color_jitter > 0:
+                image = pillow_levels(image)  # Pillow's operations run on uint8 crops
             if aug.auto_augment is not None:  # timm's --aa
                 image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]))
             if aug.three_augment:  # DeiT III's, then its colour jitter
@@ -129,7 +132,7 @@ def pipeline(
     if cache:
         ds = ds.cache()
     if train:
-        ds = train_examples(ds, aug.repeats, seed, shuffle_buffer)
+        ds = train_examples(ds, aug.aug_repeats, seed, shuffle_buffer)
         ds = tf.data.Dataset.zip((ds, randoms(0)))  # every copy its own draws
     else:
         ds = ds.map(lambda ex: (ex, tf.constant(0, tf.int64)))
@@ -169,7 +172,7 @@ def train_examples(ds, repeats=1, seed=0, shuffle_buffer=10_000):
     return repeated(ds, repeats, n)
 
 
-def check_repeats(repeats, name="Augment(repeats=)"):
+def check_repeats(repeats, name="Augment(aug_repeats=)"):
     """`repeats` is DeiT's repeated augmentation count: a whole number >= 1;
     `name` is how the caller's user spells it (a flag, a setting)."""
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
@@ -181,7 +184,7 @@ def _known_size(ds):
     n = int(ds.cardinality())
     if n < 0:
         raise ValueError(
-            "Repeated augmentation (Augment(repeats=)) keeps the epoch's length and needs it: "
+            "Repeated augmentation (Augment(aug_repeats=)) keeps the epoch's length and needs it: "
             "this dataset's size is unknown (after filter, unbatch, ...). Declare it on the "
             "examples: ds.apply(tf.data.experimental.assert_cardinality(NUMBER_OF_IMAGES)) "
             "(after ds.unbatch() if the images come in batches).")
@@ -289,9 +292,9 @@ def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
         label_spec = tf.TensorSpec(label_spec.shape[1:], label_spec.dtype)
         if files is not None:  # the size unbatch loses (repeated augmentation needs it)
             ds = ds.apply(tf.data.experimental.assert_cardinality(len(files)))
-        elif train and augment is not None and augment.repeats != 1:
+        elif train and augment is not None and augment.aug_repeats != 1:
             raise ValueError(
-                "Repeated augmentation (Augment(repeats=)) keeps the epoch's length and needs "
+                "Repeated augmentation (Augment(aug_repeats=)) keeps the epoch's length and needs "
                 "the number of images: these batches' size is unknown once unbatched. Declare "
                 "it: ds.unbatch().apply(tf.data.experimental.assert_cardinality("
                 "NUMBER_OF_IMAGES)), and pass that.")

@@ -142,9 +142,10 @@ def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("in
     """timm's `AugMixAugment` (its basic mode) of one float 0-255 image:
     `width` chains of `depth` operations (-1: 1 to 3) of `AUGMIX_OPS`, each
     applied (probability 1) at a magnitude drawn per operation, mixed with
-    Dirichlet(alpha) weights, clipped, and blended with the image by
+    Dirichlet(alpha) weights, clipped and truncated to levels, and blended with the image by
     `Beta(alpha, alpha)`. Stateless, from `key`."""
     from keras_reluvit.data.pillow_ops import blend
+    from keras_reluvit.data.pillow_ops import truncated_levels
 
     tf = _tf()
     keys = tf.random.experimental.stateless_split(key, 3)
@@ -167,7 +168,8 @@ def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("in
             sign = tf.where(tf.random.stateless_uniform([], sk[2]) > 0.5, -1.0, 1.0)
             aug = tf.where(step < n, _one_of(AUGMIX_OPS, index, aug, m, sign), aug)
         mixed = mixed + weights[chain] * aug
-    return blend(image, tf.clip_by_value(mixed, 0.0, 255.0), m_blend)
+    # timm: np.clip, then astype(uint8) (truncated) before Image.blend
+    return blend(image, truncated_levels(mixed), m_blend)
 
 
 def _sections(name, kind, known, shown=None):
@@ -261,6 +263,23 @@ def random_erasing(image, probability, seed):
 TIMM_MIX_MODES = ("batch", "elem", "pair")
 
 
+def cutmix_box(lam, centre, h, w):
+    """CutMix's boxes as timm 1.0.31's `rand_bbox` draws them: sides
+    `int(size * sqrt(1 - lam))` about a centre `(int(u * h), int(u' * w))`
+    (`centre` holds the uniforms u), rows `cy - cut_h // 2` to
+    `cy + (cut_h + 1) // 2` (so an unclipped box is exactly `cut_h` high; timm
+    0.3.2, DeiT's pin, ended at `cy + cut_h // 2`), clipped to the image.
+    Returns `(y1, y2, x1, x2)`, the ends exclusive."""
+    tf = _tf()
+    cut = tf.sqrt(1.0 - lam)
+    cut_h = tf.cast(tf.cast(h, tf.float32) * cut, tf.int32)
+    cut_w = tf.cast(tf.cast(w, tf.float32) * cut, tf.int32)
+    cy = tf.cast(centre[:, 0] * tf.cast(h, tf.float32), tf.int32)
+    cx = tf.cast(centre[:, 1] * tf.cast(w, tf.float32), tf.int32)
+    return (tf.clip_by_value(cy - cut_h // 2, 0, h), tf.clip_by_value(cy + (cut_h + 1) // 2, 0, h),
+            tf.clip_by_value(cx - cut_w // 2, 0, w), tf.clip_by_value(cx + (cut_w + 1) // 2, 0, w))
+
+
 def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
              switch_prob=0.5, mode="batch", label_smoothing=0.1):
     """timm's `Mixup` of one batch (`[B, H, W, C]` images, one-hot labels).
@@ -310,14 +329,7 @@ def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
         use_cutmix, lam, apply, centre = (mirrored(t) for t in (use_cutmix, lam, apply, centre))
     lam = tf.where(apply, lam, tf.ones_like(lam))
     use_cutmix = use_cutmix & apply
-    # CutMix's box (timm's rand_bbox): sides int(size * sqrt(1 - lam)), centre uniform.
-    cut = tf.sqrt(1.0 - lam)
-    cut_h = tf.cast(tf.cast(h, tf.float32) * cut, tf.int32)
-    cut_w = tf.cast(tf.cast(w, tf.float32) * cut, tf.int32)
-    cy = tf.cast(centre[:, 0] * tf.cast(h, tf.float32), tf.int32)
-    cx = tf.cast(centre[:, 1] * tf.cast(w, tf.float32), tf.int32)
-    y1, y2 = tf.clip_by_value(cy - cut_h // 2, 0, h), tf.clip_by_value(cy + cut_h // 2, 0, h)
-    x1, x2 = tf.clip_by_value(cx - cut_w // 2, 0, w), tf.clip_by_value(cx + cut_w // 2, 0, w)
+    y1, y2, x1, x2 = cutmix_box(lam, centre, h, w)
     pasted = tf.cast((y2 - y1) * (x2 - x1), tf.float32) / tf.cast(h * w, tf.float32)
     lam = tf.where(use_cutmix, 1.0 - pasted, lam)
     rows = tf.range(h)[None, :, None]

@@ -17,6 +17,10 @@ from keras_reluvit.preprocessing import check_preprocessing
 POOLS = ("gap", "tok", "map", "tok_gap")
 POSEMBS = ("learn", "sincos2d")
 DROP_PATH_SCHEDULES = ("linear", "uniform")
+# The head kernel's initialisation: big_vision's zeros, or timm's trunc_normal_(std=.02)
+# (DeiT's VisionTransformer, DeiT III's vit_models; its bounds +-2 are 100 std away).
+HEAD_INITS = ("zeros", "trunc_normal")
+HEAD_INIT_STD = 0.02
 
 
 def _pair(value, what):
@@ -50,7 +54,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
                     head_bias_init, width, depth, mlp_dim, num_heads, patch_size,
                     class_token, num_register_tokens, posemb_prefix, fc_norm, layer_scale,
                     pre_norm, layer_norm_epsilon, preprocessing, label_names, dtype,
-                    remat=None, drop_path=0.0, drop_path_schedule="linear"):
+                    remat=None, drop_path=0.0, drop_path_schedule="linear", head_init="zeros"):
     """The ViT's arguments checked (a ValueError naming the argument and what
     would work) and canonical: `(config, attention_args)`, the config as
     `get_config` returns it."""
@@ -85,6 +89,8 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
     if drop_path_schedule not in DROP_PATH_SCHEDULES:
         raise ValueError(f"Unknown drop_path_schedule {drop_path_schedule!r}; valid: "
                          f"{DROP_PATH_SCHEDULES}.")
+    if head_init not in HEAD_INITS:
+        raise ValueError(f"Unknown head_init {head_init!r}; valid: {HEAD_INITS}.")
     if include_top:
         num_classes = _positive_int(num_classes, "num_classes")
     if representation_size is not None:
@@ -122,7 +128,7 @@ def _checked_config(variant, attention, num_classes, image_size, pool, posemb, q
         fc_norm=bool(fc_norm), layer_scale=None if layer_scale is None else float(layer_scale),
         pre_norm=bool(pre_norm), layer_norm_epsilon=layer_norm_epsilon,
         remat=remat_module.check(remat), drop_path=float(drop_path),
-        drop_path_schedule=drop_path_schedule,
+        drop_path_schedule=drop_path_schedule, head_init=head_init,
         preprocessing=preprocessing, label_names=label_names, dtype=dtype,
     )
     return config, attention_args

@@ -17,10 +17,14 @@ DEFAULT_LORA_LAYER_NAMES = ("query", "value")
 LORA_LAYER_NAMES = ("query", "key", "value", "attention_output", "fc1", "fc2")
 
 
-def classifier_head(model):
+def classifier_head(model, required=True):
+    """`model`'s classifier head (the layer named "head"); without one
+    (include_top=False) an error, or None when not `required`."""
     try:
         return model.get_layer("head")
     except ValueError:
+        if not required:
+            return None
         raise ValueError(
             f"{model.name} has no classifier head (include_top=False): a linear probe or "
             "LoRA trains the head; load the checkpoint with num_classes=N.") from None

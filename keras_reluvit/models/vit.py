@@ -17,6 +17,7 @@ from keras_reluvit.models import layers
 from keras_reluvit.models import lora
 from keras_reluvit.models.attention_kinds import deserialize_attention
 from keras_reluvit.models.attention_kinds import resolve_attention
+from keras_reluvit.models.config import HEAD_INIT_STD
 from keras_reluvit.models.config import POOLS  # noqa: F401 - kr.vit.POOLS
 from keras_reluvit.models.config import POSEMBS  # noqa: F401
 from keras_reluvit.models.config import _checked_config
@@ -59,7 +60,11 @@ class ViT(keras.Model):
             `"gelu"` (exact, timm, keras-hub and Hugging Face checkpoints) or
             `"quick_gelu"` (`x * sigmoid(1.702 x)`, OpenAI's CLIP towers).
         head_bias_init: initial head bias (big_vision uses -6.9 / -10 with a
-            sigmoid cross-entropy); the head kernel is zero-initialised.
+            sigmoid cross-entropy).
+        head_init: the head kernel's initialisation: `"zeros"` (big_vision's)
+            or `"trunc_normal"` (timm's `trunc_normal_(std=.02)`, DeiT's and
+            DeiT III's; its bounds +-2 lie 100 standard deviations out, so a
+            normal of std 0.02).
         class_token: prepend a learned class token (default: `pool == "tok"`;
             timm/MAE models also pair one with `"gap"`, which then skips it).
         num_register_tokens: learned register tokens after the class token
@@ -141,6 +146,7 @@ class ViT(keras.Model):
         remat=None,
         drop_path=0.0,
         drop_path_schedule="linear",
+        head_init="zeros",
         preprocessing=None,
         label_names=None,
         dtype=None,
@@ -159,7 +165,8 @@ class ViT(keras.Model):
             num_register_tokens=num_register_tokens, posemb_prefix=posemb_prefix,
             fc_norm=fc_norm, layer_scale=layer_scale, pre_norm=pre_norm,
             layer_norm_epsilon=layer_norm_epsilon, remat=remat, drop_path=drop_path,
-            drop_path_schedule=drop_path_schedule, preprocessing=preprocessing, label_names=label_names, dtype=dtype)
+            drop_path_schedule=drop_path_schedule, head_init=head_init,
+            preprocessing=preprocessing, label_names=label_names, dtype=dtype)
         parts = _build_parts(config, attention_args)
         inputs = keras.Input((*config["image_size"], 3), name="images", dtype="float32")
         outputs = _forward(parts, inputs)["output"]
@@ -459,7 +466,9 @@ def _build_parts(c, attention_args):
         pre_logits=(keras.layers.Dense(c["representation_size"], activation="tanh",
                                        name="pre_logits", dtype=policy)
                     if c["representation_size"] else None),
-        head=(keras.layers.Dense(c["num_classes"], kernel_initializer="zeros",
+        head=(keras.layers.Dense(c["num_classes"], kernel_initializer=(
+                  "zeros" if c["head_init"] == "zeros"
+                  else keras.initializers.RandomNormal(stddev=HEAD_INIT_STD)),
                                  bias_initializer=keras.initializers.Constant(
                                      c["head_bias_init"]),
                                  name="head", dtype=head_policy)

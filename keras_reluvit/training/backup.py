@@ -94,7 +94,9 @@ class StepBackup(keras.callbacks.Callback):
         dataset: with a plain `model.fit(dataset.repeat(),
             steps_per_epoch=len(dataset))`: the one-epoch training set, whose
             passes before the resumed epoch are fast-forwarded (as
-            `kr.backup.fit` does).
+            `kr.backup.fit` does; `kr.callbacks.ResumeDataStream` is the same
+            fast-forward, `data.pipeline.skip_passes`, for Keras'
+            `BackupAndRestore`, whose epoch it reads).
         info: a dict saved in every record (how the run's data are laid out:
             `keras-reluvit train` keeps its data shards there).
 
@@ -485,10 +487,18 @@ def _process_folders(root):
                   if n.startswith("process_") and n.split("_")[1].isdigit())
 
 
+def _other_layout(root, was, now, how):
+    """The error of a resume onto another process count (one message for
+    both layouts below)."""
+    return ValueError(f"{root} holds the backups of a run of {was}; this run has {now}. {how}, "
+                      "or start anew in another --output.")
+
+
 def check_backup_layout(root, count):
     """A ValueError when the backups in `root` were written per process by a
     run of another process count (TensorFlow and torch clusters: resuming
-    them onto another count is not supported)."""
+    them onto another count is not supported). JAX's one shared backup:
+    `data_layout`."""
     if not os.path.isdir(root):
         return
     names = os.listdir(root)
@@ -496,10 +506,35 @@ def check_backup_layout(root, count):
     single = any(n.startswith("step_") or n == "training_metadata.json" for n in names)
     had = len(processes) if processes else (1 if single else None)
     if had is not None and had != count:
-        raise ValueError(
-            f"{root} holds the backups of a run of {had} process{'es' if had > 1 else ''}; this "
-            f"run has {count}. Resuming onto another process count is not supported: rerun with "
-            f"{had}, or start anew in another --output.")
+        raise _other_layout(root, f"{had} process{'es' if had > 1 else ''}", count,
+                            f"Resuming onto another process count is not supported: rerun "
+                            f"with {had}")
+
+
+def data_layout(root, shards, index, count, asked):
+    """(the run's data shards, those process `index` of `count` reads) for
+    a run backing up in `root`. A JAX run resumed on fewer processes keeps
+    its data stream: its backup records the shards the run began with (one
+    per process of its first launch), and each process now reads
+    `shards / count` of them, their batches side by side in the global batch
+    as the processes' were (said in one line); a count that does not divide
+    them, or `asked` (data_shards=) other than them, is an error. (TensorFlow
+    and torch keep per-process backups: `check_backup_layout`.)"""
+    record = StepBackup(root).latest(quiet=True)
+    was = (record or {}).get("data_shards")
+    if keras.backend.backend() == "jax" and was and was != shards:
+        if asked or was % count:
+            this = f"data_shards={asked}" if asked else f"{count} processes"
+            raise _other_layout(root, f"{was} data shards (its data stream split in {was})",
+                                this, f"Resume it on a number of processes that divides {was} "
+                                      f"(each reads {was} / processes shards)")
+        print(f"keras_reluvit: resuming a run of {was} data shards on {count} "
+              f"process{'es' if count > 1 else ''}: each reads {was // count} of them, so "
+              "the global batches continue as they were.", flush=True)
+        shards = was
+    per = shards // count
+    mine = list(range(index * per, (index + 1) * per))
+    return shards, (mine[0] if per == 1 else mine)
 
 
 def _metric_states(model):

@@ -111,6 +111,9 @@ class ResumeDataStream(keras.callbacks.Callback):
     `dataset` without reading them (cheap: tf.data starts work on the first
     read), so the next pass is the one the uninterrupted run had.
 
+    (For our own `StepBackup`, `StepBackup(dataset=)` does the same, with the
+    same `data.pipeline.skip_passes`.)
+
     This is exact when `model.fit` gets `dataset.repeat()` with
     `steps_per_epoch=len(dataset)`: then Keras keeps one iterator for the
     whole run and each epoch is one new pass. (`keras-reluvit train` does

@@ -31,7 +31,9 @@ class _RecipeOptimizer:
     The weights' EMA as timm keeps it (`use_ema=True`, `ema_momentum` the
     decay d): the average starts as the initial weights and after update t
     (1, 2, ...) becomes `d_t * average + (1 - d_t) * weights`, `d_t = d`, or
-    with `ema_warmup` timm's `ModelEmaV3` warm-up `min(d, 1 - (1 + t)^(-2/3))`;
+    with `ema_warmup` timm's `ModelEmaV3` warm-up `min(d, 1 - t^(-2/3))` at update t (1
+    at the first: the average starts as the trained weights; timm's train.py passes
+    `step=num_updates`);
     micro-steps of gradient accumulation leave it. Keras' own EMA copies the
     weights at the first step and has no warm-up. The averages live in the
     optimizer's variables (a backup keeps them); `fit` does not swap them into
@@ -62,8 +64,8 @@ class _RecipeOptimizer:
         after = ops.cast(compat.micro_steps(self) + 1, "float32")  # micro-steps, this one too
         t = ops.floor(after / steps)  # updates so far, this one included
         decay = ops.cast(self.ema_momentum, "float32")
-        if self.ema_warmup:
-            decay = ops.minimum(decay, 1.0 - ops.power(1.0 + t, -2.0 / 3.0))
+        if self.ema_warmup:  # ModelEmaV3.get_decay(step=t), as timm's train.py passes t
+            decay = ops.minimum(decay, 1.0 - ops.power(ops.maximum(t, 1.0), -2.0 / 3.0))
         if steps > 1:  # a micro-step that updates nothing leaves the average
             decay = ops.where(ops.equal(ops.mod(after, steps), 0), decay, 1.0)
         for var, average in zip(trainable_variables, compat.ema_averages(self)):

@@ -28,6 +28,7 @@ import json
 import keras
 import numpy as np
 
+from keras_reluvit.models.lora import classifier_head
 from keras_reluvit.training.losses import LOSSES  # noqa: F401 - kr.recipes.LOSSES
 from keras_reluvit.training.losses import BinarizedCrossEntropy
 from keras_reluvit.training.losses import SigmoidCrossEntropy
@@ -39,6 +40,7 @@ from keras_reluvit.training.optimizers import RecipeLamb
 from keras_reluvit.training.optimizers import RecipeSGD
 from keras_reluvit.training.optimizers import swap_ema  # noqa: F401 - kr.recipes.swap_ema
 from keras_reluvit.training.schedules import PerUpdate
+from keras_reluvit.training.settings import FieldMapping
 
 _AUGREG_I1K_AUG = {  # variant: (randaug, mixup) -- vit_i1k.py
     "Ti/16": ((2, 0), 0.0),
@@ -190,13 +192,12 @@ _DEIT = dict(dataset="imagenet2012", image_size=224, epochs=300, batch_size=1024
              optimizer="adamw", lr=1e-3, wd=5e-5, warmup_epochs=5, loss="softmax_xent",
              head_bias_init=0.0, ema=0.99996,
              augment=dict(crop_area=(0.08, 1.0), auto_augment="rand-m9-mstd0.5-inc1",
-                          erase=0.25, repeats=3,
+                          erase=0.25, aug_repeats=3,
                           timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
                                         label_smoothing=0.1)))
 _DEIT_DIFFERS = (" Differs from DeiT's: qk-layernorm on (the paper's setting for ReLU/L; "
                  "DeiT has none: qk_norm=False); bilinear resizing and sampling (DeiT's "
-                 "bicubic); Pillow's operations on float pixels (keras_reluvit.data."
-                 "timm_augment); the 3 copies of an image (repeated augmentation) share one "
+                 "bicubic); the 3 copies of an image (repeated augmentation) share one "
                  "process' batch, where DeiT's RASampler deals them to 3 GPUs of the same "
                  "global batch; the cosine ends at 0 (timm's at 1e-5).")
 for _name, _variant, _top1 in (("deit_ti16_300ep", "Ti/16", 72.2),
@@ -206,7 +207,7 @@ for _name, _variant, _top1 in (("deit_ti16_300ep", "Ti/16", 72.2),
         description=f"DeiT-{_variant[:-3]} (Touvron et al. 2021, facebookresearch/deit "
         f"main.py; {_top1}% top-1 with softmax attention, the paper's Table 7)." + _DEIT_DIFFERS,
         model=dict(variant=_variant, pool="tok", posemb="learn", mlp_activation="gelu",
-                   drop_path=0.1),
+                   drop_path=0.1, head_init="trunc_normal"),
         **_DEIT)
 
 # DeiT III (Touvron et al. 2022, facebookresearch/deit README_revenge.md, its ImageNet-1k
@@ -216,18 +217,20 @@ for _name, _variant, _top1 in (("deit_ti16_300ep", "Ti/16", 72.2),
 # RandomResizedCrop + flip, timm's MixUp 0.8 / CutMix 1.0 without smoothing, repeated
 # augmentation, no random erasing, LayerScale 1e-4 (models_v2.py), stochastic depth at
 # the same rate in every block, main.py's EMA 0.99996. README commands run 800 epochs
-# (81.4 / 83.8 % top-1 for S at 224 / B trained at 192 and fine-tuned at 224).
+# (81.4 / 83.8 % top-1 for S at 224 / B trained at 192 and fine-tuned at 224). main.py
+# passes its --opt-eps (1e-8) to FusedLAMB: the recipes' `opt_eps` (timm's Lamb class
+# defaults to 1e-6, as RecipeLamb does when built by hand).
 _DEIT3 = dict(dataset="imagenet2012", epochs=400, batch_size=2048, optimizer="lamb",
               warmup_epochs=5, grad_clip=1.0, loss="bce", head_bias_init=0.0, ema=0.99996,
               augment=dict(crop_area=(0.08, 1.0), three_augment=True, color_jitter=0.3,
-                           repeats=3, timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0,
+                           aug_repeats=3, timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0,
                                                     switch_prob=0.5, label_smoothing=0.0)))
 _DEIT3_DIFFERS = (" Differs from DeiT III's: qk-layernorm on (the paper's setting for ReLU/L; "
                   "qk_norm=False for DeiT III's); 400 epochs (the paper's shorter schedule; the "
                   "README's commands run 800); the 3 copies of an image share one process' "
                   "batch; warmup from 0 (DeiT's 1e-6) and the cosine to 0 (timm's 1e-5); "
-                  "bilinear resizing (DeiT's bicubic); Pillow's operations on float pixels "
-                  "(keras_reluvit.data.three_augment).")
+                  "bilinear resizing (DeiT's bicubic); the Gaussian blur exact (Pillow's: three "
+                  "box blurs).")
 for _name, _variant, _size, _lr, _dp, _top1 in (
         ("deit3_s16_400ep", "S/16", 224, 4e-3, 0.05, "81.4% top-1 at 224 after 800 epochs"),
         ("deit3_b16_400ep", "B/16", 192, 3e-3, 0.2,
@@ -240,7 +243,7 @@ for _name, _variant, _size, _lr, _dp, _top1 in (
         image_size=_size, lr=_lr, wd=round(0.05 * _lr, 12),
         model=dict(variant=_variant, pool="tok", posemb="learn", posemb_prefix=False,
                    layer_scale=1e-4, mlp_activation="gelu", drop_path=_dp,
-                   drop_path_schedule="uniform"),
+                   drop_path_schedule="uniform", head_init="trunc_normal"),
         **_DEIT3)
 
 # DeiT III's fine-tune at 224 of the models trained at lower resolution (README_revenge.md:
@@ -255,7 +258,7 @@ RECIPES["deit3_ft224"] = dict(
     "stochastic depth 0.2 (ViT-B's; --drop-path for L / H: 0.45 / 0.55), no repeated "
     "augmentation; the position embedding resampled to 224 on load. Differs from DeiT "
     "III's: warmup from 0 (DeiT's 1e-6) and the cosine to 0 (timm's 1e-5); bilinear resizing "
-    "(DeiT's bicubic); Pillow's operations on float pixels (keras_reluvit.data.timm_augment).",
+    "(DeiT's bicubic).",
     dataset="imagenet2012", image_size=224, epochs=20, batch_size=512, optimizer="adamw",
     lr=1e-5, wd=1e-6, warmup_epochs=5, loss="softmax_xent", head_bias_init=0.0,
     init_required=True, model=dict(drop_path=0.2), ema=0.99996,
@@ -271,7 +274,7 @@ for _recipe in RECIPES.values():
 
 
 @dataclasses.dataclass
-class Recipe(collections.abc.MutableMapping):
+class Recipe(FieldMapping):
     """One training recipe, typed: the fields of the `RECIPES` data (a key
     that is not a field is an error), each default written once -- the value
     the recipe means when its data leave the key out. Also a mapping
@@ -287,6 +290,7 @@ class Recipe(collections.abc.MutableMapping):
     lr: float = None  # the peak, at `batch_size`
     wd: float = 0.0  # decoupled weight decay on kernels (big_vision's `wd`)
     momentum: float = 0.9  # SGD's
+    opt_eps: float = 1e-8  # AdamW's and LAMB's epsilon (timm's / DeiT's --opt-eps, 1e-8)
     warmup_steps: int = None  # at `batch_size` ...
     warmup_epochs: float = None  # ... or in epochs (over `warmup_steps`)
     grad_clip: float = None  # global norm
@@ -305,29 +309,6 @@ class Recipe(collections.abc.MutableMapping):
     # timm's EMA of the weights: the decay (None: off) and ModelEmaV3's warm-up.
     ema: float = None
     ema_warmup: bool = False
-
-    @classmethod
-    def fields(cls):
-        return [f.name for f in dataclasses.fields(cls)]
-
-    def __getitem__(self, key):
-        if key not in self.fields():
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __setitem__(self, key, value):
-        if key not in self.fields():
-            raise KeyError(f"{key!r} is not a recipe field; the fields: {', '.join(self.fields())}.")
-        setattr(self, key, value)
-
-    def __delitem__(self, key):
-        raise TypeError("A recipe's fields cannot be removed; set one to its default instead.")
-
-    def __iter__(self):
-        return iter(self.fields())
-
-    def __len__(self):
-        return len(self.fields())
 
 
 def get(name, variant=None):
@@ -443,7 +424,7 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
     optimizer = _optimizer(model, recipe, schedule, layer_decay, accum, ema)
     loss, metrics = loss_and_metrics(model, recipe)
     if recipe["loss"] == "sigmoid_xent":
-        head = _head(model)
+        head = classifier_head(model, required=False)
         if head is not None and recipe.get("head_bias_init"):
             bias = keras.ops.convert_to_numpy(head.bias)
             if np.all(bias == 0):
@@ -501,11 +482,11 @@ def _optimizer(model, recipe, schedule, layer_decay=None, accum=1, ema=None):
         return cls(momentum=recipe.get("momentum", 0.9), **common, **extra)
     if kind == "lamb":  # timm's / apex's LAMB always: Keras' differs (RecipeLamb)
         optimizer = RecipeLamb(weight_decay=recipe["wd"] / recipe["lr"], beta_1=0.9,
-                               beta_2=0.999, epsilon=1e-6, **common, **extra)
+                               beta_2=0.999, epsilon=recipe["opt_eps"], **common, **extra)
     elif kind == "adamw":
         cls = RecipeAdamW if ours else keras.optimizers.AdamW
         optimizer = cls(weight_decay=recipe["wd"] / recipe["lr"], beta_1=0.9, beta_2=0.999,
-                        epsilon=1e-8, **common, **extra)
+                        epsilon=recipe["opt_eps"], **common, **extra)
     else:
         raise ValueError(f"Unknown optimizer {kind!r} in the recipe: adamw, sgd or lamb.")
     # Decay `.*/kernel` only, as big_vision. By variable (not by name regex:
@@ -515,10 +496,3 @@ def _optimizer(model, recipe, schedule, layer_decay=None, accum=1, ema=None):
         var_list=[v for v in model.trainable_variables if not v.path.endswith("kernel")]
     )
     return optimizer
-
-
-def _head(model):
-    try:
-        return model.get_layer("head")
-    except ValueError:
-        return None

@@ -43,11 +43,9 @@ from keras_reluvit.models.variants import variant_with_patch
 from keras_reluvit.models.vit import ViT
 from keras_reluvit.training import backup as kr_backup
 from keras_reluvit.training import callbacks as kr_callbacks
+from keras_reluvit.training import flags
 from keras_reluvit.training import recipes
-from keras_reluvit.training.settings import KEEP_CHECKPOINTS
-from keras_reluvit.training.settings import LORA_RANK
-from keras_reluvit.training.settings import TRAINABLE_DEFAULT
-from keras_reluvit.training.settings import VAL_FRACTION
+from keras_reluvit.training.settings import RunConfig
 from keras_reluvit.training.settings import RunSettings
 
 # What a fine-tuning recipe's `model` may set on a checkpoint's model (with --trainable
@@ -60,10 +58,11 @@ RERUN_FREE = ("checkpoint_every", "keep_checkpoints", "data_dir")
 
 
 def build_config(settings=None, **kwargs):
-    """The full run config (a JSON-able dict) from a recipe and overrides:
-    a `RunSettings` (`keras_reluvit.settings`), or its fields as keywords
-    (over `settings` when both are given); other keywords override the
-    model's config (`pool=`, `posemb=`, ...).
+    """The run's `RunConfig` (`kr.settings.RunConfig`: typed, every value
+    decided, also a mapping) from a recipe and overrides: a `RunSettings`
+    (`kr.settings`), or its fields as keywords (over `settings` when both
+    are given); other keywords override the model's config (`pool=`,
+    `posemb=`, ...). The recipe is resolved here, once.
 
     `dataset` is a tfds name or a folder of images (one sub-folder per
     class; `val_fraction` of each class is held out where it has no `val/`).
@@ -87,6 +86,8 @@ def build_config(settings=None, **kwargs):
     recipe, init = s.recipe, s.init
     variant = variant_with_patch(s.model) if s.model else None
     r = recipes.get(recipe, variant)  # resolved once, for the variant asked for
+    for line in flags.apply(r, s.recipe_overrides):  # --clip-grad, --mixup, ...
+        print(f"keras_reluvit: {line}.", flush=True)
     if r.get("init_required") and not init:
         raise ValueError(f"Recipe {recipe!r} fine-tunes a checkpoint: pass init= "
                          "(keras-reluvit train --init CHECKPOINT).")
@@ -119,7 +120,8 @@ def build_config(settings=None, **kwargs):
     if batch_size is None:
         batch_size = _recipe_batch_size(recipe, r["batch_size"], s.dataset or r["dataset"],
                                         s.val_fraction, s.seed, s.data_shards)
-    return dict(
+    return RunConfig(
+        resolved_recipe=r,
         recipe=recipe,
         init=os.fspath(init) if init else None,
         dataset=s.dataset or r["dataset"],
@@ -141,12 +143,13 @@ def build_config(settings=None, **kwargs):
         accum_steps=_accum_steps(r["accum_steps"] if s.accum_steps is None else s.accum_steps,
                                  batch_size),
         ema=(r["ema"] if s.ema is None else s.ema) or None,
+        recipe_overrides=dict(s.recipe_overrides),
         model=model_cfg,
     )
 
 
 def _augment(augment, repeats, loss, auto_augment=None):
-    augment = dict(augment)
+    augment = _current_names(augment)
     if auto_augment is not None:  # timm's --aa: instead of the recipe's automatic augmentation
         from keras_reluvit.data.timm_augment import parse
 
@@ -173,7 +176,16 @@ def _augment(augment, repeats, loss, auto_augment=None):
                          "it to 0 (DeiT III's) or use softmax_xent.")
     if repeats is not None:
         check_repeats(repeats, "aug_repeats (train --aug-repeats)")
-        augment["repeats"] = repeats
+        augment["aug_repeats"] = repeats
+    return augment
+
+
+def _current_names(augment):
+    """`augment` (Augment's keywords) with the names of before 0.2 renamed
+    (`repeats`: `aug_repeats`): a recipe or config.json written then."""
+    augment = dict(augment or {})
+    if "repeats" in augment:
+        augment.setdefault("aug_repeats", augment.pop("repeats"))
     return augment
 
 
@@ -230,31 +242,6 @@ def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_sha
     return largest
 
 
-def _data_layout(output, shards, index, count, asked):
-    """(the run's data shards, those this process reads). A JAX run resumed
-    on fewer processes keeps its data stream: its backup records the shards
-    the run began with (one per process of its first launch), and each
-    process now reads `shards / count` of them, their batches side by side
-    in the global batch as the processes' were."""
-    record = kr_backup.StepBackup(os.path.join(output, "backup")).latest(quiet=True)
-    was = (record or {}).get("data_shards")
-    if keras.backend.backend() == "jax" and was and was != shards:
-        if asked or was % count:
-            this = f"data_shards={asked}" if asked else f"{count} processes"
-            raise ValueError(
-                f"{output} holds the backup of a run whose data stream is split in {was} "
-                f"shards; this run has {this}. Resume it on a number of processes that "
-                f"divides {was} (each reads {was} / processes shards), or start anew in "
-                "another --output.")
-        print(f"keras_reluvit: resuming a run of {was} data shards on {count} "
-              f"process{'es' if count > 1 else ''}: each reads {was // count} of them, so "
-              "the global batches continue as they were.", flush=True)
-        shards = was
-    per = shards // count
-    mine = list(range(index * per, (index + 1) * per))
-    return shards, (mine[0] if per == 1 else mine)
-
-
 def _json(value):
     return json.loads(json.dumps(value, default=list))
 
@@ -262,7 +249,7 @@ def _json(value):
 def _settings_changed(before, config):
     """{setting: [before, now]} of what a rerun changes (the model's keys as
     `model.<key>`), `RERUN_FREE` included."""
-    now = _json(config)
+    now = config.to_dict()
     changed = {}
     for k in sorted(set(before) | set(now)):
         if k != "model" and before.get(k) != now.get(k):
@@ -329,7 +316,9 @@ def _launch(config, output, process, rerun):
              f"a run at epoch {record['epoch'] + 1}, after step {record['done']} of it (step "
              f"{record['step']} of the run)")
     # Runs of before 0.3 kept no `settings`: the keys this config has.
-    before = old.get("settings") or {k: old[k] for k in config if k in old}
+    before = dict(old.get("settings") or {k: old[k] for k in config if k in old})
+    if "augment" in before:
+        before["augment"] = _current_names(before["augment"])
     changed = _settings_changed(before, config) if old else {}
     blocking = {k: v for k, v in changed.items() if k not in RERUN_FREE}
     if blocking and rerun == "error":
@@ -390,7 +379,8 @@ def _write_atomically(path, write):
 
 
 def train(config, output, export=True, verbose=2, extra_callbacks=(), rerun="error"):
-    """Runs `config` (from `build_config`) and writes the artefacts to `output`.
+    """Runs `config` (a `RunConfig` from `build_config`, or a mapping of its
+    fields) and writes the artefacts to `output`.
 
     A rerun into an `output` holding a backup continues that run (said in
     one line) when its settings are the run's; with other settings (other
@@ -407,9 +397,10 @@ def train(config, output, export=True, verbose=2, extra_callbacks=(), rerun="err
     runs this with the same arguments: each trains on its shard of the data,
     the backup is kept as `kr.backup.StepBackup` says (so a killed cluster
     resumes), and only process 0 writes the other artefacts.
-    `config["data_shards"]` set in a single process reproduces the global
+    `config.data_shards` set in a single process reproduces the global
     batches of a cluster of that many processes on one machine.
     """
+    config = RunConfig.of(config)
     with kr_backup.signals_noted():
         return _train(config, output, export, verbose, extra_callbacks, rerun)
 
@@ -420,23 +411,24 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     index, count = kr_distribution.process_index(), kr_distribution.process_count()
     chief = index == 0
     launch, launches, old = _launch(config, output, (index, count), rerun)
-    shards = int(config.get("data_shards") or count)
+    shards = int(config.data_shards or count)
     if count > 1 and shards != count:
         raise ValueError(f"data_shards={shards} in a cluster of {count} processes: leave it "
                          "unset (each process reads its own shard).")
-    shards, mine = _data_layout(output, shards, index, count, config.get("data_shards"))
+    shards, mine = kr_backup.data_layout(os.path.join(output, "backup"), shards, index, count,
+                                         config.data_shards)
     def load_data(image_size=None, preprocessing=None, pipelines=True):
         return kr_data.load(
-            config["dataset"],
-            config["batch_size"],
+            config.dataset,
+            config.batch_size,
             image_size=image_size,
-            data_dir=config["data_dir"],
-            augment=kr_data.Augment(**config["augment"]),
-            seed=config["seed"],
+            data_dir=config.data_dir,
+            augment=kr_data.Augment(**config.augment),
+            seed=config.seed,
             process_index=mine,
             process_count=shards,
             preprocessing=preprocessing,
-            val_fraction=config.get("val_fraction", VAL_FRACTION),
+            val_fraction=config.val_fraction,
             **({} if pipelines else dict(train_split=False, val_split=False)),
         )
 
@@ -454,30 +446,31 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     tf.random.set_seed(TF_PIPELINE_SEED)
     kr_backup.stop_if_noted("as the run began", (index, count))
     engine = Engine()
-    if config.get("init"):
+    if config.init:
         classes = load_data(pipelines=False)
-        keras.utils.set_random_seed(config["seed"])  # what a checkpoint lacks is drawn
+        keras.utils.set_random_seed(config.seed)  # what a checkpoint lacks is drawn
         with engine.scope():  # TensorFlow clusters: variables, optimizer and metrics
             model, model_cfg = _checkpoint(config, classes)
         d = load_data(model.image_size, model.preprocessing)
-        keras.utils.set_random_seed(config["seed"])  # LoRA's factors: the same draws
+        keras.utils.set_random_seed(config.seed)  # LoRA's factors: the same draws
         with engine.scope():
             _set_trainable(model, config, chief)
     else:
-        d = load_data(config["image_size"] or 224)
-        keras.utils.set_random_seed(config["seed"])
-        model_cfg = dict(config["model"], num_classes=d.num_classes,
-                         image_size=config["image_size"], label_names=d.label_names)
+        d = load_data(config.image_size or 224)
+        keras.utils.set_random_seed(config.seed)
+        model_cfg = dict(config.model, num_classes=d.num_classes,
+                         image_size=config.image_size, label_names=d.label_names)
         with engine.scope():
             model = ViT(**model_cfg)
     with engine.scope():
         folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
         if launch["resumed"]:
             launch["changed"].update(_check_same_data(old, d, folder, output, rerun))
-        full = dict(config, model=model_cfg, num_classes=d.num_classes,
+        settings = config.to_dict()
+        full = dict(settings, model=model_cfg, num_classes=d.num_classes,
                     label_names=d.label_names, backend=engine.backend,
                     steps_per_epoch=d.steps_per_epoch, processes=count,
-                    distribution=kr_distribution.describe(), settings=_json(config),
+                    distribution=kr_distribution.describe(), settings=settings,
                     launches=launches + [launch])
         if chief:
             with open(os.path.join(output, "config.json"), "w") as f:
@@ -485,28 +478,30 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             if folder is not None:  # what `eval` must hold out
                 with open(os.path.join(output, image_folder.SPLIT_FILE), "w") as f:
                     json.dump(folder.split_record(), f)
-        recipe = recipes.get(config["recipe"], model_cfg.get("variant"))
-        accum = int(config.get("accum_steps") or 1)
-        recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config["batch_size"],
-                        epochs=config["epochs"], lr=config.get("lr"),
-                        layer_decay=config.get("layer_decay"), accum_steps=accum,
-                        ema=config.get("ema"))
+        recipe = config.resolved_recipe  # build_config's; else (a dict, a changed name) anew
+        if recipe is None or recipe.name != config.recipe:
+            recipe = recipes.get(config.recipe, model_cfg.get("variant"))
+            flags.apply(recipe, config.recipe_overrides)
+        accum = int(config.accum_steps or 1)
+        recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config.batch_size,
+                        epochs=config.epochs, lr=config.lr, layer_decay=config.layer_decay,
+                        accum_steps=accum, ema=config.ema)
     kr_backup.stop_if_noted("once the data and the model were ready", (index, count))
     engine.all_reduce_gradients(model)  # torch clusters: DistributedDataParallel
     # TensorFlow clusters: each worker's own shard (no re-batching, no auto-sharding)
     _, val_data = engine.distribute(model, d.train, d.val)
-    every = config.get("checkpoint_every")
+    every = config.checkpoint_every
     callbacks = kr_callbacks.default(output, process=(index, count),
                                      every=every * accum if every else None,
-                                     keep=config.get("keep_checkpoints", KEEP_CHECKPOINTS),
+                                     keep=config.keep_checkpoints,
                                      info=dict(data_shards=shards))
     backup = callbacks.pop()  # kr_backup.fit places it last
-    if config.get("ema") and d.val is not None:  # first: its logs reach TensorBoard, history
+    if config.ema and d.val is not None:  # first: its logs reach TensorBoard, history
         callbacks.insert(0, kr_callbacks.EMAEvaluation(val_data))
     # One iterator for the whole run, one new pass per epoch; a resumed run
     # continues the data stream at the step it saved.
     with image_folder.naming_unreadable(folder):
-        kr_backup.fit(model, split_batches(d.train, accum), config["epochs"], backup,
+        kr_backup.fit(model, split_batches(d.train, accum), config.epochs, backup,
                       validation_data=val_data, callbacks=callbacks + list(extra_callbacks),
                       steps_per_epoch=d.steps_per_epoch * accum,
                       verbose=verbose if chief else 0,
@@ -522,13 +517,13 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                     if d.val is not None else {})
 
         final, trained = score(), {}
-        if config.get("ema"):  # the EMA is the model the run saves and exports
+        if config.ema:  # the EMA is the model the run saves and exports
             trained = final
             recipes.swap_ema(model)
             final = score()
             if chief:
                 print(f"keras_reluvit: model.keras and the export hold the weights' EMA "
-                      f"(decay {config['ema']}); metrics.json's final is its, "
+                      f"(decay {config.ema}); metrics.json's final is its, "
                       "final_trained the trained weights'.", flush=True)
         metrics = dict(
             final={k: float(v) for k, v in final.items()},
@@ -558,23 +553,22 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
 
 
 def _checkpoint(config, d):
-    """The run's model from `config["init"]`, with a new head for the classes
+    """The run's model from `config.init`, with a new head for the classes
     of `d` where they differ, and its config."""
     from keras_reluvit.checkpoints import load_checkpoint
 
-    model = load_checkpoint(config["init"], num_classes=d.num_classes,
-                            image_size=config["image_size"],
-                            **dict(config["model"], label_names=d.label_names))
+    model = load_checkpoint(config.init, num_classes=d.num_classes,
+                            image_size=config.image_size,
+                            **dict(config.model, label_names=d.label_names))
     return model, {k: v for k, v in model.get_config().items() if k not in ("name", "trainable")}
 
 
 def _set_trainable(model, config, chief):
     from keras_reluvit.training import finetune
 
-    finetune.set_trainable(model, config.get("trainable", TRAINABLE_DEFAULT),
-                           config.get("lora_rank", LORA_RANK))
+    finetune.set_trainable(model, config.trainable, config.lora_rank)
     if chief:
-        print(f"keras_reluvit: fine-tuning {config.get('trainable', TRAINABLE_DEFAULT)}: "
+        print(f"keras_reluvit: fine-tuning {config.trainable}: "
               f"{finetune.describe_trainable(model)}.", flush=True)
 
 

@@ -1,8 +1,9 @@
-"""A training run's settings, typed, each default written once.
+"""A training run's settings and configuration, typed, each default written once.
 
 `RunSettings` is what `keras-reluvit train` and `kr.train.build_config`
-take; `build_config` resolves it (with the recipe, once) into the run's
-config. The defaults that other parts repeat -- a folder's held-out share,
+take (None: the recipe's value); `build_config` resolves it with the recipe,
+once, into the run's `RunConfig`: every value decided, what `kr.train.train`
+reads and `config.json` records (`settings`). The defaults that other parts repeat -- a folder's held-out share,
 the LoRA rank, the backups kept, the recipe, what a fine-tune trains -- are
 written once in `keras_reluvit/_defaults.py` (the lowest floor: the data
 package and the command line's `--help` read them without importing
@@ -11,6 +12,7 @@ imports it (the CLI's options, `ImageFolder`, `data.load`,
 `finetune.set_trainable`, `eval` of an older run).
 """
 
+import collections.abc
 import dataclasses
 
 from keras_reluvit._defaults import KEEP_CHECKPOINTS
@@ -18,6 +20,38 @@ from keras_reluvit._defaults import LORA_RANK
 from keras_reluvit._defaults import RECIPE
 from keras_reluvit._defaults import TRAINABLE_DEFAULT
 from keras_reluvit._defaults import VAL_FRACTION
+
+
+class FieldMapping(collections.abc.MutableMapping):
+    """A dataclass that is also a mapping of its fields (`obj["lr"]`,
+    `dict(obj)`, `obj.get("ema")`): a key that is not a field is an error,
+    fields cannot be removed. Recipes and run configs were dicts; their
+    readers keep working."""
+
+    @classmethod
+    def fields(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def __getitem__(self, key):
+        if key not in self.fields():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key, value):
+        if key not in self.fields():
+            raise KeyError(f"{key!r} is not a {type(self).__name__} field; the fields: "
+                           f"{', '.join(self.fields())}.")
+        setattr(self, key, value)
+
+    def __delitem__(self, key):
+        raise TypeError(f"A {type(self).__name__}'s fields cannot be removed; set one to its "
+                        "default instead.")
+
+    def __iter__(self):
+        return iter(self.fields())
+
+    def __len__(self):
+        return len(self.fields())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +81,71 @@ class RunSettings:
     ema: float = None  # timm's EMA of the weights, its decay; None: the recipe's (off); 0: off
     aug_repeats: int = None  # DeiT's repeated augmentation; None: the recipe's; 1: off
     auto_augment: str = None  # timm's --aa name; None: the recipe's; "none": off
+    # Recipe fields set ({field: value}, e.g. {"grad_clip": 0.5, "augment.erase": 0.1}):
+    # keras_reluvit.training.flags (the command line's, timm's names included).
+    recipe_overrides: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def fields(cls):
         return [f.name for f in dataclasses.fields(cls)]
+
+
+@dataclasses.dataclass(eq=False)
+class RunConfig(FieldMapping):
+    """One run's configuration, every value decided: `kr.train.build_config`
+    resolves a `RunSettings` with its recipe (once) into it, `kr.train.train`
+    reads it, `config.json` records it (`settings`, `RunConfig.to_dict`).
+    The same names as `RunSettings` (and the recipe's fields), plus `model`
+    (the model's config before the data set's classes) and `augment`
+    (`kr.data.Augment`'s keywords). Also a mapping, as it was a dict
+    (`config["model"].update(width=32)`)."""
+
+    recipe: str = RECIPE
+    dataset: str = None
+    data_dir: str = None
+    init: str = None  # the checkpoint the run starts from
+    epochs: int = None
+    batch_size: int = None
+    image_size: int = None  # None: the checkpoint's
+    augment: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    data_shards: int = None  # None: one per process
+    trainable: str = TRAINABLE_DEFAULT
+    lora_rank: int = LORA_RANK
+    layer_decay: float = None  # None: the recipe's
+    lr: float = None  # None: the recipe's
+    val_fraction: float = VAL_FRACTION
+    checkpoint_every: int = None  # updates between backups; None: each epoch's end only
+    keep_checkpoints: int = KEEP_CHECKPOINTS
+    accum_steps: int = 1
+    ema: float = None  # None: off
+    recipe_overrides: dict = dataclasses.field(default_factory=dict)  # applied to the recipe
+    model: dict = dataclasses.field(default_factory=dict)
+    # The recipe as resolved by build_config (not a setting: rebuilt from `recipe`).
+    resolved_recipe: object = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def fields(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.name != "resolved_recipe"]
+
+    @classmethod
+    def of(cls, config):
+        """`config` as a RunConfig: itself, or a mapping (a config.json's
+        `settings`, a dict of an earlier version) whose keys must be fields."""
+        if isinstance(config, cls):
+            return config
+        unknown = sorted(set(config) - set(cls.fields()))
+        if unknown:
+            raise ValueError(f"Not run settings: {', '.join(unknown)}; a run config holds "
+                             f"{', '.join(cls.fields())} (kr.train.build_config makes one).")
+        return cls(**config)
+
+    def to_dict(self):
+        """A JSON-able dict of the fields (tuples as lists)."""
+        import json
+
+        return json.loads(json.dumps({k: getattr(self, k) for k in self.fields()},
+                                     default=list))
 
 
 def check_every(every, name="every"):

@@ -126,7 +126,9 @@ def test_cli_train_with_a_mesh_on_eight_jax_devices(tmp_path, digits_built):
     env = subprocess_env("jax")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     code = ("import sys; from keras_reluvit import cli; sys.exit(cli.main(sys.argv[1:]))")
+    # batch 256: 5 steps (the 2-D mesh's layout and the run's artefacts, not its training)
     proc = subprocess.run([sys.executable, "-c", code, "train", "--epochs", "1", "--no-export",
+                           "--batch-size", "256",
                            "--mesh", "batch=2,model=4", "--sharding", "fsdp", "--quiet",
                            "--data-dir", str(digits_built), "--output", str(tmp_path / "run")],
                           env=env, capture_output=True, text=True, timeout=900)

@@ -5,7 +5,8 @@ in a directory holding what the blocks name:
 - `my_images/`: a folder of real photographs (scikit-image's, 3 classes,
   `train/` + `val/`), as `kr.image_folder.sample_folder` writes it;
 - `vit_s16.safetensors` and `vit_small_patch16_224.augreg_in21k_ft_in1k.safetensors`:
-  small softmax checkpoints of 10 classes at 224 px in timm's format;
+  small softmax checkpoints of 10 classes in timm's format (64 px: the commands
+  fine-tune at the checkpoint's resolution; 224 px: the Python blocks ask for it);
 - `TFDS_DATA_DIR`: an ImageNet generated through the real tfds builder.
 
 The only text changed is listed in `SIZES` (an ImageNet-scale training
@@ -82,15 +83,15 @@ def sized(command):
     return command
 
 
-def checkpoint(path, rng):
-    """A small softmax ViT-S/16 of 10 classes at 224 px (one block), its
+def checkpoint(path, rng, image_size):
+    """A small softmax ViT-S/16 of 10 classes (one block) at `image_size`, its
     weights perturbed (a zero head would give zero logits), in timm's format."""
     import keras
 
     import keras_reluvit as kr
 
     model = kr.ViT("S/16", depth=1, mlp_dim=64, num_classes=10, pool="tok", qk_norm=False,
-                   mlp_activation="gelu", attention="softmax")
+                   mlp_activation="gelu", attention="softmax", image_size=image_size)
     for v in model.weights:
         v.assign(keras.ops.convert_to_numpy(v) + rng.normal(0, 0.02, v.shape).astype("float32"))
     kr.export.timm_state_dict(model, path)
@@ -103,8 +104,12 @@ def workdir(tmp_path_factory, imagenet_dir):
     tmp = tmp_path_factory.mktemp("reader")
     kr.image_folder.sample_folder(str(tmp / "my_images"), split=True)
     rng = np.random.default_rng(0)
-    for name in ("vit_s16.safetensors", "vit_small_patch16_224.augreg_in21k_ft_in1k.safetensors"):
-        checkpoint(str(tmp / name), rng)
+    # The commands fine-tune at the checkpoint's resolution (bv_transfer's image_size
+    # None): vit_s16 at 64 px, 4x4 patches, where 224 px took ~30 s a command more; the
+    # Python blocks ask for 224 and load the _224 checkpoint.
+    for name, size in (("vit_s16.safetensors", 64),
+                       ("vit_small_patch16_224.augreg_in21k_ft_in1k.safetensors", 224)):
+        checkpoint(str(tmp / name), rng, size)
     os.symlink(os.path.join(ROOT, "examples"), tmp / "examples")
     env = subprocess_env("jax")
     env["TFDS_DATA_DIR"] = str(imagenet_dir)

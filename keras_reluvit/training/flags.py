@@ -1,0 +1,232 @@
+"""The recipe's fields a run changes from the command line, under our names
+and under timm's (`train.py`) and DeiT's (`main.py`), for users who know those.
+
+Each `Flag` sets one recipe field (`grad_clip`, `augment.erase`,
+`augment.timm_mix.mixup_alpha`, ...). `keras-reluvit train` adds them all
+(`add_to`), turns the ones given into `RunSettings.recipe_overrides`
+(`overrides`: field -> value) and `kr.train.build_config` applies those to
+the recipe it resolves (`apply`), saying each in one line; `config.json`
+records them (the run's `recipe_overrides`). docs/training.md's alias table
+is `table()`. Flags whose meaning is the same as an option we already have
+(`--model-ema-decay` for `--ema`, `--input-size` for `--image-size`, ...)
+are aliases there (`RUN_ALIASES`). Light: `--help` imports no Keras.
+"""
+
+import copy
+import dataclasses
+
+# timm's Mixup as train.py builds it when a run turns it on (its argument defaults):
+# what a recipe without timm_mix starts from when a flag sets one of its fields.
+TIMM_MIX_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, prob=1.0, switch_prob=0.5,
+                         mode="batch", label_smoothing=0.1)
+OPTIMIZERS = {"adamw": "adamw", "sgd": "sgd", "momentum": "sgd", "lamb": "lamb",
+              "fusedlamb": "lamb"}  # timm's --opt names -> the recipe's optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One command-line flag for a recipe field: `ours` (None: only timm's
+    or DeiT's names exist, their meaning differs from any of ours), `theirs`
+    (timm's / DeiT's spellings), the `field` it sets (`"smoothing"`,
+    `"weight_decay"`: timm's meanings, turned into our fields by `apply`),
+    `type` (None: a switch setting `const`), `help`, and `only`: the values
+    accepted where we compute one of timm's choices only."""
+
+    ours: str
+    theirs: tuple
+    field: str
+    type: object
+    help: str
+    const: object = None
+    choices: tuple = None
+    only: tuple = None
+    sets: str = None  # what it sets, for the table (default: the field)
+
+    @property
+    def dest(self):
+        return "recipe_" + (self.ours or self.theirs[0]).lstrip("-").replace("-", "_").lower()
+
+
+FLAGS = (
+    Flag("--optimizer", ("--opt",), "optimizer", str, "the optimizer: adamw, sgd (with "
+         "momentum), lamb (timm's / apex's; timm's names momentum and fusedlamb too)",
+         choices=tuple(OPTIMIZERS)),
+    Flag("--opt-eps", ("--opt-eps",), "opt_eps", float, "AdamW's / LAMB's epsilon (timm's and DeiT's "
+         "--opt-eps; the recipes' 1e-8)"),
+    Flag("--grad-clip", ("--clip-grad",), "grad_clip", float, "clip the gradient's global "
+         "norm (timm's --clip-grad with its default --clip-mode norm)"),
+    Flag("--wd", (), "wd", float, "decoupled weight decay: each update subtracts wd x the "
+         "kernel (big_vision's wd)"),
+    Flag(None, ("--weight-decay",), "weight_decay", float, "timm's / PyTorch's weight decay, "
+         "multiplied by the learning rate: the recipe's wd = this x its lr",
+         sets="`wd` = this x the recipe's `lr` (PyTorch's decay, times the lr)"),
+    Flag("--warmup-epochs", ("--warmup-epochs",), "warmup_epochs", float,
+         "linear warmup, in epochs"),
+    Flag("--loss", (), "loss", str, "softmax_xent, sigmoid_xent or bce (DeiT III's)",
+         choices=("softmax_xent", "sigmoid_xent", "bce")),
+    Flag(None, ("--bce-loss",), "loss", None, "DeiT III's binary cross-entropy (--loss bce)",
+         const="bce"),
+    Flag("--label-smoothing", ("--smoothing",), "smoothing", float, "label smoothing: in "
+         "timm's MixUp / CutMix when the recipe mixes with it, else in the loss (timm's "
+         "--smoothing)", sets="`augment.timm_mix.label_smoothing` where the recipe mixes "
+         "with timm's MixUp, else `label_smoothing`"),
+    Flag("--mixup-alpha", ("--mixup",), "augment.timm_mix.mixup_alpha", float,
+         "timm's MixUp: its Beta(alpha, alpha); 0: off"),
+    Flag("--cutmix-alpha", ("--cutmix",), "augment.timm_mix.cutmix_alpha", float,
+         "timm's CutMix: its Beta(alpha, alpha); 0: off"),
+    Flag("--mix-prob", ("--mixup-prob",), "augment.timm_mix.prob", float,
+         "probability that a batch (or image) is mixed"),
+    Flag("--switch-prob", ("--mixup-switch-prob",), "augment.timm_mix.switch_prob", float,
+         "with both on: the probability of CutMix"),
+    Flag("--mix-mode", ("--mixup-mode",), "augment.timm_mix.mode", str,
+         "batch, pair or elem: what one draw mixes", choices=("batch", "pair", "elem")),
+    Flag("--erase", ("--reprob",), "augment.erase", float, "random erasing's probability "
+         "(per-pixel noise: timm's --remode pixel, one box: --recount 1)"),
+    Flag(None, ("--remode",), "augment.erase", str, "random erasing's fill: pixel only "
+         "(per-pixel normal noise)", only=("pixel",)),
+    Flag(None, ("--recount",), "augment.erase", int, "boxes per erased image: 1 only",
+         only=(1,)),
+    Flag("--crop", (), "augment.crop", str, "inception (random area and aspect, timm's "
+         "RandomResizedCrop) or simple (DeiT III's --src)", choices=("inception", "simple")),
+    Flag(None, ("--src",), "augment.crop", None, "DeiT III's simple random crop "
+         "(--crop simple)", const="simple"),
+    Flag("--color-jitter", ("--color-jitter",), "augment.color_jitter", float, "colour jitter after DeiT "
+         "III's 3-Augment (torchvision's ColorJitter(j, j, j))"),
+    Flag("--three-augment", ("--ThreeAugment",), "augment.three_augment", None,
+         "DeiT III's 3-Augment: one of grayscale, solarize, blur per image", const=True),
+    Flag(None, ("--train-interpolation",), "augment.interpolation", str,
+         "the crop's resizing: bilinear only (DeiT's bicubic is not implemented)",
+         only=("bilinear",)),
+)
+# timm's / DeiT's names for options `keras-reluvit train` has under another name
+# (same meaning): theirs -> ours.
+RUN_ALIASES = {"--model-ema-decay": "--ema", "--input-size": "--image-size",
+               "--aa": "--auto-augment"}
+# timm's / DeiT's flags that `keras-reluvit train` has under the same name: theirs -> a
+# note where the meaning differs.
+SAME_NAMES = {
+    "--epochs": "", "--drop-path": "", "--aug-repeats": "", "--layer-decay": "", "--seed": "",
+    "--lr": "the peak lr as given; DeiT's main.py scales its --lr by batch / 512 first: "
+            "pass that product (DeiT-S: 5e-4 x 1024 / 512 = 1e-3)",
+    "--batch-size": "the global batch; timm's and DeiT's is per process (DeiT: 8 x 256 = "
+                    "2048)",
+}
+
+
+def add_to(parser):
+    """Adds every flag (ours and timm's spellings) to an argparse parser."""
+    group = parser.add_argument_group(
+        "recipe fields", "each overrides the recipe's field (said in one line); timm's and "
+        "DeiT's names are accepted (docs/training.md: the alias table)")
+    for flag in FLAGS:
+        names = list(dict.fromkeys(n for n in (flag.ours, *flag.theirs) if n))
+        kwargs = dict(dest=flag.dest, help=flag.help)
+        if flag.type is None:
+            kwargs.update(action="store_const", const=flag.const)
+        else:
+            kwargs.update(type=flag.type, choices=flag.choices or flag.only)
+        group.add_argument(*names, **kwargs)
+
+
+def overrides(args):
+    """{field: value} of the flags given in parsed `args` (a Namespace)."""
+    out = {}
+    for flag in FLAGS:
+        value = getattr(args, flag.dest, None)
+        if value is None or flag.only:  # `only`: timm's choice we compute anyway
+            continue
+        if flag.field in out and out[flag.field] != value:
+            raise ValueError(f"{flag.ours or flag.theirs[0]} {value!r} and another flag set "
+                             f"the recipe's {flag.field} to {out[flag.field]!r}.")
+        out[flag.field] = value
+    return out
+
+
+def _get(recipe, path):
+    node = recipe
+    for key in path.split("."):
+        node = None if node is None else node.get(key)
+    return node
+
+
+def _set(recipe, path, value):
+    *parents, last = path.split(".")
+    node = recipe
+    for key in parents:
+        if node.get(key) is None:
+            node[key] = {}
+        node = node[key]
+    node[last] = value
+
+
+def _current(recipe, path):
+    """The value `path` has in `recipe`: its own, or the default that applies
+    where the recipe leaves it out (Augment's, timm_mix's)."""
+    value = _get(recipe, path)
+    if value is not None or not path.startswith("augment."):
+        return value
+    import inspect
+
+    from keras_reluvit.data import Augment
+    from keras_reluvit.data.timm_augment import timm_mix
+
+    key = path.split(".")[-1]
+    if path.startswith("augment.timm_mix."):
+        return inspect.signature(timm_mix).parameters[key].default
+    return getattr(Augment(), key, None)
+
+
+def apply(recipe, fields):
+    """`recipe` (a `Recipe`, changed in place) with `fields` ({field: value},
+    as `overrides` gives) set; returns one line per field saying what it
+    changed. timm's meanings: `weight_decay` (PyTorch's, x lr) sets `wd`,
+    `smoothing` the MixUp's smoothing where the recipe mixes with timm's,
+    else the loss's; a timm_mix field on a recipe without one starts from
+    timm's defaults (and replaces big_vision's `mixup`)."""
+    lines = []
+    for field, value in fields.items():
+        was_name = field
+        if field == "optimizer":
+            if value not in OPTIMIZERS:
+                raise ValueError(f"Unknown optimizer {value!r}; valid: {', '.join(OPTIMIZERS)}.")
+            value = OPTIMIZERS[value]
+        elif field == "weight_decay":
+            field, value = "wd", round(float(value) * recipe["lr"], 15)
+        elif field == "smoothing":
+            mix = (recipe.get("augment") or {}).get("timm_mix")
+            field = "augment.timm_mix.label_smoothing" if mix is not None else "label_smoothing"
+        elif field == "warmup_epochs" and recipe.get("warmup_steps") is not None:
+            lines.append(f"the recipe's warmup_steps {recipe['warmup_steps']} -> None")
+            recipe["warmup_steps"] = None
+        if field == "loss":
+            from keras_reluvit.training.losses import check_loss
+
+            check_loss(value)
+        if field.startswith("augment.timm_mix.") and _get(recipe, "augment.timm_mix") is None:
+            augment = recipe["augment"] = copy.deepcopy(dict(recipe.get("augment") or {}))
+            augment["timm_mix"] = dict(TIMM_MIX_DEFAULTS)
+            replaced = " (replacing big_vision's mixup)" if augment.pop("mixup", 0) else ""
+            lines.append(f"timm's MixUp / CutMix from train.py's defaults "
+                         f"{TIMM_MIX_DEFAULTS}{replaced}")
+        before = _current(recipe, field)
+        _set(recipe, field, value)
+        named = "" if was_name == field else f" (timm's {was_name})"
+        lines.append(f"the recipe's {field} {before!r} -> {value!r}{named}")
+    return lines
+
+
+def table():
+    """The alias table of docs/training.md, as Markdown rows."""
+    rows = ["| timm / DeiT | `keras-reluvit train` | sets |", "|---|---|---|"]
+    for flag in FLAGS:
+        for theirs in flag.theirs:
+            ours = (f"`{flag.ours}`" if flag.ours and flag.ours != theirs else
+                    "the same" if flag.ours else "only theirs")
+            sets = ("accepted: " + ", ".join(f"`{v}`" for v in flag.only) + " (ours computes "
+                    "only this)" if flag.only else flag.sets or f"`{flag.field}`")
+            rows.append(f"| `{theirs}` | {ours} | {sets} |")
+    for theirs, ours in RUN_ALIASES.items():
+        rows.append(f"| `{theirs}` | `{ours}` | the run's setting |")
+    for theirs, note in SAME_NAMES.items():
+        rows.append(f"| `{theirs}` | the same | the run's setting{'; ' + note if note else ''} |")
+    return rows
