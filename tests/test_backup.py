@@ -251,7 +251,7 @@ def test_a_jax_run_resumed_on_fewer_processes_reads_its_data_shards_side_by_side
     for args, named in [((3, 0, 3, None), "this run has 3 processes"),
                         ((1, 0, 1, 1), "this run has data_shards=1")]:
         with pytest.raises(ValueError, match=r"a run of 2 data shards \(its data stream split "
-                                             r"in 2\); this run has " + named):
+                                             r"in 2\); " + named):
             B.data_layout(str(tmp_path / "backup"), *args)
     assert B.data_layout(str(tmp_path / "new"), 1, 0, 1, None) == (1, 0)  # nothing to resume
 

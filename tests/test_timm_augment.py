@@ -189,6 +189,14 @@ def test_the_pipeline_runs_timms_augmentation_by_name():
     changed = [not np.array_equal(a, b) for a, b in zip(np.concatenate(plain),
                                                         np.concatenate(timm))]
     assert 6 <= sum(changed) <= 16  # 3 in 4 expected
+    # Pillow's operations run on levels: the resized crop is made levels first (as
+    # Pillow's resize writes them), so every image is levels, changed or not; the
+    # plain pipeline keeps the resize's fractions (normalised to [-1, 1] here).
+    def fractions(batches):
+        levels = (np.concatenate(batches).astype(np.float64) + 1.0) * 127.5
+        return np.abs(levels - np.round(levels)).max()
+
+    assert fractions(timm) < 1e-3 and fractions(plain) > 0.1
     with pytest.raises(ValueError, match="Unknown RandAugment section 'x9'"):
         pipeline(ds, 4, 16, 8, True, D.Augment(auto_augment="rand-x9"))
     with pytest.raises(ValueError, match="randaug .* and auto_augment .* both on"):

@@ -57,6 +57,10 @@ import numpy as np
 
 from keras_reluvit.data.pipeline import skip_passes
 from keras_reluvit.training import signals as noted_signals
+from keras_reluvit.training.backup_state import load_state
+from keras_reluvit.training.backup_state import metric_states
+from keras_reluvit.training.backup_state import orbax_v1
+from keras_reluvit.training.backup_state import state_lists
 from keras_reluvit.training.settings import KEEP_CHECKPOINTS
 from keras_reluvit.training.settings import check_every
 from keras_reluvit.training.signals import Preempted
@@ -68,7 +72,7 @@ from keras_reluvit.training.signals import stop_if_noted  # noqa: F401
 STEP_DIR = re.compile(r"^step_(\d+)$")
 RECORD = "record.json"
 WEIGHTS = "state.weights.h5"
-STATE = "state"  # JAX: an Orbax checkpoint (`_state`)
+STATE = "state"  # JAX: an Orbax checkpoint (`state_lists`)
 METRICS = "metrics.npz"
 LEGACY_RECORD, LEGACY_WEIGHTS = "training_metadata.json", "latest.weights.h5"  # 0.1
 
@@ -308,15 +312,15 @@ class StepBackup(keras.callbacks.Callback):
             os.makedirs(tmp)
         if self.sharded:
             self._barrier("made")
-            ocp = _orbax()  # every process writes the shards it holds (a collective)
-            state = {"pytree": _state(self.model, lambda v: v.value)}
+            ocp = orbax_v1()  # every process writes the shards it holds (a collective)
+            state = {"pytree": state_lists(self.model, lambda v: v.value)}
             if self.done and self.model.metrics_variables:  # an epoch in progress
-                state["running_means"] = _state(self.model, lambda v: v.value, metrics=True)
+                state["running_means"] = state_lists(self.model, lambda v: v.value, metrics=True)
             ocp.save_checkpointables(os.path.abspath(os.path.join(tmp, STATE)), state)
         else:
             with chief_writes(self.model):  # a TF / torch cluster: local full copies
                 self.model.save_weights(os.path.join(tmp, WEIGHTS))
-            metrics = _metric_states(self.model) if self.done else []
+            metrics = metric_states(self.model) if self.done else []
             if metrics is not None:
                 np.savez(os.path.join(tmp, METRICS), *metrics)
         if writer:
@@ -357,7 +361,7 @@ class StepBackup(keras.callbacks.Callback):
             print(f"keras_reluvit: resumed a keras-reluvit 0.1 backup in {self.directory} at "
                   f"epoch {record['epoch'] + 1}; the history before it is not in it.", flush=True)
         elif os.path.isdir(os.path.join(record["path"], STATE)):
-            self._metrics = _load_state(model, os.path.join(record["path"], STATE),
+            self._metrics = load_state(model, os.path.join(record["path"], STATE),
                                         metrics=bool(record["done"]))
         else:
             model.load_weights(os.path.join(record["path"], WEIGHTS))
@@ -411,59 +415,6 @@ class StepBackup(keras.callbacks.Callback):
         for s, handler in self._handlers.items():
             signal.signal(s, signal.SIG_IGN if late else handler)
         self._handlers = {}
-
-
-def _orbax():
-    try:
-        import orbax.checkpoint
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(
-            "The backups of JAX runs are Orbax checkpoints: pip install orbax-checkpoint "
-            "(keras-reluvit[jax] installs it).", name="orbax") from e
-    return orbax.checkpoint.v1
-
-
-def _state(model, leaf, metrics=False):
-    """The model's state as lists in variable order, as `save_weights` keeps
-    it (Keras' own state tree is keyed by names that carry a counter per
-    process: `adam_w_2`); `metrics`: the metric states alone."""
-    if metrics:
-        return [leaf(v) for v in model.metrics_variables]
-    optimizer = model.optimizer.variables if model.optimizer is not None else []
-    return {"variables": [leaf(v) for v in model.variables],
-            "optimizer": [leaf(v) for v in optimizer]}
-
-
-def _load_state(model, path, metrics=False):
-    """Loads the Orbax checkpoint `path` into `model`, each array placed as
-    the model's own variable is (its current mesh, devices and processes);
-    returns the metric states it holds (to assign as the resumed epoch
-    begins: Keras resets them then) when `metrics`, else None."""
-    import jax
-
-    ocp = _orbax()
-
-    def abstract(v):
-        return jax.ShapeDtypeStruct(tuple(v.shape), v.value.dtype, sharding=v.value.sharding)
-
-    target = {"pytree": _state(model, abstract)}
-    if metrics and model.metrics_variables:
-        target["running_means"] = _state(model, abstract, metrics=True)
-    try:
-        state = ocp.load_checkpointables(os.path.abspath(path), target)
-    except (ValueError, KeyError, TypeError) as e:
-        cause = e
-        while cause.__cause__ or cause.__context__:
-            cause = cause.__cause__ or cause.__context__
-        counts = {k: len(v) for k, v in target["pytree"].items()}
-        counts["metrics"] = len(model.metrics_variables)
-        raise ValueError(f"The backup {path} does not fit this model, whose state holds "
-                         f"{counts} arrays (another architecture, optimizer or metrics?): "
-                         f"{str(cause)[:400]}") from e
-    for k, variables in _state(model, lambda v: v).items():
-        for v, value in zip(variables, state["pytree"][k]):
-            v.assign(value)
-    return state.get("running_means") if metrics else None
 
 
 def backup_folder(root, process):
@@ -535,18 +486,6 @@ def data_layout(root, shards, index, count, asked):
     per = shards // count
     mine = list(range(index * per, (index + 1) * per))
     return shards, (mine[0] if per == 1 else mine)
-
-
-def _metric_states(model):
-    """The values of the model's metric states (the running means of the
-    epoch in progress) for a TensorFlow or torch backup, or None where they
-    are spread over a TensorFlow strategy's workers: not saved there. (JAX
-    keeps them in its Orbax checkpoint.)"""
-    from keras_reluvit import distribution as kr_distribution
-
-    if keras.backend.backend() == "tensorflow" and kr_distribution.tf_strategy() is not None:
-        return None
-    return [keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables]
 
 
 def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
