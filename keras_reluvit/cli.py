@@ -134,7 +134,7 @@ def _eval(args):
     val_fraction = (args.val_fraction if args.val_fraction is not None
                     else defaults.get("val_fraction", VAL_FRACTION))
     data_dir = args.data_dir or defaults.get("data_dir")
-    recipe = args.recipe or run.get("recipe") or RECIPE
+    recipe = args.recipe or runs.run_recipe(run) or RECIPE  # its loss, overrides included
     model = _load_any(source)
     _prepared(dataset, data_dir, args.manual_dir)
     d = kr_data.load(dataset, args.batch_size, image_size=model.image_size,
@@ -260,7 +260,7 @@ def _export(args):
         with open(config) as f:
             run = json.load(f)
         label_names = run.get("label_names")
-        activation = recipes_probability(run.get("recipe"))
+        activation = recipes_probability(runs.run_recipe(run))
     if args.format == "onnx":
         print(kr_export.onnx(model, args.path))
         return
@@ -354,7 +354,9 @@ def parser():
     p.add_argument("--version", action="version", version=f"keras-reluvit {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train a ViT (default: the embedded digits data set)")
+    # No abbreviations: timm's --drop (dropout) must not become our --drop-path.
+    t = sub.add_parser("train", help="train a ViT (default: the embedded digits data set)",
+                       allow_abbrev=False)
     t.add_argument("--model", help="the ViT variant: S/16, B/32, ... or vit_s16, vit_b32, ... "
                    "(default: the recipe's)")
     t.add_argument("--attention", help="attention kind (see `attention`; default relu, or "
@@ -449,6 +451,8 @@ def parser():
                    help="DeiT's repeated augmentation: each epoch a new random 1/N of the "
                    "images, each N times with its own draws, in as many steps (DeiT: 3; default "
                    "the recipe's; 1: off)")
+    t.add_argument("--no-model-ema", dest="ema", action="store_const", const=0.0,
+                   help="DeiT's: no EMA of the weights (--ema 0)")
     flags.add_to(t)
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
     t.add_argument("--quiet", action="store_true", help="one line per epoch")

@@ -254,6 +254,9 @@ def test_a_jax_run_resumed_on_fewer_processes_reads_its_data_shards_side_by_side
                                              r"in 2\); " + named):
             B.data_layout(str(tmp_path / "backup"), *args)
     assert B.data_layout(str(tmp_path / "new"), 1, 0, 1, None) == (1, 0)  # nothing to resume
+    (record / B.RECORD).write_text(json.dumps(dict(  # 4 shards resumed on 2 processes
+        epoch=1, done=4, step=15, history={}, step_loss=[], processes=4, data_shards=4)))
+    assert B.data_layout(str(tmp_path / "backup"), 2, 1, 2, None) == (4, [2, 3])
 
 
 def test_bad_backup_arguments_are_named():

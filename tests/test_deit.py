@@ -42,8 +42,12 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, digi
     assert r["augment"]["auto_augment"] == "rand-m9-mstd0.5-inc1"  # timm's, DeiT's --aa
     off = T.build_config(recipe="deit_s16_300ep", batch_size=8, aug_repeats=1)
     assert off["augment"]["aug_repeats"] == 1 and r["augment"]["aug_repeats"] == 3
-    with pytest.raises(ValueError, match=r"aug_repeats \(train --aug-repeats\) must be a whole number >= 1"):
-        T.build_config(recipe="deit_s16_300ep", batch_size=8, aug_repeats=0)
+    # timm's --aug-repeats 0 is off, as 1; below 0 an error naming the flag
+    assert T.build_config(recipe="deit_s16_300ep", batch_size=8,
+                          aug_repeats=0)["augment"]["aug_repeats"] == 1
+    with pytest.raises(ValueError, match=r"aug_repeats \(train --aug-repeats\) must be a "
+                                         r"whole number >= 1"):
+        T.build_config(recipe="deit_s16_300ep", batch_size=8, aug_repeats=-1)
     # timm's --aa: instead of the recipe's automatic augmentation, said where it replaces one
     aa = T.build_config(recipe="s16_i1k_90ep", batch_size=8, auto_augment="augmix-m3")
     assert aa["augment"]["auto_augment"] == "augmix-m3" and aa["augment"]["randaug"] is None

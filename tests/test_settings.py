@@ -162,7 +162,18 @@ def test_train_reads_the_resolved_recipe_and_records_the_run_config(tmp_path, di
 
     assert model.optimizer.epsilon == 0.125
     written = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert written["settings"] == config.to_dict()
+    assert set(written["settings"]) == set(settings.RunConfig.fields())
+    assert written["settings"]["augment"] == json.loads(json.dumps(config.augment))
+    assert written["settings"]["model"] == config.model
+    monkeypatch.undo()
+    # A mapping (config.json's settings): the recipe resolved anew, with its overrides.
+    saved = dict(written["settings"], recipe_overrides={"opt_eps": 0.25})
+    model, _ = T.train(saved, tmp_path / "from_dict", export=False, verbose=0)
+    assert model.optimizer.epsilon == 0.25
+    # overrides changed after build_config: an error, not the stale recipe
+    config.recipe_overrides["grad_clip"] = 0.3
+    with pytest.raises(ValueError, match="recipe_overrides changed after build_config"):
+        T.train(config, tmp_path / "stale", export=False, verbose=0)
 
 
 def parse_train(argv):
@@ -193,7 +204,7 @@ def test_timms_flag_names_set_the_recipe_fields_and_say_so(capsys):
     config = T.build_config(RunSettings(recipe="deit_s16_300ep", batch_size=8,
                                         auto_augment=args.aa, recipe_overrides=fields))
     said = [line for line in capsys.readouterr().out.splitlines() if "the recipe's" in line]
-    assert len(said) == len(fields) + 1, said  # and --aa's line
+    assert len(said) == len(fields) + 2, said  # and 3-Augment's and --aa's lines
     r, was = config.resolved_recipe, recipes.get("deit_s16_300ep")
     assert (r.optimizer, r.opt_eps, r.grad_clip, r.warmup_epochs) == ("sgd", 1e-7, 0.5, 2.0)
     assert r.wd == pytest.approx(0.02 * was.lr)  # PyTorch's decay: times the lr
@@ -207,13 +218,18 @@ def test_timms_flag_names_set_the_recipe_fields_and_say_so(capsys):
     for bad in ("--remode const", "--recount 2", "--train-interpolation bicubic", "--opt adam"):
         with pytest.raises(SystemExit):
             parse_train(bad.split())
-    # Without a timm MixUp in the recipe: --smoothing goes to the loss; a MixUp flag
-    # starts from timm's defaults and replaces big_vision's mixup, said.
+    # Without a timm MixUp in the recipe a MixUp flag starts one from timm's defaults,
+    # replacing big_vision's mixup (said), and --smoothing goes in it (timm's train.py);
+    # alone, --smoothing goes to the loss.
     c = T.build_config(RunSettings(recipe="s16_i1k_90ep", batch_size=8, recipe_overrides=flags
                                    .overrides(parse_train("--smoothing 0.1 --cutmix 1".split()))))
-    assert c.resolved_recipe.label_smoothing == 0.1 and "mixup" not in c.augment
-    assert c.augment["timm_mix"] == dict(flags.TIMM_MIX_DEFAULTS, cutmix_alpha=1.0)
+    assert c.resolved_recipe.label_smoothing == 0.0 and "mixup" not in c.augment
+    assert c.augment["timm_mix"] == dict(flags.TIMM_MIX_DEFAULTS, cutmix_alpha=1.0,
+                                         label_smoothing=0.1)
     assert "replacing big_vision's mixup" in capsys.readouterr().out
+    c = T.build_config(RunSettings(recipe="s16_i1k_90ep", batch_size=8,
+                                   recipe_overrides={"smoothing": 0.1}))
+    assert c.resolved_recipe.label_smoothing == 0.1 and "timm_mix" not in c.augment
     # The compiled optimizer is the overridden recipe's.
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     recipes.compile(model, config.resolved_recipe, steps_per_epoch=10, batch_size=8, epochs=1)
@@ -221,3 +237,69 @@ def test_timms_flag_names_set_the_recipe_fields_and_say_so(capsys):
     assert model.optimizer.global_clipnorm == 0.5
     docs = open(os.path.join(os.path.dirname(PKG), "docs", "training.md")).read()
     assert "\n".join(flags.table()) in docs, "docs/training.md's alias table is stale"
+
+
+def test_flag_meanings_and_refusals(capsys):
+    """timm's meanings whatever the order (--smoothing goes in the MixUp a
+    --mixup creates), timm's --opt names (sgd: Nesterov's, with the weight
+    decay), DeiT's --ThreeAugment replacing RandAugment and erasing, both
+    alphas 0 turning the MixUp off; refused: two names of one option with two
+    values, an abbreviation (--drop is timm's dropout), smoothing with the
+    sigmoid loss, an unknown field, a number out of range."""
+    import keras
+
+    from keras_reluvit import recipes
+    from keras_reluvit.training import flags
+
+    def built(recipe, argv):
+        args = parse_train(argv.split())
+        return T.build_config(RunSettings(recipe=recipe, batch_size=8,
+                                          recipe_overrides=flags.overrides(args)))
+
+    for argv in ("--mixup 0.8 --smoothing 0.0", "--smoothing 0.0 --mixup 0.8"):
+        c = built("digits", argv)
+        assert c.augment["timm_mix"]["label_smoothing"] == 0.0, argv
+        assert c.resolved_recipe.label_smoothing == 0.0, argv
+    for name, (kind, nesterov) in flags.OPTIMIZERS.items():
+        r = built("digits", f"--opt {name}").resolved_recipe
+        assert r.optimizer == kind and (nesterov is None or r.nesterov == nesterov), name
+    r = built("digits", "--opt sgd --weight-decay 0.05").resolved_recipe
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    recipes.compile(model, r, steps_per_epoch=10, batch_size=8, epochs=1)
+    assert model.optimizer.nesterov and model.optimizer.weight_decay == pytest.approx(0.05)
+    assert built("digits", "--bce-loss").resolved_recipe.loss == "bce"
+    c = built("deit_s16_300ep", "--ThreeAugment")
+    assert c.augment["three_augment"] and not c.augment.get("auto_augment")
+    assert not c.augment.get("erase") and "3-Augment replaces" in capsys.readouterr().out
+    assert "timm_mix" not in built("deit_s16_300ep", "--mixup 0 --cutmix 0").augment
+    with pytest.raises(SystemExit):
+        parse_train("--reprob 0.1 --erase 0.3".split())
+    assert "an earlier flag of the same option" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_train("--drop 0.1".split())
+    for argv, match in [("--loss sigmoid_xent --smoothing 0.1", "takes no label smoothing"),
+                        ("--clip-grad -1", "grad_clip must be a norm > 0"),
+                        ("--reprob 1.5", "augment.erase must be a probability"),
+                        ("--color-jitter 0.3", "Colour jitter with timm's auto-augment")]:
+        with pytest.raises(ValueError, match=match):
+            built("deit_s16_300ep" if "jitter" in argv else "digits", argv)
+    for fields, match in [({"augment.erasee": 0.1}, "Unknown recipe field 'augment.erasee'"),
+                          ({"augment.repeats": 1}, "Unknown recipe field 'augment.repeats'")]:
+        with pytest.raises(ValueError, match=match):
+            T.build_config(RunSettings(batch_size=8, recipe_overrides=fields))
+    with pytest.raises(ValueError, match="Neither run settings nor ViT arguments: grad_clip"):
+        T.build_config(batch_size=8, grad_clip=0.5)
+    assert T.build_config(batch_size=8, aug_repeats=0).augment["aug_repeats"] == 1  # timm's off
+
+
+def test_eval_and_export_read_the_runs_recipe_overrides():
+    """A run trained with --loss sigmoid_xent: `keras-reluvit eval` scores its
+    loss, the export its sigmoid (config.json's recipe_overrides)."""
+    from keras_reluvit import recipes
+    from keras_reluvit.training import runs
+
+    run = dict(recipe="digits", settings=dict(recipe_overrides={"loss": "sigmoid_xent"}))
+    assert runs.run_recipe(run).loss == "sigmoid_xent"
+    assert recipes.probability(runs.run_recipe(run)) == "sigmoid"
+    assert runs.run_recipe(dict(recipe="digits")).loss == "softmax_xent"
+    assert runs.run_recipe(dict(recipe="my_own")) == "my_own"

@@ -117,7 +117,8 @@ def test_color_jitter_draws_its_factors_uniformly_in_range(monkeypatch):
         assert f.min() >= 0.7 - 1e-6 and f.max() <= 1.3 + 1e-6
         assert stats.kstest(f, stats.uniform(0.7, 0.6).cdf).pvalue > 1e-3
         assert stats.kstest(f, stats.uniform(0.8, 0.4).cdf).pvalue < 1e-6  # jitter 0.2
-    assert abs(np.corrcoef(by_op[0], by_op[1])[0, 1]) < 0.15  # drawn apart
+    for a, b in ((0, 1), (0, 2), (1, 2)):  # drawn apart
+        assert abs(np.corrcoef(by_op[a], by_op[b])[0, 1]) < 0.15, (a, b)
 
 
 def test_the_pipeline_runs_deit3s_augmentation(tmp_path):
@@ -139,6 +140,13 @@ def test_the_pipeline_runs_deit3s_augmentation(tmp_path):
     flat = np.concatenate(first)
     gray = [np.allclose(im[..., 0], im[..., 1], atol=1e-4) for im in flat]
     assert 2 <= sum(gray) <= 16
+    # Pillow's operations run on levels, the 3-Augment's and the colour jitter's alone
+    # too: every image is levels (normalised to [-1, 1] here)
+    for only in (dict(three_augment=True), dict(color_jitter=0.3)):
+        one = D.Augment(crop="simple", flip=False, **only)
+        levels = (np.concatenate([np.asarray(x) for x, _ in pipeline(ds, 3, 16, 8, True, one,
+                                                                     seed=4)]) + 1.0) * 127.5
+        assert np.abs(levels - np.round(levels)).max() < 1e-3, only
     with pytest.raises(ValueError, match="Unknown Augment\\(crop='center'\\)"):
         pipeline(ds, 3, 16, 8, True, D.Augment(crop="center"))
 

@@ -50,6 +50,17 @@ def test_point_operations_are_pillows(photo):
             d = _diff(ours(x, factor), theirs(pil).enhance(factor))
             assert d.max() == 0, (ours.__name__, factor, d.max(), d.mean())
     np.testing.assert_array_equal(P.grayscale(x), pil.convert("L").convert("RGB"))
+    # Pillow's corners: a flat channel (autocontrast keeps it), a gray mean of exactly
+    # x.5 (Contrast's int(mean + 0.5) rounds it up, not to even)
+    flat = photo.copy()
+    flat[..., 1] = 77
+    np.testing.assert_array_equal(P.auto_contrast(tf.constant(flat, tf.float32)),
+                                  ImageOps.autocontrast(Image.fromarray(flat)))
+    half = np.array([[[100] * 3, [101] * 3]], np.uint8)  # gray mean 100.5
+    for factor in (0.5, 1.5):
+        np.testing.assert_array_equal(P.contrast(tf.constant(half, tf.float32), factor),
+                                      ImageEnhance.Contrast(Image.fromarray(half))
+                                      .enhance(factor))
 
 
 def test_a_chain_of_operations_is_pillows_chain(photo):
@@ -79,6 +90,7 @@ def test_geometric_operations_are_pillows_with_timms_fill(photo):
     """Bilinear in both; they part only where the fill meets the image."""
     import tensorflow as tf
 
+    photo = photo[:, :96]  # not square: height and width not interchangeable
     pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
     w, h = pil.size
     kw = dict(resample=Image.BILINEAR, fillcolor=P.FILL)
@@ -95,8 +107,9 @@ def test_geometric_operations_are_pillows_with_timms_fill(photo):
     for i, (ours, theirs) in enumerate(pairs):
         d = _diff(ours, theirs)
         assert np.all(np.asarray(ours) == np.floor(np.asarray(ours)))  # levels, as Pillow's
-        # Pillow's bilinear truncates to a level: ours too (rounded, 60-70 % were equal)
-        assert (d == 0).mean() > 0.95 and np.percentile(d, 97) < 3.0, (i, (d == 0).mean())
+        # Pillow's bilinear truncates to a level: ours too (rounded, 60-70 % were equal);
+        # the rest a level off where float32 positions (Pillow: doubles) cross a level
+        assert (d == 0).mean() > 0.9 and (d <= 1).mean() > 0.97, (i, (d == 0).mean())
     # the fill is timm's for DeiT: ImageNet's mean in 0-255
     corner = np.asarray(P.translate_x_rel(x, 0.4))[0, -1]
     np.testing.assert_allclose(corner, P.FILL, atol=1e-4)
@@ -163,10 +176,17 @@ def test_rand_augment_applies_each_layer_with_probability_half(photo):
                                                                  magnitude=9)))
 
 
-def test_augmix_blends_the_image_with_its_mixed_chains(photo):
+def test_augmix_blends_the_image_with_its_mixed_chains(photo, monkeypatch):
     import tensorflow as tf
 
     x = tf.constant(photo, tf.float32)
+    blended = []
+    blend = P.blend
+    monkeypatch.setattr(P, "blend", lambda d, image, f: blended.append(image) or blend(d, image, f))
+    A.augmix(x, _keys(1)[0], magnitude=3, width=3)
+    mix = np.asarray(blended[-1])  # timm: np.clip, then astype(uint8): truncated levels
+    assert np.all(mix == np.floor(mix)) and 0 <= mix.min() and mix.max() <= 255
+    monkeypatch.undo()
     outs = [np.asarray(A.augmix(x, k, magnitude=3, width=3)) for k in _keys(12)]
     for out in outs:
         assert out.min() >= 0 and out.max() <= 255

@@ -41,7 +41,7 @@ class Augment:
     mixup: float = 0.0
     erase: float = 0.0
     timm_mix: dict = None
-    aug_repeats: int = 1
+    aug_repeats: int = None  # None: 1 (off), or `repeats`
     crop: str = "inception"
     three_augment: bool = False
     color_jitter: float = 0.0
@@ -49,14 +49,19 @@ class Augment:
     repeats: dataclasses.InitVar[int] = None  # aug_repeats' name before 0.2
 
     def __post_init__(self, repeats):
-        if repeats is not None:
-            if self.aug_repeats not in (1, repeats):
-                raise ValueError(f"Augment: repeats={repeats!r} is aug_repeats' old name; "
-                                 f"aug_repeats={self.aug_repeats!r} is given too.")
-            self.aug_repeats = repeats
+        if repeats is not None and self.aug_repeats not in (None, repeats):
+            raise ValueError(f"Augment: repeats={repeats!r} is aug_repeats' old name; "
+                             f"aug_repeats={self.aug_repeats!r} is given too.")
+        if self.aug_repeats is None:
+            self.aug_repeats = 1 if repeats is None else repeats
 
     def to_dict(self):
         return dataclasses.asdict(self)
+
+
+# `repeats` (aug_repeats' name before 0.2) read back: code that reads it keeps working.
+Augment.repeats = property(lambda self: self.aug_repeats,
+                           doc="aug_repeats' name before 0.2 (read only).")
 
 
 def crop_window(shape, area, aspect, seed):

@@ -12,15 +12,27 @@ is `table()`. Flags whose meaning is the same as an option we already have
 are aliases there (`RUN_ALIASES`). Light: `--help` imports no Keras.
 """
 
+import argparse
 import copy
 import dataclasses
+import inspect
 
 # timm's Mixup as train.py builds it when a run turns it on (its argument defaults):
 # what a recipe without timm_mix starts from when a flag sets one of its fields.
 TIMM_MIX_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, prob=1.0, switch_prob=0.5,
                          mode="batch", label_smoothing=0.1)
-OPTIMIZERS = {"adamw": "adamw", "sgd": "sgd", "momentum": "sgd", "lamb": "lamb",
-              "fusedlamb": "lamb"}  # timm's --opt names -> the recipe's optimizer
+# timm's --opt names -> the recipe's (optimizer, nesterov); timm's sgd is Nesterov's.
+OPTIMIZERS = {"adamw": ("adamw", None), "momentum": ("sgd", False), "sgd": ("sgd", True),
+              "nesterov": ("sgd", True), "lamb": ("lamb", None), "fusedlamb": ("lamb", None)}
+# The range each number must be in: (low, high, what it is).
+RANGES = {"opt_eps": (0, None, "an epsilon > 0"), "grad_clip": (0, None, "a norm > 0"),
+          "wd": (0, None, "a decay >= 0"), "weight_decay": (0, None, "a decay >= 0"),
+          "warmup_epochs": (0, None, "epochs >= 0"), "smoothing": (0, 1, "in [0, 1)"),
+          "augment.timm_mix.mixup_alpha": (0, None, "an alpha >= 0"),
+          "augment.timm_mix.cutmix_alpha": (0, None, "an alpha >= 0"),
+          "augment.timm_mix.prob": (0, 1, "a probability"),
+          "augment.timm_mix.switch_prob": (0, 1, "a probability"),
+          "augment.erase": (0, 1, "a probability"), "augment.color_jitter": (0, None, ">= 0")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,15 +60,17 @@ class Flag:
 
 
 FLAGS = (
-    Flag("--optimizer", ("--opt",), "optimizer", str, "the optimizer: adamw, sgd (with "
-         "momentum), lamb (timm's / apex's; timm's names momentum and fusedlamb too)",
-         choices=tuple(OPTIMIZERS)),
+    Flag("--optimizer", ("--opt",), "optimizer", str, "the optimizer: adamw, momentum (SGD "
+         "with momentum 0.9), sgd or nesterov (the same, Nesterov's: timm's sgd), lamb or "
+         "fusedlamb (timm's / apex's LAMB)", choices=tuple(OPTIMIZERS),
+         sets="`optimizer` (timm's `sgd` / `nesterov`: SGD with `nesterov`)"),
     Flag("--opt-eps", ("--opt-eps",), "opt_eps", float, "AdamW's / LAMB's epsilon (timm's and DeiT's "
          "--opt-eps; the recipes' 1e-8)"),
     Flag("--grad-clip", ("--clip-grad",), "grad_clip", float, "clip the gradient's global "
          "norm (timm's --clip-grad with its default --clip-mode norm)"),
-    Flag("--wd", (), "wd", float, "decoupled weight decay: each update subtracts wd x the "
-         "kernel (big_vision's wd)"),
+    Flag("--wd", (), "wd", float, "decoupled weight decay (big_vision's wd): at the recipe's "
+         "batch and lr each update subtracts wd x the kernel; it follows the learning rate "
+         "(its schedule, its scaling to another batch)"),
     Flag(None, ("--weight-decay",), "weight_decay", float, "timm's / PyTorch's weight decay, "
          "multiplied by the learning rate: the recipe's wd = this x its lr",
          sets="`wd` = this x the recipe's `lr` (PyTorch's decay, times the lr)"),
@@ -64,8 +78,10 @@ FLAGS = (
          "linear warmup, in epochs"),
     Flag("--loss", (), "loss", str, "softmax_xent, sigmoid_xent or bce (DeiT III's)",
          choices=("softmax_xent", "sigmoid_xent", "bce")),
-    Flag(None, ("--bce-loss",), "loss", None, "DeiT III's binary cross-entropy (--loss bce)",
-         const="bce"),
+    Flag(None, ("--bce-loss",), "loss", None, "DeiT III's binary cross-entropy on binarised "
+         "targets (--loss bce; timm's --bce-loss with --bce-target-thresh)", const="bce",
+         sets="`loss` = `bce`: DeiT III's (binarised targets; timm's own keeps soft targets "
+         "unless --bce-target-thresh)"),
     Flag("--label-smoothing", ("--smoothing",), "smoothing", float, "label smoothing: in "
          "timm's MixUp / CutMix when the recipe mixes with it, else in the loss (timm's "
          "--smoothing)", sets="`augment.timm_mix.label_smoothing` where the recipe mixes "
@@ -93,7 +109,9 @@ FLAGS = (
     Flag("--color-jitter", ("--color-jitter",), "augment.color_jitter", float, "colour jitter after DeiT "
          "III's 3-Augment (torchvision's ColorJitter(j, j, j))"),
     Flag("--three-augment", ("--ThreeAugment",), "augment.three_augment", None,
-         "DeiT III's 3-Augment: one of grayscale, solarize, blur per image", const=True),
+         "DeiT III's 3-Augment: one of grayscale, solarize, blur per image, instead of the "
+         "recipe's RandAugment and random erasing (as DeiT III's transform)", const=True,
+         sets="`augment.three_augment` (the recipe's RandAugment and erasing off)"),
     Flag(None, ("--train-interpolation",), "augment.interpolation", str,
          "the crop's resizing: bilinear only (DeiT's bicubic is not implemented)",
          only=("bilinear",)),
@@ -113,6 +131,19 @@ SAME_NAMES = {
 }
 
 
+class _Once(argparse.Action):
+    """Stores a flag's value; the same option given again (under another of
+    its names) with another value is an error, not a silent last-one-wins."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        value = self.const if self.nargs == 0 else values
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != value:
+            parser.error(f"{option_string} {value!r}: an earlier flag of the same option "
+                         f"({'/'.join(self.option_strings)}) gave {before!r}.")
+        setattr(namespace, self.dest, value)
+
+
 def add_to(parser):
     """Adds every flag (ours and timm's spellings) to an argparse parser."""
     group = parser.add_argument_group(
@@ -120,9 +151,9 @@ def add_to(parser):
         "DeiT's names are accepted (docs/training.md: the alias table)")
     for flag in FLAGS:
         names = list(dict.fromkeys(n for n in (flag.ours, *flag.theirs) if n))
-        kwargs = dict(dest=flag.dest, help=flag.help)
+        kwargs = dict(dest=flag.dest, help=flag.help, action=_Once)
         if flag.type is None:
-            kwargs.update(action="store_const", const=flag.const)
+            kwargs.update(nargs=0, const=flag.const)
         else:
             kwargs.update(type=flag.type, choices=flag.choices or flag.only)
         group.add_argument(*names, **kwargs)
@@ -159,37 +190,76 @@ def _set(recipe, path, value):
     node[last] = value
 
 
-def _current(recipe, path):
+def _fields():
+    """{path: default} of every field a flag or `recipe_overrides` may set:
+    the recipe's, `augment.<Augment field>`, `augment.timm_mix.<argument>`,
+    and timm's meanings `smoothing` and `weight_decay`."""
+    from keras_reluvit.data import Augment
+    from keras_reluvit.data.timm_augment import timm_mix
+    from keras_reluvit.training.recipes import Recipe
+
+    out = {f: None for f in Recipe.fields() if f not in ("name", "augment", "model")}
+    out.update({f"augment.{f.name}": getattr(Augment(), f.name)
+                for f in dataclasses.fields(Augment)})
+    out.update({f"augment.timm_mix.{name}": p.default
+                for name, p in inspect.signature(timm_mix).parameters.items()
+                if p.default is not inspect.Parameter.empty})
+    out.update(smoothing=None, weight_decay=None)
+    return out
+
+
+def _check(fields):
+    known = _fields()
+    for field, value in fields.items():
+        if field not in known:
+            raise ValueError(f"Unknown recipe field {field!r} in recipe_overrides; the fields: "
+                             f"{', '.join(sorted(known))}.")
+        low, high, what = RANGES.get(field, (None, None, None))
+        if low is not None and not (isinstance(value, (int, float)) and value >= low and
+                                    (value > low or what.startswith(("a decay", "epochs",
+                                                                     "an alpha", "in [",
+                                                                     "a prob", ">=")))
+                                    and (high is None or value <= high)):
+            raise ValueError(f"The recipe's {field} must be {what}, got {value!r}.")
+    return known
+
+
+def _current(recipe, path, known):
     """The value `path` has in `recipe`: its own, or the default that applies
     where the recipe leaves it out (Augment's, timm_mix's)."""
     value = _get(recipe, path)
-    if value is not None or not path.startswith("augment."):
-        return value
-    import inspect
+    return known.get(path) if value is None and path.startswith("augment.") else value
 
-    from keras_reluvit.data import Augment
-    from keras_reluvit.data.timm_augment import timm_mix
 
-    key = path.split(".")[-1]
-    if path.startswith("augment.timm_mix."):
-        return inspect.signature(timm_mix).parameters[key].default
-    return getattr(Augment(), key, None)
+LAST = ("weight_decay", "smoothing")
 
 
 def apply(recipe, fields):
     """`recipe` (a `Recipe`, changed in place) with `fields` ({field: value},
     as `overrides` gives) set; returns one line per field saying what it
-    changed. timm's meanings: `weight_decay` (PyTorch's, x lr) sets `wd`,
-    `smoothing` the MixUp's smoothing where the recipe mixes with timm's,
-    else the loss's; a timm_mix field on a recipe without one starts from
-    timm's defaults (and replaces big_vision's `mixup`)."""
+    changed. Checked: every field exists and every number is in its range.
+    timm's meanings: `weight_decay` (PyTorch's, x lr) sets `wd`, `smoothing`
+    the MixUp's smoothing where the run mixes with timm's MixUp, else the
+    loss's; `optimizer` timm's names (`sgd`: Nesterov's); a timm_mix field on
+    a recipe without one starts from timm's defaults (and replaces
+    big_vision's `mixup`); both alphas 0 turn it off; `three_augment`
+    replaces the recipe's RandAugment and erasing (DeiT III's transform)."""
+    known = _check(fields)
     lines = []
-    for field, value in fields.items():
-        was_name = field
+    # 3-Augment first (it turns the recipe's RandAugment and erasing off, not a flag's);
+    # timm's meanings last (the smoothing goes where the MixUp is once the others are set).
+    first = [f for f in ("augment.three_augment",) if f in fields]
+    ordered = first + [f for f in fields if f not in LAST + tuple(first)] + [
+        f for f in LAST if f in fields]
+    for field in ordered:
+        value, was_name = fields[field], field
         if field == "optimizer":
             if value not in OPTIMIZERS:
                 raise ValueError(f"Unknown optimizer {value!r}; valid: {', '.join(OPTIMIZERS)}.")
-            value = OPTIMIZERS[value]
+            value, nesterov = OPTIMIZERS[value]
+            if nesterov is not None and bool(recipe.get("nesterov")) != nesterov:
+                lines.append(f"the recipe's nesterov {recipe.get('nesterov')!r} -> {nesterov!r}")
+                recipe["nesterov"] = nesterov
         elif field == "weight_decay":
             field, value = "wd", round(float(value) * recipe["lr"], 15)
         elif field == "smoothing":
@@ -202,16 +272,39 @@ def apply(recipe, fields):
             from keras_reluvit.training.losses import check_loss
 
             check_loss(value)
+        if field.startswith("augment."):
+            recipe["augment"] = copy.deepcopy(dict(recipe.get("augment") or {}))
         if field.startswith("augment.timm_mix.") and _get(recipe, "augment.timm_mix") is None:
-            augment = recipe["augment"] = copy.deepcopy(dict(recipe.get("augment") or {}))
+            augment = recipe["augment"]
             augment["timm_mix"] = dict(TIMM_MIX_DEFAULTS)
             replaced = " (replacing big_vision's mixup)" if augment.pop("mixup", 0) else ""
             lines.append(f"timm's MixUp / CutMix from train.py's defaults "
                          f"{TIMM_MIX_DEFAULTS}{replaced}")
-        before = _current(recipe, field)
+        if field == "augment.three_augment" and value:
+            augment = recipe["augment"]
+            off = [k for k in ("randaug", "auto_augment", "erase") if augment.get(k)]
+            if off:
+                lines.append(f"3-Augment replaces the recipe's {', '.join(off)} (DeiT III's "
+                             "transform)")
+                augment.update(randaug=None, auto_augment=None, erase=0.0)
+        before = _current(recipe, field, known)
         _set(recipe, field, value)
         named = "" if was_name == field else f" (timm's {was_name})"
         lines.append(f"the recipe's {field} {before!r} -> {value!r}{named}")
+    augment = recipe.get("augment") or {}
+    mix = augment.get("timm_mix")
+    if mix is not None and not (mix.get("mixup_alpha", 0.8) > 0 or
+                                mix.get("cutmix_alpha", 1.0) > 0):
+        augment.pop("timm_mix")
+        lines.append("timm's MixUp / CutMix off (both alphas 0, as timm)")
+    if recipe.get("label_smoothing") and recipe.get("loss") == "sigmoid_xent":
+        raise ValueError("The sigmoid loss (sigmoid_xent) takes no label smoothing: the "
+                         f"recipe's label_smoothing {recipe['label_smoothing']!r} would be "
+                         "ignored.")
+    if augment.get("color_jitter") and augment.get("auto_augment") and fields:
+        raise ValueError("Colour jitter with timm's auto-augment "
+                         f"{augment['auto_augment']!r}: timm applies colour jitter only "
+                         "without one (--aa none, or --three-augment as DeiT III).")
     return lines
 
 

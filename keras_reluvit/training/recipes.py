@@ -290,6 +290,7 @@ class Recipe(FieldMapping):
     lr: float = None  # the peak, at `batch_size`
     wd: float = 0.0  # decoupled weight decay on kernels (big_vision's `wd`)
     momentum: float = 0.9  # SGD's
+    nesterov: bool = False  # SGD's (timm's --opt sgd: True)
     opt_eps: float = 1e-8  # AdamW's and LAMB's epsilon (timm's / DeiT's --opt-eps, 1e-8)
     warmup_steps: int = None  # at `batch_size` ...
     warmup_epochs: float = None  # ... or in epochs (over `warmup_steps`)
@@ -477,10 +478,13 @@ def _optimizer(model, recipe, schedule, layer_decay=None, accum=1, ema=None):
     if ema:
         extra.update(use_ema=True, ema_momentum=float(ema),
                      ema_warmup=bool(recipe.get("ema_warmup")))
-    if kind == "sgd":
+    if kind == "sgd":  # big_vision's has no weight decay; a recipe's wd is decoupled, as AdamW's
         cls = RecipeSGD if ours else keras.optimizers.SGD
-        return cls(momentum=recipe.get("momentum", 0.9), **common, **extra)
-    if kind == "lamb":  # timm's / apex's LAMB always: Keras' differs (RecipeLamb)
+        optimizer = cls(momentum=recipe.get("momentum", 0.9),
+                        nesterov=bool(recipe.get("nesterov")),
+                        weight_decay=(recipe["wd"] / recipe["lr"]) if recipe["wd"] else None,
+                        **common, **extra)
+    elif kind == "lamb":  # timm's / apex's LAMB always: Keras' differs (RecipeLamb)
         optimizer = RecipeLamb(weight_decay=recipe["wd"] / recipe["lr"], beta_1=0.9,
                                beta_2=0.999, epsilon=recipe["opt_eps"], **common, **extra)
     elif kind == "adamw":

@@ -28,8 +28,6 @@
 import dataclasses
 import json
 import os
-import shutil
-import time
 
 import keras
 
@@ -45,16 +43,17 @@ from keras_reluvit.training import backup as kr_backup
 from keras_reluvit.training import callbacks as kr_callbacks
 from keras_reluvit.training import flags
 from keras_reluvit.training import recipes
+from keras_reluvit.training.rerun import RERUN  # noqa: F401 - kr.train.RERUN
+from keras_reluvit.training.rerun import check_same_data
+from keras_reluvit.training.rerun import launch as _launch
 from keras_reluvit.training.settings import RunConfig
 from keras_reluvit.training.settings import RunSettings
+from keras_reluvit.training.settings import current_names
 
 # What a fine-tuning recipe's `model` may set on a checkpoint's model (with --trainable
 # all or lora: a frozen backbone keeps its inference-time behaviour).
 FINE_TUNE_MODEL_KEYS = ("drop_path",)
 TF_PIPELINE_SEED = 87654321  # tensorflow/python/framework/random_seed.py DEFAULT_GRAPH_SEED
-RERUN = ("error", "restart", "override")  # train(rerun=): a rerun with other settings
-# How a run is saved or where its files are, not what it trains: a rerun may change them.
-RERUN_FREE = ("checkpoint_every", "keep_checkpoints", "data_dir")
 
 
 def build_config(settings=None, **kwargs):
@@ -114,6 +113,13 @@ def build_config(settings=None, **kwargs):
         model_cfg.update(attention=attention)
     if not init:
         model_cfg.update(head_bias_init=r["head_bias_init"])
+    from keras_reluvit.models.vit import accepted_keywords
+
+    unknown = sorted(set(model_overrides) - set(accepted_keywords()))
+    if unknown:
+        raise ValueError(f"Neither run settings nor ViT arguments: {', '.join(unknown)} (the "
+                         f"settings: {', '.join(RunSettings.fields())}; a recipe field goes "
+                         "in recipe_overrides={...}).")
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
     _check_run_numbers(s)
     batch_size = s.batch_size
@@ -122,6 +128,7 @@ def build_config(settings=None, **kwargs):
                                         s.val_fraction, s.seed, s.data_shards)
     return RunConfig(
         resolved_recipe=r,
+        resolved_with=dict(s.recipe_overrides),
         recipe=recipe,
         init=os.fspath(init) if init else None,
         dataset=s.dataset or r["dataset"],
@@ -129,7 +136,8 @@ def build_config(settings=None, **kwargs):
         epochs=s.epochs or r["epochs"],
         batch_size=batch_size,
         image_size=s.image_size or r["image_size"],
-        augment=_augment(r.get("augment", {}), s.aug_repeats, r["loss"], s.auto_augment),
+        augment=_augment(r.get("augment", {}), 1 if s.aug_repeats == 0 else s.aug_repeats,
+                         r["loss"], s.auto_augment),  # timm's --aug-repeats 0: off
         seed=s.seed,
         data_shards=s.data_shards,
         trainable=s.trainable,
@@ -149,7 +157,7 @@ def build_config(settings=None, **kwargs):
 
 
 def _augment(augment, repeats, loss, auto_augment=None):
-    augment = _current_names(augment)
+    augment = current_names(augment)
     if auto_augment is not None:  # timm's --aa: instead of the recipe's automatic augmentation
         from keras_reluvit.data.timm_augment import parse
 
@@ -177,15 +185,6 @@ def _augment(augment, repeats, loss, auto_augment=None):
     if repeats is not None:
         check_repeats(repeats, "aug_repeats (train --aug-repeats)")
         augment["aug_repeats"] = repeats
-    return augment
-
-
-def _current_names(augment):
-    """`augment` (Augment's keywords) with the names of before 0.2 renamed
-    (`repeats`: `aug_repeats`): a recipe or config.json written then."""
-    augment = dict(augment or {})
-    if "repeats" in augment:
-        augment.setdefault("aug_repeats", augment.pop("repeats"))
     return augment
 
 
@@ -240,133 +239,6 @@ def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_sha
           f"batch of {batch_size}: training with batch {largest}, the learning rate scaled as "
           "the recipe scales it (--batch-size / batch_size= to choose).", flush=True)
     return largest
-
-
-def _json(value):
-    return json.loads(json.dumps(value, default=list))
-
-
-def _settings_changed(before, config):
-    """{setting: [before, now]} of what a rerun changes (the model's keys as
-    `model.<key>`), `RERUN_FREE` included."""
-    now = config.to_dict()
-    changed = {}
-    for k in sorted(set(before) | set(now)):
-        if k != "model" and before.get(k) != now.get(k):
-            changed[k] = [before.get(k), now.get(k)]
-    was = before.get("model") or {}
-    for k in sorted(now.get("model") or {}):
-        if was.get(k) != now["model"][k]:
-            changed[f"model.{k}"] = [was.get(k), now["model"][k]]
-    return changed
-
-
-def _say(changed):
-    def value(v):
-        return "the recipe's" if v is None else repr(v)
-
-    return ", ".join(f"{k} {value(a)} -> {value(b)}" for k, (a, b) in changed.items())
-
-
-# What a run in `output` leaves besides its backups: --restart deletes them too.
-ARTEFACTS = ("model.keras", "last.keras", "metrics.json", "curves.png", "tensorboard",
-             "saved_model", image_folder.SPLIT_FILE)
-
-
-def _launch(config, output, process, rerun):
-    """(this launch's record, the records of the launches before it, the
-    run's config.json as it was) for config.json; says in one line that the
-    run resumes, and what a rerun with other settings does (`rerun`: see
-    `train`)."""
-    if rerun not in RERUN:
-        raise ValueError(f"rerun must be one of {RERUN}, got {rerun!r}.")
-    index, count = process
-    root = os.path.join(output, "backup")
-    launch = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), processes=count,
-                  resumed=None, changed={})
-    if rerun == "restart":
-        # Whatever the backups' layout (another process count's included):
-        # every process deletes them (its own, or the shared folder), then all wait.
-        shutil.rmtree(root, ignore_errors=True)
-        if index == 0:  # and what the earlier run wrote, so that nothing of it is taken for ours
-            for name in ARTEFACTS:
-                path = os.path.join(output, name)
-                if os.path.isdir(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                elif os.path.exists(path):
-                    os.remove(path)
-        if count > 1:
-            kr_distribution.barrier("restart")
-        if index == 0:
-            print(f"keras_reluvit: restart: the backups and artefacts of the run in {output} "
-                  "are deleted; starting anew.", flush=True)
-        return dict(launch, restart=True), [], {}
-    record = kr_backup.StepBackup(kr_backup.backup_folder(root, process)).latest(quiet=True)
-    try:
-        with open(os.path.join(output, "config.json")) as f:
-            old = json.load(f)
-    except (OSError, ValueError):
-        old = {}
-    if record is None:
-        return launch, [], {}
-    epochs = (old.get("settings") or old).get("epochs")
-    complete = epochs is not None and record["epoch"] >= epochs and not record["done"]
-    where = (f"a complete run of {epochs} epoch{'s' if epochs != 1 else ''} "
-             f"({record['step']} steps)" if complete else
-             f"a run at epoch {record['epoch'] + 1}, after step {record['done']} of it (step "
-             f"{record['step']} of the run)")
-    # Runs of before 0.3 kept no `settings`: the keys this config has.
-    before = dict(old.get("settings") or {k: old[k] for k in config if k in old})
-    if "augment" in before:
-        before["augment"] = _current_names(before["augment"])
-    changed = _settings_changed(before, config) if old else {}
-    blocking = {k: v for k, v in changed.items() if k not in RERUN_FREE}
-    if blocking and rerun == "error":
-        raise ValueError(
-            f"{output} holds {where}, trained with other settings: {_say(blocking)}. Rerun "
-            "with its settings to continue it; or --restart (Python: rerun='restart') to "
-            "start anew in this folder (its backups and artefacts deleted), --override "
-            "(rerun='override') to continue it with these settings, or another --output.")
-    if index == 0:
-        said = (f", with settings changed (--override): {_say(blocking)}" if blocking else "")
-        print(f"keras_reluvit: {output} holds {where}: "
-              + ("writing its artefacts again" if complete else "resuming it")
-              + said + ".", flush=True)
-    launch.update(resumed=dict(epoch=record["epoch"], done=record["done"],
-                               step=record["step"], complete=complete), changed=changed)
-    return launch, list(old.get("launches", [])), old
-
-
-def _check_same_data(old, d, folder, output, rerun):
-    """A resumed run reads the data it was trained on: the same steps per
-    epoch and, for a folder, the same split (a folder that gained images
-    would resume on other batches and hold out other images). Named, or with
-    --override said and recorded; returns the changes."""
-    if not old:
-        return {}
-    changed = {}
-    if old.get("steps_per_epoch") not in (None, d.steps_per_epoch):
-        changed["steps_per_epoch"] = [old["steps_per_epoch"], d.steps_per_epoch]
-    split = os.path.join(output, image_folder.SPLIT_FILE)
-    if folder is not None and os.path.exists(split):
-        with open(split) as f:
-            was = json.load(f)
-        now = _json(folder.split_record())
-        if was.get("splits") != now.get("splits"):  # the files of each drawn split
-
-            def counts(record):
-                return {k: len(v) for k, v in (record.get("splits") or {}).items()} or None
-
-            changed["split"] = [counts(was), counts(now)]
-    if changed and rerun == "error":
-        raise ValueError(
-            f"The data of the run in {output} changed since it was trained: {_say(changed)} "
-            "(images added or removed?). Resuming would read other batches and hold out other "
-            "images: --restart to start anew on them, --override to continue anyway.")
-    if changed:
-        print(f"keras_reluvit: --override: the data changed ({_say(changed)}); continuing.",
-              flush=True)
-    return changed
 
 
 def _write_atomically(path, write):
@@ -465,7 +337,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     with engine.scope():
         folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
         if launch["resumed"]:
-            launch["changed"].update(_check_same_data(old, d, folder, output, rerun))
+            launch["changed"].update(check_same_data(old, d, folder, output, rerun))
         settings = config.to_dict()
         full = dict(settings, model=model_cfg, num_classes=d.num_classes,
                     label_names=d.label_names, backend=engine.backend,
@@ -478,10 +350,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             if folder is not None:  # what `eval` must hold out
                 with open(os.path.join(output, image_folder.SPLIT_FILE), "w") as f:
                     json.dump(folder.split_record(), f)
-        recipe = config.resolved_recipe  # build_config's; else (a dict, a changed name) anew
-        if recipe is None or recipe.name != config.recipe:
-            recipe = recipes.get(config.recipe, model_cfg.get("variant"))
-            flags.apply(recipe, config.recipe_overrides)
+        recipe = _recipe_of(config, model_cfg.get("variant"))
         accum = int(config.accum_steps or 1)
         recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config.batch_size,
                         epochs=config.epochs, lr=config.lr, layer_decay=config.layer_decay,
@@ -550,6 +419,22 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                     kr_export.saved_model(model, os.path.join(output, "saved_model", "1"),
                                           activation=recipes.probability(recipe))
     return model, metrics
+
+
+def _recipe_of(config, variant):
+    """The recipe `config` trains with: build_config's (checked against the
+    overrides it was resolved with), or resolved anew with `recipe_overrides`
+    (a config from a dict or a config.json)."""
+    r = config.resolved_recipe
+    if r is not None and r.name == config.recipe and config.resolved_with is not None:
+        if config.resolved_with != config.recipe_overrides:
+            raise ValueError("recipe_overrides changed after build_config resolved the recipe "
+                             f"({config.resolved_with} -> {config.recipe_overrides}): call "
+                             "kr.train.build_config again.")
+        return r
+    r = recipes.get(config.recipe, variant)
+    flags.apply(r, config.recipe_overrides)
+    return r
 
 
 def _checkpoint(config, d):

@@ -22,6 +22,24 @@ def run_of(source):
     return directory, run
 
 
+def run_recipe(run):
+    """The recipe a run's config.json trained with: its name's, with the run's
+    `recipe_overrides` applied (its loss may differ: `--bce-loss`, `--loss`);
+    the name when it is no recipe of ours; None without one."""
+    from keras_reluvit.training import flags
+    from keras_reluvit.training import recipes
+
+    name = (run or {}).get("recipe")
+    if name not in recipes.RECIPES:
+        return name
+    try:
+        r = recipes.get(name, (run.get("model") or {}).get("variant"))
+    except ValueError:  # a per-variant table without this variant: the loss is the same
+        r = recipes.get(name, next(iter(recipes.RECIPES[name]["augment_by_variant"])))
+    flags.apply(r, (run.get("settings") or run).get("recipe_overrides") or {})
+    return r
+
+
 def same_dataset(a, b):
     if os.path.isdir(os.path.expanduser(a)) and os.path.isdir(os.path.expanduser(b)):
         return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))

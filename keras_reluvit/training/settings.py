@@ -121,12 +121,15 @@ class RunConfig(FieldMapping):
     ema: float = None  # None: off
     recipe_overrides: dict = dataclasses.field(default_factory=dict)  # applied to the recipe
     model: dict = dataclasses.field(default_factory=dict)
-    # The recipe as resolved by build_config (not a setting: rebuilt from `recipe`).
+    # The recipe as build_config resolved it, and the overrides it applied then (not
+    # settings: rebuilt from `recipe` and `recipe_overrides`).
     resolved_recipe: object = dataclasses.field(default=None, repr=False, compare=False)
+    resolved_with: dict = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def fields(cls):
-        return [f.name for f in dataclasses.fields(cls) if f.name != "resolved_recipe"]
+        return [f.name for f in dataclasses.fields(cls)
+                if f.name not in ("resolved_recipe", "resolved_with")]
 
     @classmethod
     def of(cls, config):
@@ -138,6 +141,8 @@ class RunConfig(FieldMapping):
         if unknown:
             raise ValueError(f"Not run settings: {', '.join(unknown)}; a run config holds "
                              f"{', '.join(cls.fields())} (kr.train.build_config makes one).")
+        config = dict(config)
+        config["augment"] = current_names(config.get("augment"))
         return cls(**config)
 
     def to_dict(self):
@@ -146,6 +151,15 @@ class RunConfig(FieldMapping):
 
         return json.loads(json.dumps({k: getattr(self, k) for k in self.fields()},
                                      default=list))
+
+
+def current_names(augment):
+    """`augment` (Augment's keywords) with the names of before 0.2 renamed
+    (`repeats`: `aug_repeats`): a recipe or config.json written then."""
+    augment = dict(augment or {})
+    if "repeats" in augment:
+        augment.setdefault("aug_repeats", augment.pop("repeats"))
+    return augment
 
 
 def check_every(every, name="every"):

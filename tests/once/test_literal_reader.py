@@ -153,6 +153,7 @@ def test_every_tour_and_finetune_block_runs_as_written(workdir):
     config = json.loads((tmp / "runs/mine/config.json").read_text())
     assert config["model"]["attention"] == "softmax", config["model"]["attention"]
     assert config["label_names"] == CLASSES and config["model"]["num_classes"] == 3
+    assert config["model"]["image_size"] == [64, 64]  # the checkpoint's resolution
     # eval reproduces the validation accuracy (and loss) the run reported, on val/.
     metrics = json.loads((tmp / "runs/mine/metrics.json").read_text())["final"]
     evaluation = next(c for c in ran if c.startswith("keras-reluvit eval"))

@@ -54,6 +54,14 @@ class Dump(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if [self.epoch, batch] == self.at:
             self.dump()
+if os.environ.get("SP_SPY"):  # a line in SP_SPY each time the sequence-parallel path is traced
+    import keras_reluvit.kernels as K
+    sequence_parallel = K.sequence_parallel
+    def spied(*args, **kwargs):
+        with open(os.environ["SP_SPY"], "a") as f:
+            f.write("sequence_parallel\n")
+        return sequence_parallel(*args, **kwargs)
+    K.sequence_parallel = spied
 original = T.train
 T.train = lambda *a, **k: original(*a, extra_callbacks=[Dump(), KillTogether()], **k)
 sys.exit(cli.main(sys.argv[1:]))
@@ -197,9 +205,12 @@ def test_sequence_parallel_cluster_trains_like_one_process(tmp_path, data_dir, r
         record = StepBackup(out / "backup").latest()  # the cluster's: the end of epoch 1
         assert (record["epoch"], record["done"], record["step"]) == (1, 0, 11)
         assert not (out / "model.keras").exists()
-    runs = cluster(args)
+    spy = tmp_path / "sequence_parallel.txt"
+    runs = cluster(args, extra={"SP_SPY": str(spy)})
     for code, stdout, stderr in runs:
         assert code == 0, stderr[-3000:]
+    # the attention ran the sequence-parallel path (dense attention would train the same)
+    assert spy.exists() and "sequence_parallel" in spy.read_text()
     assert json.loads((out / "config.json").read_text())["distribution"] == {
         "type": "ViTModelParallel", "mesh": {"batch": 2, "seq": 4}, "strategy": "data",
         "sequence_axis": "seq"}
