@@ -63,6 +63,16 @@ FULL_ONLY = (
     # in test_resume.
     "test_engines.py::test_killed_cluster_trains_like_one_process_and_resumes[torch]",
     "test_engines.py::test_killed_cluster_trains_like_one_process_and_resumes[tensorflow]",
+    # The torch cluster reading one shard twice (~22 s): the training read's shards are
+    # checked disjoint and covering in test_training (tfds and folders, 2 and 3 processes);
+    # that the cluster check fails on a broken cluster, by the NO_ALL_REDUCE controls.
+    "test_engines.py::test_broken_clusters_are_caught[torch-SAME_SHARD]",
+    # A SIGTERM mid-epoch and the exact rerun on TensorFlow (~45-65 s): on JAX and PyTorch
+    # in this test; TensorFlow's step backup stops mid-epoch and resumes exactly in the
+    # SIGTERM cluster test of test_engines; test_signals stops it before the first step
+    # and while the artefacts are written.
+    "test_backup.py::test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run"
+    "@tensorflow",
     # The accelerator benchmark's smoke run (~60 s): its kernels are checked
     # against the generic path in test_accelerator_kernels / test_accelerator_build.
     "test_accelerator_build.py::test_accelerator_benchmark_runs_end_to_end_in_smoke_mode",

@@ -42,7 +42,7 @@ TRAIN_PATH = {"cli.py", "bench.py", "export.py", "training/", "data/", "distribu
 # Imports of train-path modules that another extra covers (behind a function
 # whose error names that extra): the backups of JAX runs (orbax, [jax]), the
 # sample photographs of `kr.image_folder.sample_folder` ([samples]).
-OTHER_EXTRA = {"training/backup.py": {"orbax": "jax"},
+OTHER_EXTRA = {"training/backup_state.py": {"orbax": "jax"},
                "data/folders.py": {"PIL": "samples", "skimage": "samples"}}
 BACKENDS = {"jax", "torch", "tensorflow"}
 
