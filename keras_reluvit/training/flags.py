@@ -24,7 +24,7 @@ TIMM_MIX_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, prob=1.0, switch_pro
 # timm's --opt names -> the recipe's (optimizer, nesterov); timm's sgd is Nesterov's.
 OPTIMIZERS = {"adamw": ("adamw", None), "momentum": ("sgd", False), "sgd": ("sgd", True),
               "nesterov": ("sgd", True), "lamb": ("lamb", None), "fusedlamb": ("lamb", None)}
-# The range each number must be in: (low, high, what it is).
+# The range each number must be in: (low, high, what it is); in STRICTLY_POSITIVE, above low.
 RANGES = {"opt_eps": (0, None, "an epsilon > 0"), "grad_clip": (0, None, "a norm > 0"),
           "wd": (0, None, "a decay >= 0"), "weight_decay": (0, None, "a decay >= 0"),
           "warmup_epochs": (0, None, "epochs >= 0"), "smoothing": (0, 1, "in [0, 1)"),
@@ -33,6 +33,7 @@ RANGES = {"opt_eps": (0, None, "an epsilon > 0"), "grad_clip": (0, None, "a norm
           "augment.timm_mix.prob": (0, 1, "a probability"),
           "augment.timm_mix.switch_prob": (0, 1, "a probability"),
           "augment.erase": (0, 1, "a probability"), "augment.color_jitter": (0, None, ">= 0")}
+STRICTLY_POSITIVE = ("opt_eps", "grad_clip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,12 +215,12 @@ def _check(fields):
         if field not in known:
             raise ValueError(f"Unknown recipe field {field!r} in recipe_overrides; the fields: "
                              f"{', '.join(sorted(known))}.")
-        low, high, what = RANGES.get(field, (None, None, None))
-        if low is not None and not (isinstance(value, (int, float)) and value >= low and
-                                    (value > low or what.startswith(("a decay", "epochs",
-                                                                     "an alpha", "in [",
-                                                                     "a prob", ">=")))
-                                    and (high is None or value <= high)):
+        if field not in RANGES:
+            continue
+        low, high, what = RANGES[field]
+        number = isinstance(value, (int, float))
+        above = number and (value > low if field in STRICTLY_POSITIVE else value >= low)
+        if not (above and (high is None or value <= high)):
             raise ValueError(f"The recipe's {field} must be {what}, got {value!r}.")
     return known
 
@@ -293,8 +294,9 @@ def apply(recipe, fields):
         lines.append(f"the recipe's {field} {before!r} -> {value!r}{named}")
     augment = recipe.get("augment") or {}
     mix = augment.get("timm_mix")
-    if mix is not None and not (mix.get("mixup_alpha", 0.8) > 0 or
-                                mix.get("cutmix_alpha", 1.0) > 0):
+    if mix is not None and not any(  # the alphas, timm_mix's defaults where left out
+            mix.get(k, known[f"augment.timm_mix.{k}"]) > 0 for k in ("mixup_alpha",
+                                                                     "cutmix_alpha")):
         augment.pop("timm_mix")
         lines.append("timm's MixUp / CutMix off (both alphas 0, as timm)")
     if recipe.get("label_smoothing") and recipe.get("loss") == "sigmoid_xent":
