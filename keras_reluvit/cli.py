@@ -240,7 +240,9 @@ def _predict_batches(model, files, batch_size, activation):
         return pre(image)[0]
 
     ds = tf.data.Dataset.from_tensor_slices(files)
-    ds = ds.map(lambda p: (p, load(p)), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # As written, not through AutoGraph (as data/pipeline.py's maps).
+    ds = ds.map(tf.autograph.experimental.do_not_convert(lambda p: (p, load(p))),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     for paths, images in ds.batch(batch_size).prefetch(2):
         logits = model.predict_on_batch(images.numpy())
         yield ([p.decode() for p in paths.numpy()],

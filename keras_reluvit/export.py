@@ -265,7 +265,7 @@ def _write_saved_model(model, path, label_names=None, activation="softmax", top_
     # The same, compiled by XLA when called (~1.4x on a CPU; needs a
     # TensorFlow / TF Serving build with XLA, as the pip wheels are).
     archive.add_endpoint("serve_preprocessed_xla", tf.function(
-        serve_preprocessed, jit_compile=True, input_signature=preprocessed))
+        serve_preprocessed, jit_compile=True, input_signature=preprocessed, autograph=False))
     # Keras' own endpoint (what `model.export` writes): inputs -> the output.
     archive.add_endpoint("serve", lambda x: model(x, training=False),
                          [tf.TensorSpec(input_shape or [None, *size, 3], tf.float32,

@@ -193,6 +193,25 @@ def test_train_pipeline_is_seeded_and_mixup_rows_sum_to_one(digits_dir):
     assert not np.array_equal(np.asarray(other[0]), np.asarray(first[0][0]))
 
 
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("recipe", ["deit_s16_300ep", "deit3_s16_400ep", "s16_i1k_90ep"])
+def test_the_pipelines_build_without_autograph_converting_a_function(digits_dir, recipe):
+    """Every tf.data function of the train and eval pipelines (DeiT's chain with
+    repeated augmentation and MixUp / CutMix, 3-Augment, big_vision's RandAugment
+    and MixUp) runs as written: AutoGraph's conversion, 3-5 s a process before
+    the first batch, writes one `__autograph_generated_file` module per function."""
+    import sys
+
+    def converted():
+        return {m for m in sys.modules if "autograph_generated" in m}
+
+    before = converted()
+    aug = D.Augment(**recipes.get(recipe)["augment"])
+    train, val, _ = D.load("sklearn_digits", 16, 32, digits_dir, aug, seed=1)
+    next(iter(train)), next(iter(val))
+    assert converted() == before, sorted(converted() - before)
+
+
 def erased_boxes(images, fill):
     """(erased?, box height, box width) of each image that was `fill`
     everywhere before: the erased pixels must form one full rectangle."""
