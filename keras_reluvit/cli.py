@@ -447,8 +447,8 @@ def parser():
                    "then hold the EMA (default the recipe's: off; 0: off)")
     t.add_argument("--auto-augment", *also("--auto-augment"), dest="aa", metavar="NAME",
                    help="timm's automatic augmentation by name, e.g. rand-m9-mstd0.5-inc1 "
-                   "(DeiT's RandAugment) or augmix-m3-w3-d-1, instead of the recipe's "
-                   "(none: off)")
+                   "(DeiT's RandAugment), augmix-m3-w3-d-1 or original-mstd0.5 (AutoAugment), "
+                   "instead of the recipe's (none: off)")
     t.add_argument("--aug-repeats", type=int, metavar="N",
                    help="DeiT's repeated augmentation: each epoch a new random 1/N of the "
                    "images, each N times with its own draws, in as many steps (DeiT: 3; default "

@@ -2,6 +2,8 @@
 `Augment(auto_augment=...)`): every operation against Pillow's (what timm
 runs), the names parsed as timm parses them, and the draws' statistics."""
 
+import unittest.mock as mock
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -129,12 +131,17 @@ def test_names_are_parsed_as_timm_parses_them():
     assert fn is A.augmix and kw == dict(magnitude=5.0, width=4, depth=-1, alpha=1.0,
                                          mstd=float("inf"))
     assert A.parse("augmix-d2")[1]["depth"] == 2
+    fn, kw = A.parse("original-mstd0.5")  # timm's auto_augment_transform
+    assert fn is A.auto_augment and kw == dict(policy="original", mstd=0.5)
+    assert A.parse("v0r")[1] == dict(policy="v0r", mstd=0.0)
     assert set(A.RAND_INCREASING_OPS) - set(A.RAND_OPS) == {
         "PosterizeIncreasing", "SolarizeIncreasing", "ColorIncreasing",
         "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing"}
     for bad, match in (("rand-q9", "Unknown RandAugment section 'q9'"),
                        ("rand-m", "Unknown RandAugment section 'm'"),
-                       ("original-mstd0.5", "AutoAugment's fixed policies"),
+                       ("v1", "AutoAugment's policies \\('original', 'v0', 'originalr'"),
+                       ("v0-m9", "Unknown AutoAugment section 'm9'"),
+                       ("original-mstdinf", "Unknown AutoAugment section 'mstdinf'"),
                        ("augmix-z1", "Unknown AugMix section 'z1'")):
         with pytest.raises(ValueError, match=match):
             A.parse(bad)
@@ -238,6 +245,7 @@ def test_magnitudes_map_to_timms_arguments(photo):
          pil.transform(pil.size, Image.AFFINE, (1, 0, -0.45 * w, 0, 1, 0), **kw)),
         ("Posterize", 9.0, 1.0, ImageOps.posterize(pil, 3)),  # int(3.6)
         ("PosterizeIncreasing", 9.0, 1.0, ImageOps.posterize(pil, 1)),  # 4 - 3
+        ("PosterizeOriginal", 8.0, 1.0, ImageOps.posterize(pil, 7)),  # int(3.2) + 4
         ("Solarize", 9.0, 1.0, ImageOps.solarize(pil, 230)),  # int(230.4)
         ("SolarizeIncreasing", 9.0, 1.0, ImageOps.solarize(pil, 26)),  # 256 - 230
         ("SolarizeAdd", 9.0, 1.0, pil.point([min(255, i + 99) if i < 128 else i
@@ -360,3 +368,106 @@ def test_augmix_mixes_chains_of_1_to_3_operations_with_dirichlet_weights(monkeyp
     monkeypatch.undo()
     weights, depths, _ = _augmix_draws(monkeypatch, 200, depth=2)
     np.testing.assert_allclose(depths, 2.0, atol=1e-3)
+
+
+def _timm_policies():
+    """AutoAugment's tables as timm 1.0.31 writes them (requirements/keras-hub.txt
+    installs it without its dependencies): read from its source, never
+    imported (its torchvision is not installed)."""
+    import ast
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("timm")
+    assert spec is not None, "timm's source is the reference: install requirements/keras-hub.txt"
+    path = os.path.join(spec.submodule_search_locations[0], "data", "auto_augment.py")
+    tree = ast.parse(open(path).read())
+    out = {}
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name.startswith("auto_augment_policy_"):
+            table = next(node.value for node in fn.body if isinstance(node, ast.Assign)
+                         and node.targets[0].id == "policy")
+            out[fn.name[len("auto_augment_policy_"):]] = ast.literal_eval(table)
+    return out
+
+
+def test_auto_augment_policies_are_timms_tables():
+    """The four ImageNet policies timm's `--aa` names (timm's `3a` is DeiT III's
+    3-Augment, `Augment(three_augment=True)`): every sub-policy's operations,
+    probabilities and magnitudes, in order."""
+    timm = _timm_policies()
+    assert set(timm) - {"3a"} == set(A.AUTO_AUGMENT)
+    for name, subs in A.AUTO_AUGMENT.items():
+        assert len(subs) == 25 and subs == tuple(
+            tuple((op, float(p), float(m)) for op, p, m in sub) for sub in timm[name]), name
+    assert all(op in A._OPS for subs in A.AUTO_AUGMENT.values() for sub in subs
+               for op, _, _ in sub)
+
+
+@pytest.mark.parametrize("policy", ["original", "v0r"])
+def test_auto_augment_runs_one_uniform_sub_policy_in_order_with_its_probabilities(
+        monkeypatch, policy):
+    """What each image gets: `apply_op` replaced by a spy that writes the
+    operation and its magnitude into the image, so `auto_augment` runs
+    through tf.data as in the pipeline. Over 2000 images the sequences of
+    applied operations follow timm's law: a sub-policy drawn uniformly, its
+    first operation applied with its probability, then its second
+    (chi-square against the exact distribution)."""
+    import tensorflow as tf
+    from scipy import stats
+
+    names = sorted(A._OPS)
+
+    def spy(name, image, magnitude, sign):
+        code = names.index(name) * 11 + tf.round(magnitude)
+        return image * 256.0 + code + 1.0
+
+    monkeypatch.setattr(A, "apply_op", spy)
+    n = 2000
+    ds = tf.data.Dataset.range(n).map(lambda i: A.by_name(
+        tf.zeros([1, 1, 3]), policy, tf.stack([i, tf.constant(5, tf.int64)]))[0, 0, 0])
+    codes = np.array(list(ds.as_numpy_iterator())).astype(int)
+    seen = [() if c == 0 else (c - 1,) if c < 256 else (c // 256 - 1, c % 256 - 1)
+            for c in codes]
+    expected = {}
+    for (o1, p1, m1), (o2, p2, m2) in A.AUTO_AUGMENT[policy]:
+        c1, c2 = names.index(o1) * 11 + int(m1), names.index(o2) * 11 + int(m2)
+        for outcome, p in (((), (1 - p1) * (1 - p2)), ((c1,), p1 * (1 - p2)),
+                           ((c2,), (1 - p1) * p2), ((c1, c2), p1 * p2)):
+            expected[outcome] = expected.get(outcome, 0.0) + p / 25 * n
+    assert set(seen) <= {k for k, v in expected.items() if v > 0}, set(seen) - set(expected)
+    keys = sorted((k for k, v in expected.items() if v > 0), key=lambda k: -expected[k])
+    big = [k for k in keys if expected[k] >= 5]
+    observed = [seen.count(k) for k in big] + [sum(seen.count(k) for k in keys[len(big):])]
+    wanted = [expected[k] for k in big] + [sum(expected[k] for k in keys[len(big):])]
+    if wanted[-1] == 0:
+        observed, wanted = observed[:-1], wanted[:-1]
+    assert stats.chisquare(observed, wanted).pvalue > 1e-3, list(zip(big, observed, wanted))
+
+
+def test_auto_augment_runs_timms_operations_through_the_pipeline(photo):
+    """Sub-policies' operations as Pillow runs them: with every probability
+    1, 'original' applies exactly one sub-policy's two operations (Pillow's,
+    at their magnitudes), whichever was drawn."""
+    import tensorflow as tf
+
+    pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
+    subs = A.AUTO_AUGMENT["original"]
+    sure = {"t": tuple(tuple((op, 1.0, m) for op, _, m in sub) for sub in subs)}
+    with mock.patch.dict(A.AUTO_AUGMENT, sure):
+        outs = {np.asarray(A.auto_augment(x, tf.constant([k, 1], tf.int64), "t")).tobytes()
+                for k in range(200)}
+    pointwise = {"PosterizeOriginal": lambda im, m: ImageOps.posterize(im, int(m / 10 * 4) + 4),
+                 "Equalize": lambda im, m: ImageOps.equalize(im),
+                 "Solarize": lambda im, m: ImageOps.solarize(im, int(m / 10 * 256)),
+                 "AutoContrast": lambda im, m: ImageOps.autocontrast(im),
+                 "Invert": lambda im, m: ImageOps.invert(im)}
+    exact = set()
+    for sub in subs:
+        if all(op in pointwise for op, _, _ in sub):
+            im = pil
+            for op, _, m in sub:
+                im = pointwise[op](im, m)
+            exact.add(np.asarray(im, np.float32).tobytes())
+    # 200 draws of 25 sub-policies: the point-only ones (Pillow exact) all appear
+    assert len(exact) >= 8 and exact <= outs, (len(exact), len(exact & outs))

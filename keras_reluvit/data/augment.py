@@ -32,7 +32,8 @@ class Augment:
     `color_jitter` torchvision's `ColorJitter(j, j, j)` after it (DeiT III:
     0.3; see `keras_reluvit.data.three_augment`); `auto_augment` timm's
     `--aa` name, instead of `randaug` (DeiT's `"rand-m9-mstd0.5-inc1"`,
-    `"augmix-m3-w3-d-1"`; see `keras_reluvit.data.timm_augment`)."""
+    `"augmix-m3-w3-d-1"`, AutoAugment's `"original-mstd0.5"`; see
+    `keras_reluvit.data.timm_augment`)."""
 
     crop_area: tuple = (0.05, 1.0)
     crop_aspect: tuple = (3 / 4, 4 / 3)

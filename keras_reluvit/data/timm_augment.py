@@ -1,7 +1,8 @@
 """timm's augmentations, in tf.data with keyed draws: the automatic ones
 by their names (`--aa`, `by_name`): RandAugment (`rand-m9-mstd0.5-inc1`,
-DeiT's) and AugMix (`augmix-m3-w3-d-1`) (`timm.data.auto_augment`
-semantics); random erasing (`--reprob`, `random_erasing`) and MixUp /
+DeiT's), AugMix (`augmix-m3-w3-d-1`) and AutoAugment's fixed policies
+(`v0`, `v0r`, `original`, `originalr`, with `-mstd0.5`)
+(`timm.data.auto_augment` semantics); random erasing (`--reprob`, `random_erasing`) and MixUp /
 CutMix on batches (`--mixup` / `--cutmix`, `timm_mix`).
 
 Each operation is Pillow's, as timm runs it on PIL images (`pillow_ops`:
@@ -13,7 +14,6 @@ level functions), with a random sign where timm negates.
 Keras' `RandAugment` and `AugMix` differ from timm's: other operations and
 strengths (Keras' factor in [0, 1] for every op, additive brightness, no
 magnitude noise, every chosen op applied), hence these operations.
-AutoAugment's fixed policies (`v0`, `original`) are not here.
 """
 
 import math
@@ -65,6 +65,7 @@ _OPS = {
     "Rotate": (rotate, lambda m, s: s * m / LEVEL_MAX * 30.0),
     "Posterize": (posterize, lambda m, s: _posterize_bits(m)),
     "PosterizeIncreasing": (posterize, lambda m, s: 4 - _posterize_bits(m)),
+    "PosterizeOriginal": (posterize, lambda m, s: _posterize_bits(m) + 4),  # the paper's 4-8 bits
     "Solarize": (solarize, lambda m, s: _solarize_threshold(m)),
     "SolarizeIncreasing": (solarize, lambda m, s: 256.0 - _solarize_threshold(m)),
     "SolarizeAdd": (solarize_add, lambda m, s: _tf().floor(m / LEVEL_MAX * 110.0)),
@@ -92,6 +93,78 @@ RAND_INCREASING_OPS = tuple({"Posterize": "PosterizeIncreasing",
 AUGMIX_OPS = ("AutoContrast", "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing",
               "SharpnessIncreasing", "Equalize", "Rotate", "PosterizeIncreasing",
               "SolarizeIncreasing", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+
+
+
+def _policy(text):
+    """Sub-policies, one per line: `Op probability magnitude` pairs split by `|`."""
+    return tuple(tuple((op, float(p), float(m)) for op, p, m in
+                       (pair.split() for pair in line.split("|")))
+                 for line in text.strip().splitlines())
+
+
+# AutoAugment's ImageNet policies: 25 sub-policies of two operations, each
+# applied with its probability at its magnitude (0-10). `original`: the
+# paper's (Cubuk et al. 2018, arXiv 1805.09501, posterize keeping 4-8 bits);
+# `v0`: TPU EfficientNet's. The `r` versions replace their posterize by the
+# research code's, which discards more bits as the magnitude grows.
+AUTO_AUGMENT = {"original": _policy("""
+    PosterizeOriginal 0.4 8 | Rotate 0.6 9
+    Solarize 0.6 5 | AutoContrast 0.6 5
+    Equalize 0.8 8 | Equalize 0.6 3
+    PosterizeOriginal 0.6 7 | PosterizeOriginal 0.6 6
+    Equalize 0.4 7 | Solarize 0.2 4
+    Equalize 0.4 4 | Rotate 0.8 8
+    Solarize 0.6 3 | Equalize 0.6 7
+    PosterizeOriginal 0.8 5 | Equalize 1.0 2
+    Rotate 0.2 3 | Solarize 0.6 8
+    Equalize 0.6 8 | PosterizeOriginal 0.4 6
+    Rotate 0.8 8 | Color 0.4 0
+    Rotate 0.4 9 | Equalize 0.6 2
+    Equalize 0.0 7 | Equalize 0.8 8
+    Invert 0.6 4 | Equalize 1.0 8
+    Color 0.6 4 | Contrast 1.0 8
+    Rotate 0.8 8 | Color 1.0 2
+    Color 0.8 8 | Solarize 0.8 7
+    Sharpness 0.4 7 | Invert 0.6 8
+    ShearX 0.6 5 | Equalize 1.0 9
+    Color 0.4 0 | Equalize 0.6 3
+    Equalize 0.4 7 | Solarize 0.2 4
+    Solarize 0.6 5 | AutoContrast 0.6 5
+    Invert 0.6 4 | Equalize 1.0 8
+    Color 0.6 4 | Contrast 1.0 8
+    Equalize 0.8 8 | Equalize 0.6 3
+"""), "v0": _policy("""
+    Equalize 0.8 1 | ShearY 0.8 4
+    Color 0.4 9 | Equalize 0.6 3
+    Color 0.4 1 | Rotate 0.6 8
+    Solarize 0.8 3 | Equalize 0.4 7
+    Solarize 0.4 2 | Solarize 0.6 2
+    Color 0.2 0 | Equalize 0.8 8
+    Equalize 0.4 8 | SolarizeAdd 0.8 3
+    ShearX 0.2 9 | Rotate 0.6 8
+    Color 0.6 1 | Equalize 1.0 2
+    Invert 0.4 9 | Rotate 0.6 0
+    Equalize 1.0 9 | ShearY 0.6 3
+    Color 0.4 7 | Equalize 0.6 0
+    Posterize 0.4 6 | AutoContrast 0.4 7
+    Solarize 0.6 8 | Color 0.6 9
+    Solarize 0.2 4 | Rotate 0.8 9
+    Rotate 1.0 7 | TranslateYRel 0.8 9
+    ShearX 0.0 0 | Solarize 0.8 4
+    ShearY 0.8 0 | Color 0.6 4
+    Color 1.0 0 | Rotate 0.6 2
+    Equalize 0.8 4 | Equalize 0.0 8
+    Equalize 1.0 4 | AutoContrast 0.6 2
+    ShearY 0.4 7 | SolarizeAdd 0.6 7
+    Posterize 0.8 2 | Solarize 0.6 10
+    Solarize 0.6 8 | Equalize 0.6 1
+    Color 0.8 6 | Rotate 0.4 5
+""")}
+for _name, _posterize in (("original", "PosterizeOriginal"), ("v0", "Posterize")):
+    AUTO_AUGMENT[_name + "r"] = tuple(
+        tuple(("PosterizeIncreasing" if op == _posterize else op, p, m) for op, p, m in sub)
+        for sub in AUTO_AUGMENT[_name])
 
 
 def apply_op(name, image, magnitude, sign):
@@ -136,6 +209,31 @@ def rand_augment(image, key, num_layers=2, magnitude=10, mstd=0.0, mmax=None,
         image = tf.cond(apply, lambda im=image, i=index, m=m, s=sign: _one_of(ops, i, im, m, s),
                         lambda im=image: im)
     return image
+
+
+def auto_augment(image, key, policy="v0", mstd=0.0):
+    """timm's `AutoAugment` of one float 0-255 image: one of the policy's
+    sub-policies (`AUTO_AUGMENT[policy]`) drawn uniformly, its operations in
+    order, each applied with its probability at its magnitude (with `mstd`,
+    drawn per operation as `_draw_magnitude`). Stateless, from `key`."""
+    tf = _tf()
+    subs = AUTO_AUGMENT[policy]
+    k_choice, k_ops = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+    index = tf.random.stateless_uniform([], k_choice, 0, len(subs), dtype=tf.int32)
+
+    def run(sub):
+        out = image
+        for j, (name, prob, magnitude) in enumerate(sub):
+            keys = tf.random.experimental.stateless_split(
+                tf.random.experimental.stateless_fold_in(k_ops, j), 3)
+            m = _draw_magnitude(magnitude, mstd, None, keys[0])
+            sign = tf.where(tf.random.stateless_uniform([], keys[1]) > 0.5, -1.0, 1.0)
+            apply = tf.random.stateless_uniform([], keys[2]) < prob
+            out = tf.cond(apply, lambda o=out, n=name, m=m, s=sign: apply_op(n, o, m, s),
+                          lambda o=out: o)
+        return tf.ensure_shape(out, [None, None, 3])
+
+    return tf.switch_case(index, [lambda sub=sub: run(sub) for sub in subs])
 
 
 def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("inf")):
@@ -187,8 +285,8 @@ def _sections(name, kind, known, shown=None):
 
 
 def parse(name):
-    """timm's `--aa` name -> `(function, keyword arguments)` of `rand_augment`
-    or `augmix`; a name or section timm does not know is an error."""
+    """timm's `--aa` name -> `(function, keyword arguments)` of `rand_augment`,
+    `augmix` or `auto_augment`; a name or section timm does not know is an error."""
     if not isinstance(name, str):
         raise ValueError(f"auto_augment must be one of timm's names such as "
                          f"'rand-m9-mstd0.5-inc1', got {name!r}.")
@@ -209,9 +307,13 @@ def parse(name):
         return augmix, dict(magnitude=float(s.get("m", 3)), width=int(s.get("w", 3)),
                             depth=depth if depth > 0 else -1, alpha=float(s.get("a", 1.0)),
                             mstd=float(s.get("mstd", "inf")))
+    if head in AUTO_AUGMENT:
+        s = _sections(name_, "AutoAugment", ("mstd",), name)
+        # timm's AutoAugment takes mstd as it is (no 'above 100: uniform')
+        return auto_augment, dict(policy=head, mstd=float(s.get("mstd", 0.0)))
     raise ValueError(f"Unknown auto_augment {name!r}: timm's RandAugment ('rand-m9-mstd0.5-"
-                     "inc1') or AugMix ('augmix-m3-w3-d-1'); AutoAugment's fixed policies "
-                     "('v0', 'original') are not here.")
+                     "inc1'), AugMix ('augmix-m3-w3-d-1') or AutoAugment's policies "
+                     f"({', '.join(repr(p) for p in AUTO_AUGMENT)}, e.g. 'original-mstd0.5').")
 
 
 def by_name(image, name, key):
