@@ -214,8 +214,9 @@ def test_timms_flag_names_set_the_recipe_fields_and_say_so(capsys):
     assert r.label_smoothing == was.label_smoothing  # the smoothing went to the MixUp
     assert (config.augment["erase"], config.augment["crop"], config.augment["color_jitter"],
             config.augment["three_augment"]) == (0.1, "simple", 0.2, False)  # --aa none: off
+    assert was.augment["interpolation"] == "bicubic" and config.augment["interpolation"] == "bilinear"
     assert config.to_dict()["recipe_overrides"] == fields
-    for bad in ("--remode const", "--recount 2", "--train-interpolation bicubic", "--opt adam"):
+    for bad in ("--remode const", "--recount 2", "--train-interpolation lanczos", "--opt adam"):
         with pytest.raises(SystemExit):
             parse_train(bad.split())
     # Without a timm MixUp in the recipe a MixUp flag starts one from timm's defaults,

@@ -8,8 +8,10 @@ one op at a time with keyed draws, and MixUp. timm's augmentations live in
 import dataclasses
 
 from keras_reluvit import _keras_compat as compat
+from keras_reluvit.data.pillow_ops import INTERPOLATIONS
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.preprocessing import decode_image
+from keras_reluvit.preprocessing import pillow_resize
 from keras_reluvit.preprocessing import tf_preprocess
 
 
@@ -33,7 +35,10 @@ class Augment:
     0.3; see `keras_reluvit.data.three_augment`); `auto_augment` timm's
     `--aa` name, instead of `randaug` (DeiT's `"rand-m9-mstd0.5-inc1"`,
     `"augmix-m3-w3-d-1"`, AutoAugment's `"original-mstd0.5"`; see
-    `keras_reluvit.data.timm_augment`)."""
+    `keras_reluvit.data.timm_augment`); `interpolation` the crop's resize and
+    the geometric operations' sampling: `"bilinear"` (big_vision's resize,
+    Pillow's bilinear transforms) or `"bicubic"` (Pillow's, as timm's
+    `--train-interpolation bicubic`: DeiT's)."""
 
     crop_area: tuple = (0.05, 1.0)
     crop_aspect: tuple = (3 / 4, 4 / 3)
@@ -47,6 +52,7 @@ class Augment:
     three_augment: bool = False
     color_jitter: float = 0.0
     auto_augment: str = None
+    interpolation: str = "bilinear"
     repeats: dataclasses.InitVar[int] = None  # aug_repeats' name before 0.2
 
     def __post_init__(self, repeats):
@@ -55,6 +61,9 @@ class Augment:
                              f"aug_repeats={self.aug_repeats!r} is given too.")
         if self.aug_repeats is None:
             self.aug_repeats = 1 if repeats is None else repeats
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"Augment(interpolation=) must be one of {INTERPOLATIONS}, "
+                             f"got {self.interpolation!r}.")
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -108,17 +117,27 @@ def decode_random_crop(data, area, aspect, seed, dct_method="", alpha="drop"):
 
 
 CROPS = ("inception", "simple")
-def inception_crop(image, size, area, aspect, seed):
+def resize_crop(image, size, interpolation="bilinear"):
+    """A crop to `size`, float32 out: `"bilinear"` TensorFlow's (big_vision's),
+    `"bicubic"` Pillow's resize, levels (timm's and torchvision's on PIL
+    images: DeiT's `--train-interpolation bicubic`)."""
+    if interpolation == "bicubic":
+        return pillow_resize(image, size, "bicubic")
+    return _tf().image.resize(image, size, method="bilinear")
+
+
+def inception_crop(image, size, area, aspect, seed, interpolation="bilinear"):
     """The random crop of decoded pixels `image` (`[H, W, C]`), resized to
-    `size` (bilinear, float32 out)."""
-    return _tf().image.resize(random_crop(image, area, aspect, seed), size, method="bilinear")
+    `size` (`resize_crop`, float32 out)."""
+    return resize_crop(random_crop(image, area, aspect, seed), size, interpolation)
 
 
-def decode_inception_crop(data, size, area, aspect, seed, dct_method="", alpha="drop"):
+def decode_inception_crop(data, size, area, aspect, seed, dct_method="", alpha="drop",
+                          interpolation="bilinear"):
     """Encoded image bytes -> the random crop (`decode_random_crop`), resized
-    to `size` (float32) from the uint8 crop (no float copy of the image)."""
-    return _tf().image.resize(decode_random_crop(data, area, aspect, seed, dct_method, alpha), size,
-                              method="bilinear")
+    to `size` (`resize_crop`, float32) from the uint8 crop (no float copy of the image)."""
+    return resize_crop(decode_random_crop(data, area, aspect, seed, dct_method, alpha), size,
+                       interpolation)
 
 
 def resize_small_central_crop(image, size):

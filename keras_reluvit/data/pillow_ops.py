@@ -147,54 +147,94 @@ def sharpness(image, factor):
     return blend(tf.where(border, image, smooth), image, factor)
 
 
-def affine(image, matrix, fill=FILL):
-    """Pillow's `Image.transform(size, AFFINE, matrix)`: output pixel
-    centre `(x, y)` reads the input at `(a x + b y + c, d x + e y + f)`,
-    bilinear (truncated to a level, as Pillow's), `fill` outside."""
+INTERPOLATIONS = ("bilinear", "bicubic")  # Pillow's filters of the geometric operations
+
+
+def _cubic(v1, v2, v3, v4, d):
+    """Pillow's bicubic interpolation between `v2` and `v3` (`Geometry.c`'s
+    `BICUBIC`: the cubic convolution with a = -1), its operations in its order."""
+    p2 = -v1 + v3
+    p3 = 2.0 * (v1 - v2) + v3 - v4
+    p4 = -v1 + v2 - v3 + v4
+    return v2 + d * (p2 + d * (p3 + d * p4))
+
+
+def _linear(v1, v2, d):
+    return v1 + (v2 - v1) * d
+
+
+def affine(image, matrix, fill=FILL, interpolation="bilinear"):
+    """Pillow's `Image.transform(size, AFFINE, matrix, resample, fillcolor=fill)`
+    on levels: output pixel centre `(x + 0.5, y + 0.5)` reads the input at
+    `(a x' + b y' + c, d x' + e y' + f)`, in doubles as Pillow
+    (`ImagingGenericTransform`); `fill` where that falls outside the image;
+    `"bilinear"` (2 x 2 pixels) or `"bicubic"` (4 x 4, Pillow's a = -1
+    kernel), the edge pixels repeated, truncated to a level (bicubic clipped
+    to 0-255 first)."""
     tf = _tf()
-    a, b, c, d, e, f = [tf.cast(m, tf.float32) for m in matrix]
-    # Pillow's coordinates are pixel centres at + 0.5; TensorFlow's at the index.
-    transform = tf.stack([a, b, a * 0.5 + b * 0.5 + c - 0.5,
-                          d, e, d * 0.5 + e * 0.5 + f - 0.5, 0.0, 0.0])[None]
-    size = tf.shape(image)[:2]
-    stacked = tf.concat([image, tf.ones_like(image[..., :1])], -1)[None]
-    out = tf.raw_ops.ImageProjectiveTransformV3(
-        images=stacked, transforms=transform, output_shape=size, fill_value=0.0,
-        interpolation="BILINEAR", fill_mode="CONSTANT")[0]
-    inside = out[..., 3:]
-    out = out[..., :3] + (1.0 - inside) * tf.constant(fill, image.dtype)
-    return tf.floor(tf.clip_by_value(out, 0.0, 255.0))
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}.")
+    a, b, c, d, e, f = [tf.cast(m, tf.float64) for m in matrix]
+    h, w = tf.shape(image)[0], tf.shape(image)[1]
+    xs = tf.cast(tf.range(w), tf.float64)[None, :] + 0.5
+    ys = tf.cast(tf.range(h), tf.float64)[:, None] + 0.5
+    xin, yin = a * xs + b * ys + c, d * xs + e * ys + f
+    inside = ((xin >= 0.0) & (xin < tf.cast(w, tf.float64))
+              & (yin >= 0.0) & (yin < tf.cast(h, tf.float64)))
+    xin, yin = xin - 0.5, yin - 0.5
+    x0, y0 = tf.floor(xin), tf.floor(yin)
+    dx, dy = (xin - x0)[..., None], (yin - y0)[..., None]
+    taps = (0, 1) if interpolation == "bilinear" else (-1, 0, 1, 2)
+    x0 = tf.cast(tf.clip_by_value(x0, -3.0, tf.cast(w, tf.float64)), tf.int32)
+    y0 = tf.cast(tf.clip_by_value(y0, -3.0, tf.cast(h, tf.float64)), tf.int32)
+    cols = [tf.clip_by_value(x0 + t, 0, w - 1) for t in taps]
+    rows = [tf.clip_by_value(y0 + t, 0, h - 1) for t in taps]
+    src = tf.cast(image, tf.float64)
+    lines = []
+    for r in rows:
+        values = [tf.gather_nd(src, tf.stack([r, col], -1)) for col in cols]
+        lines.append(_linear(*values, dx) if len(taps) == 2 else _cubic(*values, dx))
+    v = _linear(*lines, dy) if len(taps) == 2 else _cubic(*lines, dy)
+    v = tf.floor(tf.clip_by_value(v, 0.0, 255.0))  # (UINT8) v: truncation
+    out = tf.where(inside[..., None], v, tf.constant(fill, tf.float64))
+    return tf.cast(out, image.dtype)
 
 
-def rotate(image, degrees):
-    """`Image.rotate(degrees)`: counter-clockwise about the centre `(w/2, h/2)`."""
+def rotate(image, degrees, interpolation="bilinear"):
+    """`Image.rotate(degrees)`: counter-clockwise about the centre `(w/2, h/2)`,
+    its matrix in doubles as Pillow writes it (each entry rounded to 15 decimals)."""
     tf = _tf()
-    angle = -tf.cast(degrees, tf.float32) * math.pi / 180.0
-    cos, sin = tf.cos(angle), tf.sin(angle)
-    h, w = tf.cast(tf.shape(image)[0], tf.float32), tf.cast(tf.shape(image)[1], tf.float32)
-    cx, cy = w / 2.0, h / 2.0
-    return affine(image, (cos, sin, cos * -cx + sin * -cy + cx,
-                          -sin, cos, -sin * -cx + cos * -cy + cy))
+    angle = -(tf.cast(degrees, tf.float64) * (math.pi / 180.0))
+
+    def r15(v):  # Python's round(v, 15)
+        return tf.round(v * 1e15) / 1e15
+
+    cos, sin, nsin = r15(tf.cos(angle)), r15(tf.sin(angle)), r15(-tf.sin(angle))
+    cx = tf.cast(tf.shape(image)[1], tf.float64) / 2.0
+    cy = tf.cast(tf.shape(image)[0], tf.float64) / 2.0
+    c = cos * -cx + sin * -cy + 0.0 + cx
+    f = nsin * -cx + cos * -cy + 0.0 + cy
+    return affine(image, (cos, sin, c, nsin, cos, f), interpolation=interpolation)
 
 
-def shear_x(image, factor):
-    return affine(image, (1.0, factor, 0.0, 0.0, 1.0, 0.0))
+def shear_x(image, factor, interpolation="bilinear"):
+    return affine(image, (1.0, factor, 0.0, 0.0, 1.0, 0.0), interpolation=interpolation)
 
 
-def shear_y(image, factor):
-    return affine(image, (1.0, 0.0, 0.0, factor, 1.0, 0.0))
+def shear_y(image, factor, interpolation="bilinear"):
+    return affine(image, (1.0, 0.0, 0.0, factor, 1.0, 0.0), interpolation=interpolation)
 
 
-def translate_x_rel(image, pct):
+def translate_x_rel(image, pct, interpolation="bilinear"):
     tf = _tf()
-    return affine(image, (1.0, 0.0, pct * tf.cast(tf.shape(image)[1], tf.float32),
-                          0.0, 1.0, 0.0))
+    pixels = tf.cast(pct, tf.float64) * tf.cast(tf.shape(image)[1], tf.float64)
+    return affine(image, (1.0, 0.0, pixels, 0.0, 1.0, 0.0), interpolation=interpolation)
 
 
-def translate_y_rel(image, pct):
+def translate_y_rel(image, pct, interpolation="bilinear"):
     tf = _tf()
-    return affine(image, (1.0, 0.0, 0.0, 0.0, 1.0,
-                          pct * tf.cast(tf.shape(image)[0], tf.float32)))
+    pixels = tf.cast(pct, tf.float64) * tf.cast(tf.shape(image)[0], tf.float64)
+    return affine(image, (1.0, 0.0, 0.0, 0.0, 1.0, pixels), interpolation=interpolation)
 
 
 def gaussian_blur(image, sigma):

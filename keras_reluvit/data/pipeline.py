@@ -95,12 +95,13 @@ def pipeline(
             if aug.crop == "simple":  # DeiT III's --src: the whole image decoded
                 pixels = (decode_image(data, dct, recipe["alpha"]) if encoded
                           else tf_to_rgb(data, recipe))
-                image = simple_random_crop(pixels, size, s1)
+                image = simple_random_crop(pixels, size, s1, aug.interpolation)
             elif encoded:
                 image = decode_inception_crop(data, size, aug.crop_area, aug.crop_aspect, s1, dct,
-                                              recipe["alpha"])
+                                              recipe["alpha"], aug.interpolation)
             else:
-                image = inception_crop(tf_to_rgb(data, recipe), size, aug.crop_area, aug.crop_aspect, s1)
+                image = inception_crop(tf_to_rgb(data, recipe), size, aug.crop_area,
+                                       aug.crop_aspect, s1, aug.interpolation)
             image = tf.ensure_shape(image, (*size, 3))
             if aug.flip:
                 image = tf.image.stateless_random_flip_left_right(image, s2)
@@ -109,7 +110,8 @@ def pipeline(
             if aug.auto_augment is not None or aug.three_augment or aug.color_jitter > 0:
                 image = pillow_levels(image)  # Pillow's operations run on uint8 crops
             if aug.auto_augment is not None:  # timm's --aa
-                image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]))
+                image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]),
+                                     aug.interpolation)
             if aug.three_augment:  # DeiT III's, then its colour jitter
                 image = three_augment(image, tf.stack([rnd, 4]))
             if aug.color_jitter > 0:

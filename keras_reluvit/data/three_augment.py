@@ -15,6 +15,7 @@ around each channel's own mean, a fixed order of the jitter's operations and
 a 3-tap blur by default; hence Pillow's operations here.
 """
 
+from keras_reluvit.data.augment import resize_crop
 from keras_reluvit.data.pillow_ops import brightness
 from keras_reluvit.data.pillow_ops import color
 from keras_reluvit.data.pillow_ops import contrast
@@ -61,17 +62,23 @@ def three_augment(image, key):
 SIMPLE_CROP_PADDING = 4  # DeiT III's RandomCrop(size, padding=4, padding_mode="reflect")
 
 
-def simple_random_crop(image, size, seed):
+def simple_random_crop(image, size, seed, interpolation="bilinear"):
     """DeiT III's simple random crop (`--src`) of decoded pixels `image`
-    (`[H, W, C]`): resized (bilinear; DeiT's bicubic) so that it covers
-    `size` with its shorter side, `SIMPLE_CROP_PADDING` pixels of reflection
-    padding, a uniformly placed crop of `size`; float32 out."""
+    (`[H, W, C]`): resized so that it covers `size` with its shorter side
+    (square sizes: torchvision's `Resize(int)`, the longer side truncated),
+    `interpolation` as `augment.resize_crop` (DeiT III's: Pillow's bicubic),
+    `SIMPLE_CROP_PADDING` pixels of reflection padding, a uniformly placed
+    crop of `size`; float32 out."""
     tf = _tf()
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    target = tf.constant(size, tf.float32)
-    scale = tf.reduce_max(target / shape)
-    resized = tf.image.resize(image, tf.cast(tf.math.ceil(shape * scale - 1e-3), tf.int32),
-                              method="bilinear")
+    hw = tf.shape(image)[:2]
+    if size[0] == size[1]:  # torchvision: short = size, long = int(size * long / short)
+        short = tf.reduce_min(hw)
+        to = tf.where(hw == short, size[0], (size[0] * hw) // short)
+    else:
+        shape = tf.cast(hw, tf.float32)
+        scale = tf.reduce_max(tf.constant(size, tf.float32) / shape)
+        to = tf.cast(tf.math.ceil(shape * scale - 1e-3), tf.int32)
+    resized = resize_crop(image, to, interpolation)
     p = SIMPLE_CROP_PADDING
     padded = tf.pad(resized, [[p, p], [p, p], [0, 0]], mode="REFLECT")
     return tf.image.stateless_random_crop(padded, (*size, tf.shape(image)[-1]), seed)

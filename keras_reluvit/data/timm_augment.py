@@ -6,9 +6,9 @@ DeiT's), AugMix (`augmix-m3-w3-d-1`) and AutoAugment's fixed policies
 CutMix on batches (`--mixup` / `--cutmix`, `timm_mix`).
 
 Each operation is Pillow's, as timm runs it on PIL images (`pillow_ops`:
-float 0-255 pixels, no rounding to uint8 between operations, bilinear
-sampling where timm draws bilinear or bicubic). The magnitude scale is
-timm's: 0-10 (`M`), each operation's argument a function of it (`_OPS`, timm's
+float 0-255 pixels holding Pillow's uint8 levels; the geometric ones
+sampled bilinear or bicubic as Pillow, `Augment(interpolation=)`). The
+magnitude scale is timm's: 0-10 (`M`), each operation's argument a function of it (`_OPS`, timm's
 level functions), with a random sign where timm negates.
 
 Keras' `RandAugment` and `AugMix` differ from timm's: other operations and
@@ -50,6 +50,12 @@ def _enhance_increasing(m, s):
     return _tf().maximum(0.1, 1.0 + s * m / LEVEL_MAX * 0.9)
 
 
+def _f64(v):
+    """The geometric operations' arguments in doubles, as timm computes them
+    (AutoAugment's whole magnitudes then give Pillow exactly timm's matrix)."""
+    return _tf().cast(v, _tf().float64)
+
+
 def _posterize_bits(m):
     return _tf().cast(m / LEVEL_MAX * 4.0, _tf().int32)  # int(): truncation
 
@@ -62,7 +68,7 @@ _OPS = {
     "AutoContrast": (lambda x, a: auto_contrast(x), None),
     "Equalize": (lambda x, a: equalize(x), None),
     "Invert": (lambda x, a: invert(x), None),
-    "Rotate": (rotate, lambda m, s: s * m / LEVEL_MAX * 30.0),
+    "Rotate": (rotate, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 30.0),
     "Posterize": (posterize, lambda m, s: _posterize_bits(m)),
     "PosterizeIncreasing": (posterize, lambda m, s: 4 - _posterize_bits(m)),
     "PosterizeOriginal": (posterize, lambda m, s: _posterize_bits(m) + 4),  # the paper's 4-8 bits
@@ -77,10 +83,10 @@ _OPS = {
     "BrightnessIncreasing": (brightness, _enhance_increasing),
     "Sharpness": (sharpness, _enhance),
     "SharpnessIncreasing": (sharpness, _enhance_increasing),
-    "ShearX": (shear_x, lambda m, s: s * m / LEVEL_MAX * 0.3),
-    "ShearY": (shear_y, lambda m, s: s * m / LEVEL_MAX * 0.3),
-    "TranslateXRel": (translate_x_rel, lambda m, s: s * m / LEVEL_MAX * 0.45),
-    "TranslateYRel": (translate_y_rel, lambda m, s: s * m / LEVEL_MAX * 0.45),
+    "ShearX": (shear_x, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 0.3),
+    "ShearY": (shear_y, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 0.3),
+    "TranslateXRel": (translate_x_rel, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 0.45),
+    "TranslateYRel": (translate_y_rel, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 0.45),
 }
 RAND_OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize",
             "SolarizeAdd", "Color", "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY",
@@ -167,10 +173,16 @@ for _name, _posterize in (("original", "PosterizeOriginal"), ("v0", "Posterize")
         for sub in AUTO_AUGMENT[_name])
 
 
-def apply_op(name, image, magnitude, sign):
-    """timm's operation `name` at `magnitude` (0-10) with `sign` (+-1)."""
+GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+
+
+def apply_op(name, image, magnitude, sign, interpolation="bilinear"):
+    """timm's operation `name` at `magnitude` (0-10) with `sign` (+-1); the
+    geometric ones sample with Pillow's `interpolation` (timm's
+    `hparams["interpolation"]`: DeiT's bicubic)."""
     fn, level = _OPS[name]
-    return fn(image, None if level is None else level(magnitude, sign))
+    kw = dict(interpolation=interpolation) if name in GEOMETRIC else {}
+    return fn(image, None if level is None else level(magnitude, sign), **kw)
 
 
 def _draw_magnitude(magnitude, mstd, mmax, key):
@@ -185,14 +197,15 @@ def _draw_magnitude(magnitude, mstd, mmax, key):
     return tf.clip_by_value(m, 0.0, float(mmax or LEVEL_MAX))
 
 
-def _one_of(ops, index, image, magnitude, sign):
+def _one_of(ops, index, image, magnitude, sign, interpolation="bilinear"):
     tf = _tf()
-    out = tf.switch_case(index, [lambda n=n: apply_op(n, image, magnitude, sign) for n in ops])
+    out = tf.switch_case(index, [lambda n=n: apply_op(n, image, magnitude, sign, interpolation)
+                                 for n in ops])
     return tf.ensure_shape(out, [None, None, 3])
 
 
 def rand_augment(image, key, num_layers=2, magnitude=10, mstd=0.0, mmax=None,
-                 increasing=False, prob=0.5):
+                 increasing=False, prob=0.5, interpolation="bilinear"):
     """timm's `RandAugment` of one float 0-255 image: `num_layers` operations
     drawn uniformly with replacement from timm's 15 (`RAND_OPS`, or with
     `increasing` `RAND_INCREASING_OPS`), each applied with probability `prob`
@@ -206,12 +219,12 @@ def rand_augment(image, key, num_layers=2, magnitude=10, mstd=0.0, mmax=None,
         m = _draw_magnitude(magnitude, mstd, mmax, keys[1])
         sign = tf.where(tf.random.stateless_uniform([], keys[2]) > 0.5, -1.0, 1.0)
         apply = tf.random.stateless_uniform([], keys[3]) < prob
-        image = tf.cond(apply, lambda im=image, i=index, m=m, s=sign: _one_of(ops, i, im, m, s),
-                        lambda im=image: im)
+        image = tf.cond(apply, lambda im=image, i=index, m=m, s=sign: _one_of(
+            ops, i, im, m, s, interpolation=interpolation), lambda im=image: im)
     return image
 
 
-def auto_augment(image, key, policy="v0", mstd=0.0):
+def auto_augment(image, key, policy="v0", mstd=0.0, interpolation="bilinear"):
     """timm's `AutoAugment` of one float 0-255 image: one of the policy's
     sub-policies (`AUTO_AUGMENT[policy]`) drawn uniformly, its operations in
     order, each applied with its probability at its magnitude (with `mstd`,
@@ -229,14 +242,15 @@ def auto_augment(image, key, policy="v0", mstd=0.0):
             m = _draw_magnitude(magnitude, mstd, None, keys[0])
             sign = tf.where(tf.random.stateless_uniform([], keys[1]) > 0.5, -1.0, 1.0)
             apply = tf.random.stateless_uniform([], keys[2]) < prob
-            out = tf.cond(apply, lambda o=out, n=name, m=m, s=sign: apply_op(n, o, m, s),
-                          lambda o=out: o)
+            out = tf.cond(apply, lambda o=out, n=name, m=m, s=sign: apply_op(
+                n, o, m, s, interpolation=interpolation), lambda o=out: o)
         return tf.ensure_shape(out, [None, None, 3])
 
     return tf.switch_case(index, [lambda sub=sub: run(sub) for sub in subs])
 
 
-def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("inf")):
+def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("inf"),
+           interpolation="bilinear"):
     """timm's `AugMixAugment` (its basic mode) of one float 0-255 image:
     `width` chains of `depth` operations (-1: 1 to 3) of `AUGMIX_OPS`, each
     applied (probability 1) at a magnitude drawn per operation, mixed with
@@ -264,7 +278,8 @@ def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("in
             index = tf.random.stateless_uniform([], sk[0], 0, len(AUGMIX_OPS), dtype=tf.int32)
             m = _draw_magnitude(magnitude, mstd, None, sk[1])
             sign = tf.where(tf.random.stateless_uniform([], sk[2]) > 0.5, -1.0, 1.0)
-            aug = tf.where(step < n, _one_of(AUGMIX_OPS, index, aug, m, sign), aug)
+            aug = tf.where(step < n, _one_of(AUGMIX_OPS, index, aug, m, sign,
+                                             interpolation=interpolation), aug)
         mixed = mixed + weights[chain] * aug
     # timm: np.clip, then astype(uint8) (truncated) before Image.blend
     return blend(image, truncated_levels(mixed), m_blend)
@@ -316,10 +331,11 @@ def parse(name):
                      f"({', '.join(repr(p) for p in AUTO_AUGMENT)}, e.g. 'original-mstd0.5').")
 
 
-def by_name(image, name, key):
-    """The augmentation timm's `--aa name` names, of one float 0-255 image."""
+def by_name(image, name, key, interpolation="bilinear"):
+    """The augmentation timm's `--aa name` names, of one float 0-255 image,
+    its geometric operations sampled with Pillow's `interpolation`."""
     fn, kwargs = parse(name)
-    return fn(image, key, **kwargs)
+    return fn(image, key, interpolation=interpolation, **kwargs)
 
 
 ERASE_AREA = (0.02, 1 / 3)

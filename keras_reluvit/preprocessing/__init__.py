@@ -103,12 +103,14 @@ from keras_reluvit.preprocessing.recipe import PASS_ORDERS
 from keras_reluvit.preprocessing.recipe import PILLOW_FILTERS
 from keras_reluvit.preprocessing.recipe import RESIZE_MODES
 from keras_reluvit.preprocessing.recipe import check_preprocessing
+from keras_reluvit.preprocessing.tf_path import pillow_resize
 from keras_reluvit.preprocessing.tf_path import tf_preprocess
 from keras_reluvit.preprocessing.tf_path import tf_to_rgb
 
 __all__ = ["ALPHA_RULES", "CROP_OFFSETS", "DEFAULT", "IMAGENET_MEAN", "IMAGENET_STD",
            "INTERPOLATIONS", "ImagePreprocessor", "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD",
            "PASS_ORDERS", "PILLOW_FILTERS", "RESIZE_MODES", "border_fill", "check_preprocessing",
+           "pillow_resize",
            "composite_on_white", "decode_image", "decode_predictions", "imagenet1k_labels",
            "load_image", "normalise", "pillow_weights", "plan", "preprocess", "probabilities",
            "resized_side", "round_half_up", "tf_preprocess", "tf_to_rgb", "to_rgb",

@@ -120,6 +120,24 @@ def tf_preprocess(images, size, p=None, normalize=True):
     return normalise(x, p) if normalize else x
 
 
+def pillow_resize(image, size, method="bicubic"):
+    """Pillow's `resize(size, method)` of a uint8-level image `[H, W, 3]` (or a
+    batch) to `size` `(h, w)` (ints or int32 scalars: a size known only in
+    the graph): antialiased, each pass rounded to uint8 in Pillow's pass
+    order; float32 levels out. Pillow's bicubic (a = -0.5) as TensorFlow's
+    Keys cubic in float32: all but ~1 in 10,000 pixels Pillow's, the
+    others a level off (tests/test_three_augment.py)."""
+    import tensorflow as tf
+
+    p = check_preprocessing(dict(interpolation=method, round_uint8=True))
+    x = tf.cast(image, tf.float32)
+    shape = tf.shape(x)
+    h, w = shape[-3], shape[-2]
+    rh, rw = (tf.cast(v, tf.int32) for v in size)
+    return tf.clip_by_value(_crop_resample(x, (h, w), (rh, rw), (0, 0, rh, rw), method, p),
+                            0.0, 255.0)
+
+
 def _crop_resample(x, hw, resized, crop, method, p):
     """`resize(x, resized)[crop]` (antialiased) computing only the crop."""
     import tensorflow as tf

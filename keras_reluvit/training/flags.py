@@ -113,9 +113,9 @@ FLAGS = (
          "DeiT III's 3-Augment: one of grayscale, solarize, blur per image, instead of the "
          "recipe's RandAugment and random erasing (as DeiT III's transform)", const=True,
          sets="`augment.three_augment` (the recipe's RandAugment and erasing off)"),
-    Flag(None, ("--train-interpolation",), "augment.interpolation", str,
-         "the crop's resizing: bilinear only (DeiT's bicubic is not implemented)",
-         only=("bilinear",)),
+    Flag("--interpolation", ("--train-interpolation",), "augment.interpolation", str,
+         "the crop's resize and the geometric augmentations' sampling: bicubic "
+         "(Pillow's, DeiT's) or bilinear", choices=("bilinear", "bicubic")),
 )
 # timm's / DeiT's names for options `keras-reluvit train` has under another name
 # (same meaning): theirs -> ours.

@@ -158,6 +158,7 @@ RECIPES = {
         init_required=True,
         model=dict(drop_path=0.1),
         augment=dict(crop_area=(0.08, 1.0), auto_augment="rand-m9-mstd0.5-inc1", erase=0.25,
+                     interpolation="bicubic",
                      timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
                                    label_smoothing=0.1)),
     ),
@@ -192,12 +193,11 @@ _DEIT = dict(dataset="imagenet2012", image_size=224, epochs=300, batch_size=1024
              optimizer="adamw", lr=1e-3, wd=5e-5, warmup_epochs=5, loss="softmax_xent",
              head_bias_init=0.0, ema=0.99996,
              augment=dict(crop_area=(0.08, 1.0), auto_augment="rand-m9-mstd0.5-inc1",
-                          erase=0.25, aug_repeats=3,
+                          erase=0.25, aug_repeats=3, interpolation="bicubic",
                           timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
                                         label_smoothing=0.1)))
 _DEIT_DIFFERS = (" Differs from DeiT's: qk-layernorm on (the paper's setting for ReLU/L; "
-                 "DeiT has none: qk_norm=False); bilinear resizing and sampling (DeiT's "
-                 "bicubic); the 3 copies of an image (repeated augmentation) share one "
+                 "DeiT has none: qk_norm=False); the 3 copies of an image (repeated augmentation) share one "
                  "process' batch, where DeiT's RASampler deals them to 3 GPUs of the same "
                  "global batch; the cosine ends at 0 (timm's at 1e-5).")
 for _name, _variant, _top1 in (("deit_ti16_300ep", "Ti/16", 72.2),
@@ -223,13 +223,13 @@ for _name, _variant, _top1 in (("deit_ti16_300ep", "Ti/16", 72.2),
 _DEIT3 = dict(dataset="imagenet2012", epochs=400, batch_size=2048, optimizer="lamb",
               warmup_epochs=5, grad_clip=1.0, loss="bce", head_bias_init=0.0, ema=0.99996,
               augment=dict(crop_area=(0.08, 1.0), three_augment=True, color_jitter=0.3,
-                           aug_repeats=3, timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0,
+                           aug_repeats=3, interpolation="bicubic", timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0,
                                                     switch_prob=0.5, label_smoothing=0.0)))
 _DEIT3_DIFFERS = (" Differs from DeiT III's: qk-layernorm on (the paper's setting for ReLU/L; "
                   "qk_norm=False for DeiT III's); 400 epochs (the paper's shorter schedule; the "
                   "README's commands run 800); the 3 copies of an image share one process' "
                   "batch; warmup from 0 (DeiT's 1e-6) and the cosine to 0 (timm's 1e-5); "
-                  "bilinear resizing (DeiT's bicubic); the Gaussian blur exact (Pillow's: three "
+                  "the Gaussian blur exact (Pillow's: three "
                   "box blurs).")
 for _name, _variant, _size, _lr, _dp, _top1 in (
         ("deit3_s16_400ep", "S/16", 224, 4e-3, 0.05, "81.4% top-1 at 224 after 800 epochs"),
@@ -257,12 +257,12 @@ RECIPES["deit3_ft224"] = dict(
     "timm's RandAugment rand-m9-mstd0.5-inc1, MixUp 0.8 / CutMix 1.0 with smoothing 0.1, "
     "stochastic depth 0.2 (ViT-B's; --drop-path for L / H: 0.45 / 0.55), no repeated "
     "augmentation; the position embedding resampled to 224 on load. Differs from DeiT "
-    "III's: warmup from 0 (DeiT's 1e-6) and the cosine to 0 (timm's 1e-5); bilinear resizing "
-    "(DeiT's bicubic).",
+    "III's: warmup from 0 (DeiT's 1e-6) and the cosine to 0 (timm's 1e-5).",
     dataset="imagenet2012", image_size=224, epochs=20, batch_size=512, optimizer="adamw",
     lr=1e-5, wd=1e-6, warmup_epochs=5, loss="softmax_xent", head_bias_init=0.0,
     init_required=True, model=dict(drop_path=0.2), ema=0.99996,
     augment=dict(crop_area=(0.08, 1.0), auto_augment="rand-m9-mstd0.5-inc1",
+                 interpolation="bicubic",
                  timm_mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
                                label_smoothing=0.1)))
 
