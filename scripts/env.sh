@@ -14,9 +14,10 @@ else
   KEY="$(cat "$ROOT"/requirements/*.txt | sha256sum | cut -c1-12)"
   VENV="${KRV_VENV:-$HOME/.cache/keras-reluvit/venv-$KEY}"
 fi
-# --no-compile: Python writes the bytecode of the modules a run imports on
-# first import, instead of pip compiling every file of TensorFlow, torch,
-# Triton and JAX (a fresh venv: 121 s -> 66 s; the first imports ~3 s slower).
+# pip compiles every module's bytecode (~55 of a fresh venv's ~120 s): left to
+# Python instead (--no-compile) every process compiled TensorFlow, JAX, ...
+# from source again where PYTHONDONTWRITEBYTECODE is set, as on our CI machine
+# (the JAX suite 10.5 -> 15.7 min).
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   echo "[env] creating $VENV" >&2
   rm -rf "$VENV"
@@ -24,12 +25,12 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
   if [ "${KRV_PROFILE:-test}" = peers ]; then
     grep -v -E '^(torch|triton)==' "$ROOT/requirements/test.txt" > "$VENV/test-without-torch.txt"
-    "$VENV/bin/pip" install -q --no-compile -r "$VENV/test-without-torch.txt" \
+    "$VENV/bin/pip" install -q -r "$VENV/test-without-torch.txt" \
         -r "$ROOT/benchmarks/requirements-peers.txt"
   else
-    "$VENV/bin/pip" install -q --no-compile -r "$ROOT/requirements/test.txt"
+    "$VENV/bin/pip" install -q -r "$ROOT/requirements/test.txt"
     # keras-hub without its dependencies (they pull tensorflow-text).
-    "$VENV/bin/pip" install -q --no-compile --no-deps -r "$ROOT/requirements/keras-hub.txt"
+    "$VENV/bin/pip" install -q --no-deps -r "$ROOT/requirements/keras-hub.txt"
   fi
   touch "$VENV/.complete"
 fi
