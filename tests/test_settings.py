@@ -304,3 +304,32 @@ def test_eval_and_export_read_the_runs_recipe_overrides():
     assert recipes.probability(runs.run_recipe(run)) == "sigmoid"
     assert runs.run_recipe(dict(recipe="digits")).loss == "softmax_xent"
     assert runs.run_recipe(dict(recipe="my_own")) == "my_own"
+
+
+@pytest.mark.backend_independent
+def test_timms_input_size_and_model_ema_switch(capsys):
+    """DeiT's `--input-size N` and timm's `--input-size 3 N N` are the image
+    size; `--model-ema` (timm's switch) turns the EMA on at the recipe's
+    decay, else at timm's 0.9998, and says so; with --no-model-ema it is an
+    error."""
+    from keras_reluvit import cli
+
+    assert parse_train("--input-size 3 96 96".split()).image_size == 96
+    assert parse_train("--input-size 96".split()).image_size == 96
+    for bad in ("--input-size 3 96 64", "--input-size 1 96 96", "--input-size 96 96",
+                "--image-size 64 --input-size 96"):
+        with pytest.raises(SystemExit):
+            parse_train(bad.split())
+    assert "3 channels, a square" in capsys.readouterr().err
+    args = parse_train(["--model-ema"])
+    assert args.model_ema and args.ema is None
+    digits = T.build_config(RunSettings(recipe="digits", batch_size=8))
+    assert not digits.ema
+    cli.model_ema_switch(digits, args.ema)
+    assert digits.ema == cli.TIMM_EMA == 0.9998
+    assert "--model-ema: the weights' EMA at timm's decay 0.9998" in capsys.readouterr().out
+    deit = T.build_config(RunSettings(recipe="deit_s16_300ep", batch_size=8))
+    cli.model_ema_switch(deit, None)
+    assert deit.ema == 0.99996 and "--model-ema" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--model-ema and --no-model-ema"):
+        cli.model_ema_switch(deit, 0.0)

@@ -120,7 +120,7 @@ FLAGS = (
 # timm's / DeiT's names for options `keras-reluvit train` has under another name
 # (same meaning): theirs -> ours.
 RUN_ALIASES = {"--model-ema-decay": "--ema", "--input-size": "--image-size",
-               "--aa": "--auto-augment"}
+               "--aa": "--auto-augment", "--model-ema": "--ema"}
 # timm's / DeiT's flags that `keras-reluvit train` has under the same name: theirs -> a
 # note where the meaning differs.
 SAME_NAMES = {
@@ -320,8 +320,11 @@ def table():
             sets = ("accepted: " + ", ".join(f"`{v}`" for v in flag.only) + " (ours computes "
                     "only this)" if flag.only else flag.sets or f"`{flag.field}`")
             rows.append(f"| `{theirs}` | {ours} | {sets} |")
+    notes = {"--input-size": "DeiT's `N` or timm's `3 N N`",
+             "--model-ema": "a switch: the recipe's decay, else timm's 0.9998"}
     for theirs, ours in RUN_ALIASES.items():
-        rows.append(f"| `{theirs}` | `{ours}` | the run's setting |")
+        note = f"; {notes[theirs]}" if theirs in notes else ""
+        rows.append(f"| `{theirs}` | `{ours}` | the run's setting{note} |")
     for theirs, note in SAME_NAMES.items():
         rows.append(f"| `{theirs}` | the same | the run's setting{'; ' + note if note else ''} |")
     return rows
