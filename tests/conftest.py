@@ -96,21 +96,58 @@ FULL_ONLY = (
     # and DeiT's own tiny epoch runs on all three.
     "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@jax",
     "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@tensorflow",
-    # DeiT's tiny epoch on JAX (~20-30 s): it runs on TensorFlow (the XLA recipe step with the
-    # EMA) and PyTorch; its parts (RecipeAdamW and the EMA, timm_mix, erasing, timm's
-    # RandAugment in tf.data) are checked apart on every backend or once.
+    # DeiT's tiny epoch on JAX (~20-30 s): it runs on PyTorch; its parts (RecipeAdamW and
+    # the EMA, timm_mix, erasing, timm's RandAugment in tf.data) are checked apart on every
+    # backend or once.
     "test_deit.py::test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on@jax",
-    # The fine-tune CLI end to end on JAX (~24 s): PyTorch's and TensorFlow's run (TensorFlow's
-    # is CI's only `keras-reluvit eval` / `predict` on that backend); the literal reader runs
+    # The fine-tune CLI end to end on JAX (~24 s): PyTorch's runs; the literal reader runs
     # the README's fine-tune commands on JAX with their outcomes checked (the checkpoint's
-    # attention, the classes, eval = the run's score, the served classes); the API
-    # fine-tune runs on all three.
+    # attention, the classes, eval = the run's score, the served classes).
     "test_finetune.py::test_fine_tune_a_folder_through_the_cli@jax",
     # A SIGTERM in the last validation on TensorFlow (~20 s): the stop is StepBackup's
     # backend-free callback code (`_stop_agreed` at the epoch's end), run on JAX and PyTorch;
     # on TensorFlow, test_backup's SIGTERM test stops mid-epoch and resumes a finished run.
     "test_signals.py::test_sigterm_in_the_last_validation_stops_at_the_epoch_end_and_the_rerun_"
     "finishes@tensorflow",
+    # End-to-end runs on one backend (PyTorch's, the cheapest) where the parts they
+    # combine are checked on every backend (issue 59's rule; ~225 s of ci12's 29.5-min
+    # backend lane):
+    # - the fine-tune CLI on TensorFlow (~50 s): PyTorch's runs, the literal reader runs
+    #   the README's fine-tune, eval and predict commands on JAX;
+    "test_finetune.py::test_fine_tune_a_folder_through_the_cli@tensorflow",
+    # - DeiT's tiny epoch on TensorFlow (~33 s): PyTorch's runs; the XLA recipe step on
+    #   TensorFlow in test_recipes_compile_uses_xla_on_tensorflow_and_trains_the_same,
+    #   the EMA on every backend in test_ema;
+    "test_deit.py::test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on"
+    "@tensorflow",
+    # - the fine-tune API, the fine-tune controls, the few-shot and attention-statistics
+    #   callbacks, a Keras image folder through for_model (~10-16 s each on JAX and
+    #   TensorFlow): fit, evaluate, the heads, intermediates and for_model's tf.data
+    #   are checked per backend in test_vit / test_finetune / test_training;
+    "test_finetune.py::test_fine_tune_a_folder_through_the_api@jax",
+    "test_finetune.py::test_fine_tune_a_folder_through_the_api@tensorflow",
+    "test_finetune.py::test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_"
+    "chance@jax",
+    "test_finetune.py::test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_"
+    "chance@tensorflow",
+    "test_fewshot.py::test_the_callback_logs_the_probe_of_the_trained_models_pre_logits@jax",
+    "test_fewshot.py::test_the_callback_logs_the_probe_of_the_trained_models_pre_logits"
+    "@tensorflow",
+    "test_training.py::test_attention_stats_callback_logs_per_layer_statistics@jax",
+    "test_training.py::test_attention_stats_callback_logs_per_layer_statistics@tensorflow",
+    "test_finetune.py::test_image_dataset_from_directory_trains_through_for_model@jax",
+    # - the layer-decay recipe through a SavedModel on TensorFlow (~15 s): JAX's and
+    #   PyTorch's run;
+    "test_finetune.py::test_layer_decay_through_the_recipe_and_a_saved_model@tensorflow",
+    # - saved_model_cli on the JAX and TensorFlow exports (~9 s each): the signatures are
+    #   listed by plain TensorFlow from every backend's export in
+    #   test_keras_export_call_works_on_every_backend;
+    "test_export.py::test_saved_model_cli_lists_the_signatures@jax",
+    "test_export.py::test_saved_model_cli_lists_the_signatures@tensorflow",
+    # - a SIGTERM mid-epoch and the exact rerun in-process on JAX (~25 s): the CLI's JAX
+    #   run is killed and preempted mid-epoch and resumes exactly in test_resume.
+    "test_backup.py::test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run"
+    "@jax",
 )
 
 

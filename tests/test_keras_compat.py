@@ -9,6 +9,7 @@ import os
 import re
 
 import keras
+import pytest
 
 from keras_reluvit import _keras_compat as compat
 
@@ -248,12 +249,15 @@ def package_sources():
             for path, _ in _parse(PKG, lambda p: os.path.relpath(p, PKG) == "_keras_compat.py")}
 
 
+# Static scans of the sources (ours and Keras'): the same under every backend.
+@pytest.mark.backend_independent
 def test_nothing_outside_the_seam_uses_a_private_keras_name():
     found = private_keras_uses(package_sources())
     assert not found, ("Keras' private names used outside keras_reluvit/_keras_compat.py "
                        "(add an accessor there, with a check()):\n" + "\n".join(found))
 
 
+@pytest.mark.backend_independent
 def test_the_scan_finds_what_it_should():
     """Seeded: a private Keras attribute read on a model, one written (and
     read) on a Keras subclass although our class assigns it, one through
