@@ -80,7 +80,7 @@ def _train_noted(args):
     config = kr_train.build_config(settings, pool=args.pool, posemb=args.posemb,
                                    remat=args.remat, drop_path=args.drop_path)
     if args.model_ema:
-        model_ema_switch(config, args.ema)
+        flags.model_ema_switch(config, args.ema)
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config.dataset, config.data_dir, args.manual_dir)
     kr_distribution.barrier("data prepared")
@@ -345,43 +345,6 @@ def _attention(args):
         print(f"{name:13s} {doc}")
 
 
-TIMM_EMA = 0.9998  # timm's --model-ema-decay default
-
-
-def model_ema_switch(config, ema=None):
-    """timm's / DeiT's `--model-ema` on the resolved run `config`: the weights'
-    EMA on, at the recipe's decay, or timm's default where it has none (said)."""
-    if ema == 0.0:
-        raise SystemExit("keras-reluvit train: --model-ema and --no-model-ema (or --ema 0) "
-                         "both given; choose one.")
-    if not config.ema:
-        config.ema = TIMM_EMA
-        print(f"keras-reluvit: --model-ema: the weights' EMA at timm's decay {TIMM_EMA} "
-              "(the recipe has none; --ema DECAY sets another)", flush=True)
-
-
-class InputSize(argparse.Action):
-    """DeiT's `--input-size N` or timm's `--input-size 3 N N` -> the image size N."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if len(values) == 3 and values[0] == 3 and values[1] == values[2]:
-            values = values[1:2]
-        if len(values) != 1:
-            parser.error(f"{option_string} {' '.join(map(str, values))}: give N (DeiT's) or "
-                         "3 N N (timm's: 3 channels, a square N x N; --image-size N).")
-        before = getattr(namespace, self.dest, None)
-        if before is not None and before != values[0]:
-            parser.error(f"{option_string} {values[0]}: --image-size gave {before}.")
-        setattr(namespace, self.dest, values[0])
-
-
-def also(ours):
-    """timm's / DeiT's names for one of our train flags (flags.RUN_ALIASES; the
-    switch --model-ema and the 1-or-3-number --input-size have their own)."""
-    return [theirs for theirs, name in flags.RUN_ALIASES.items()
-            if name == ours and theirs not in ("--model-ema", "--input-size")]
-
-
 def parser():
     p = argparse.ArgumentParser(prog="keras-reluvit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -432,7 +395,7 @@ def parser():
     t.add_argument("--image-size", type=int, help="input resolution in pixels (default: the "
                    "recipe's; with --init the checkpoint's)")
     t.add_argument("--input-size", dest="image_size", nargs="+", type=int, metavar="N",
-                   action=InputSize, help="DeiT's --input-size N or timm's --input-size 3 N N "
+                   action=flags.InputSize, help="DeiT's --input-size N or timm's --input-size 3 N N "
                    "(channels, height, width): --image-size N")
     t.add_argument("--pool", choices=["gap", "tok", "map", "tok_gap"],
                    help="the head's input: gap (mean of the patch tokens), tok (the class "
@@ -478,11 +441,11 @@ def parser():
     t.add_argument("--accum-steps", type=int, help="gradient accumulation: each update "
                    "averages K micro-batches of batch-size / K (the recipe's batch on a "
                    "smaller slice; default the recipe's, 1)")
-    t.add_argument("--ema", *also("--ema"), type=float, metavar="DECAY",
+    t.add_argument("--ema", *flags.also("--ema"), type=float, metavar="DECAY",
                    help="keep timm's EMA of the weights with this decay (DeiT: 0.99996), "
                    "evaluated beside the trained weights each epoch; model.keras and the export "
                    "then hold the EMA (default the recipe's: off; 0: off)")
-    t.add_argument("--auto-augment", *also("--auto-augment"), dest="aa", metavar="NAME",
+    t.add_argument("--auto-augment", *flags.also("--auto-augment"), dest="aa", metavar="NAME",
                    help="timm's automatic augmentation by name, e.g. rand-m9-mstd0.5-inc1 "
                    "(DeiT's RandAugment), augmix-m3-w3-d-1 or original-mstd0.5 (AutoAugment), "
                    "instead of the recipe's (none: off)")
@@ -493,7 +456,7 @@ def parser():
     t.add_argument("--no-model-ema", dest="ema", action="store_const", const=0.0,
                    help="DeiT's: no EMA of the weights (--ema 0)")
     t.add_argument("--model-ema", action="store_true", help="timm's / DeiT's switch: the "
-                   f"weights' EMA at the recipe's decay, or timm's {TIMM_EMA} where the recipe "
+                   f"weights' EMA at the recipe's decay, or timm's {flags.TIMM_EMA} where the recipe "
                    "has none (--ema DECAY / --model-ema-decay set another)")
     flags.add_to(t)
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")

@@ -28,6 +28,13 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
     "$VENV/bin/pip" install -q -r "$VENV/test-without-torch.txt" \
         -r "$ROOT/benchmarks/requirements-peers.txt"
   else
+    # The three largest wheels first (~2.2 GB unpacked and compiled), two pip
+    # processes side by side on their own (no dependencies: disjoint files);
+    # the full install then finds them in place (a fresh venv ~120 -> ~85 s).
+    big() { grep -E "^($1)==" "$ROOT/requirements/test.txt"; }
+    "$VENV/bin/pip" install -q --no-deps $(big tensorflow-cpu) &
+    "$VENV/bin/pip" install -q --no-deps $(big 'torch|triton')
+    wait $!
     "$VENV/bin/pip" install -q -r "$ROOT/requirements/test.txt"
     # keras-hub without its dependencies (they pull tensorflow-text).
     "$VENV/bin/pip" install -q --no-deps -r "$ROOT/requirements/keras-hub.txt"

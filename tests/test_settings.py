@@ -312,7 +312,7 @@ def test_timms_input_size_and_model_ema_switch(capsys):
     size; `--model-ema` (timm's switch) turns the EMA on at the recipe's
     decay, else at timm's 0.9998, and says so; with --no-model-ema it is an
     error."""
-    from keras_reluvit import cli
+    from keras_reluvit.training import flags
 
     assert parse_train("--input-size 3 96 96".split()).image_size == 96
     assert parse_train("--input-size 96".split()).image_size == 96
@@ -325,11 +325,11 @@ def test_timms_input_size_and_model_ema_switch(capsys):
     assert args.model_ema and args.ema is None
     digits = T.build_config(RunSettings(recipe="digits", batch_size=8))
     assert not digits.ema
-    cli.model_ema_switch(digits, args.ema)
-    assert digits.ema == cli.TIMM_EMA == 0.9998
+    flags.model_ema_switch(digits, args.ema)
+    assert digits.ema == flags.TIMM_EMA == 0.9998
     assert "--model-ema: the weights' EMA at timm's decay 0.9998" in capsys.readouterr().out
     deit = T.build_config(RunSettings(recipe="deit_s16_300ep", batch_size=8))
-    cli.model_ema_switch(deit, None)
+    flags.model_ema_switch(deit, None)
     assert deit.ema == 0.99996 and "--model-ema" not in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--model-ema and --no-model-ema"):
-        cli.model_ema_switch(deit, 0.0)
+        flags.model_ema_switch(deit, 0.0)

@@ -328,3 +328,40 @@ def table():
     for theirs, note in SAME_NAMES.items():
         rows.append(f"| `{theirs}` | the same | the run's setting{'; ' + note if note else ''} |")
     return rows
+
+
+TIMM_EMA = 0.9998  # timm's --model-ema-decay default
+
+
+def model_ema_switch(config, ema=None):
+    """timm's / DeiT's `--model-ema` on the resolved run `config`: the weights'
+    EMA on, at the recipe's decay, or timm's default where it has none (said)."""
+    if ema == 0.0:
+        raise SystemExit("keras-reluvit train: --model-ema and --no-model-ema (or --ema 0) "
+                         "both given; choose one.")
+    if not config.ema:
+        config.ema = TIMM_EMA
+        print(f"keras-reluvit: --model-ema: the weights' EMA at timm's decay {TIMM_EMA} "
+              "(the recipe has none; --ema DECAY sets another)", flush=True)
+
+
+class InputSize(argparse.Action):
+    """DeiT's `--input-size N` or timm's `--input-size 3 N N` -> the image size N."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if len(values) == 3 and values[0] == 3 and values[1] == values[2]:
+            values = values[1:2]
+        if len(values) != 1:
+            parser.error(f"{option_string} {' '.join(map(str, values))}: give N (DeiT's) or "
+                         "3 N N (timm's: 3 channels, a square N x N; --image-size N).")
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != values[0]:
+            parser.error(f"{option_string} {values[0]}: --image-size gave {before}.")
+        setattr(namespace, self.dest, values[0])
+
+
+def also(ours):
+    """timm's / DeiT's names for one of our train flags (flags.RUN_ALIASES; the
+    switch --model-ema and the 1-or-3-number --input-size have their own)."""
+    return [theirs for theirs, name in RUN_ALIASES.items()
+            if name == ours and theirs not in ("--model-ema", "--input-size")]
