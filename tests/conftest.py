@@ -53,8 +53,10 @@ FULL_ONLY = (
     # (every kernel case, forward and gradient, three ViT pools trained:
     # test_jax_sequence_parallel_attention_equals_dense_on_eight_devices, ~50 s), and a
     # killed 2-process JAX cluster resumes in
-    # test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices.
-    "test_multihost.py::test_sequence_parallel_cluster_trains_like_one_process",
+    # test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices (the CLI's
+    # --sequence-axis across processes: full runs only).
+    "test_multihost.py::test_sequence_parallel_cluster_trains_like_one_process[uninterrupted]",
+    "test_multihost.py::test_sequence_parallel_cluster_trains_like_one_process[killed]",
     # The SIGKILLed torch and TF clusters, trained with AdamW (~60 s each, and a
     # one-process AdamW run each): the same clusters stopped by SIGTERM, trained
     # with SGD (where a gradient summed over the processes shows), resume mid-epoch
@@ -116,14 +118,16 @@ FULL_ONLY = (
     #   the README's fine-tune, eval and predict commands on JAX;
     "test_finetune.py::test_fine_tune_a_folder_through_the_cli@tensorflow",
     # - DeiT's tiny epoch on TensorFlow (~33 s): PyTorch's runs; the XLA recipe step on
-    #   TensorFlow in test_recipes_compile_uses_xla_on_tensorflow_and_trains_the_same,
-    #   the EMA on every backend in test_ema;
+    #   TensorFlow in test_recipes_compile_uses_xla_on_tensorflow_and_trains_the_same
+    #   (digits, no EMA), the EMA on every backend in test_ema (plain compile): the EMA
+    #   inside TensorFlow's XLA step and `train`'s ema_val metrics run on PyTorch only;
     "test_deit.py::test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on"
     "@tensorflow",
     # - the fine-tune API, the fine-tune controls, the few-shot and attention-statistics
     #   callbacks, a Keras image folder through for_model (~10-16 s each on JAX and
     #   TensorFlow): fit, evaluate, the heads, intermediates and for_model's tf.data
-    #   are checked per backend in test_vit / test_finetune / test_training;
+    #   are checked per backend in test_vit / test_finetune / test_training (the
+    #   callbacks inside fit, and layer decay inside fit on TensorFlow: PyTorch only);
     "test_finetune.py::test_fine_tune_a_folder_through_the_api@jax",
     "test_finetune.py::test_fine_tune_a_folder_through_the_api@tensorflow",
     "test_finetune.py::test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_"
@@ -139,13 +143,14 @@ FULL_ONLY = (
     # - the layer-decay recipe through a SavedModel on TensorFlow (~15 s): JAX's and
     #   PyTorch's run;
     "test_finetune.py::test_layer_decay_through_the_recipe_and_a_saved_model@tensorflow",
-    # - saved_model_cli on the JAX and TensorFlow exports (~9 s each): the signatures are
-    #   listed by plain TensorFlow from every backend's export in
-    #   test_keras_export_call_works_on_every_backend;
+    # - saved_model_cli on the JAX and TensorFlow exports (~9 s each): plain TensorFlow
+    #   loads all four signatures of every backend's export in test_export's `exported`
+    #   fixture (the dynamic (-1, -1, -1, 3) shape is read on PyTorch's only);
     "test_export.py::test_saved_model_cli_lists_the_signatures@jax",
     "test_export.py::test_saved_model_cli_lists_the_signatures@tensorflow",
     # - a SIGTERM mid-epoch and the exact rerun in-process on JAX (~25 s): the CLI's JAX
-    #   run is killed and preempted mid-epoch and resumes exactly in test_resume.
+    #   run is killed and preempted mid-epoch and resumes exactly in test_resume (the
+    #   digits recipe: the EMA's and drop path's state resumed exactly on PyTorch only).
     "test_backup.py::test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run"
     "@jax",
 )

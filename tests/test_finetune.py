@@ -474,8 +474,9 @@ def _test_image_dataset_from_directory_trains_through_for_model(photos):
     assert result["accuracy"] > 0.6, result
 
 
-# On TensorFlow Keras' own reader feeds TensorFlow tensors natively; the JAX and
-# PyTorch suites check the conversion of tf.data batches that `for_model` makes.
+# On TensorFlow Keras' own reader feeds TensorFlow tensors natively; the PyTorch suite
+# checks the conversion of tf.data batches that `for_model` makes (JAX's in full runs:
+# FULL_ONLY in tests/conftest.py; for_model inside tf.data on every backend).
 if backend_name() in ("jax", "torch"):
     test_image_dataset_from_directory_trains_through_for_model = (
         _test_image_dataset_from_directory_trains_through_for_model)

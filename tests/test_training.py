@@ -640,8 +640,9 @@ def test_recipes_are_data_and_scale_with_batch():
         recipes.get("nope")
 
 
-# The CLI's train, eval and predict on TensorFlow and PyTorch: test_finetune.py (a
-# folder of photographs; on JAX the literal reader runs them); the main job's run
+# The CLI's train, eval and predict on PyTorch: test_finetune.py (a folder of
+# photographs; on JAX the literal reader runs them; on TensorFlow in full runs, FULL_ONLY
+# in tests/conftest.py); the main job's run
 # with its SavedModel: here, in one suite.
 @pytest.mark.backend_independent
 def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
