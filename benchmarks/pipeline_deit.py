@@ -43,8 +43,9 @@ import time
 
 from benchmarks.pipeline_peers import NAME
 from benchmarks.pipeline_peers import PHOTOS
-from benchmarks.pipeline_peers import builder
+from benchmarks.pipeline_peers import TIMED
 from benchmarks.pipeline_peers import images_per_second
+from benchmarks.pipeline_peers import jpeg_set
 
 RECIPES = {"DeiT": "deit_s16_300ep", "DeiT III": "deit3_s16_400ep"}
 
@@ -75,13 +76,7 @@ def forever():
     while True:
         for x, y in loader:
             yield mixup(x, y)
-it = forever()
-next(it)  # warm-up: the workers
-start = time.perf_counter()
-for _ in range(steps):
-    next(it)
-print(json.dumps(steps * batch / (time.perf_counter() - start)))
-"""
+""" + TIMED
 
 
 def ours_pipeline(cache, batch, kind):
@@ -229,10 +224,7 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    skip = set(filter(None, args.skip.split(",")))
-    b, files = builder(args.cache, args.images)
-    sizes = [os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(files) for f in fs]
-    args.jpeg_kb = sum(sizes) / len(sizes) / 1024
+    skip, b, files = jpeg_set(args)
     results = throughput(args, files) if "throughput" not in skip else {}
     stages = stage_costs(b) if "stages" not in skip else None
     text = table(args, results, stages)

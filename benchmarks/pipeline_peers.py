@@ -279,6 +279,7 @@ loader = torch.utils.data.DataLoader(ImageFolder(files, transform), batch_size=b
 def forever():
     while True:
         yield from loader
+""" + r"""
 it = forever()
 next(it)  # warm-up: the workers
 start = time.perf_counter()
@@ -286,6 +287,7 @@ for _ in range(steps):
     next(it)
 print(json.dumps(steps * batch / (time.perf_counter() - start)))
 """
+TIMED = TIMM_CHILD[TIMM_CHILD.index("\nit = forever()"):]  # the timed loop over `forever()`
 
 
 def timm_round(files, batch, workers, steps, randaug=False):
@@ -466,12 +468,18 @@ def parser():
     return p
 
 
-def main(argv=None):
-    args = parser().parse_args(argv)
-    skip = set(filter(None, args.skip.split(",")))
+def jpeg_set(args):
+    """The parsed `args`' JPEG set (built once under `--cache`): `(skip, the tfds
+    builder, the folder)`, `args.jpeg_kb` set to the JPEGs' mean size."""
     b, files = builder(args.cache, args.images)
     sizes = [os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(files) for f in fs]
     args.jpeg_kb = sum(sizes) / len(sizes) / 1024
+    return set(filter(None, args.skip.split(","))), b, files
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    skip, b, files = jpeg_set(args)
     results = throughput(args, b, files) if "throughput" not in skip else {"crop + flip": {}}
     randaug = bv_randaug(args.big_vision) if args.big_vision else None
     stages = stage_costs(b, 2, randaug) if "stages" not in skip else None
