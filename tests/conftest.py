@@ -1,5 +1,6 @@
 """Shared test helpers: per-backend autodiff, deterministic seeds."""
 
+import gc
 import io
 import os
 import tarfile
@@ -188,6 +189,18 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [i for i in items if i not in deselected]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _freeze_the_heap():
+    """Keras' `Layer.__delattr__` runs `gc.collect()` for each variable it drops
+    (`quantize` drops every kernel): ~0.25 s each in a process holding a
+    backend's half million objects. Freezing what exists (after collecting it)
+    at each module's start makes those collections scan only what the module
+    made: test_finetune on PyTorch 51 -> 34 s."""
+    gc.collect()
+    gc.freeze()
+    yield
 
 
 @pytest.fixture(autouse=True)
