@@ -21,6 +21,7 @@ The backend is Keras' (`KERAS_BACKEND=jax|tensorflow|torch`).
 """
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -61,6 +62,7 @@ def _train_noted(args):
     from keras_reluvit.distribution.engine import Engine
     from keras_reluvit.training import run as kr_train
 
+    gc.freeze()  # the imports' objects live as long as the run: ~1.3 s less collecting
     engine = Engine()
     engine.check(mesh=args.mesh, sequence_axis=args.sequence_axis, sharding=args.sharding,
                  coordinator=args.coordinator)
