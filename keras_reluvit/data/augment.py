@@ -8,10 +8,10 @@ one op at a time with keyed draws, and MixUp. timm's augmentations live in
 import dataclasses
 
 from keras_reluvit import _keras_compat as compat
+from keras_reluvit.data import pillow_ops
 from keras_reluvit.data.pillow_ops import INTERPOLATIONS
 from keras_reluvit.data.tfds import _tf
 from keras_reluvit.preprocessing import decode_image
-from keras_reluvit.preprocessing import pillow_resize
 from keras_reluvit.preprocessing import tf_preprocess
 
 
@@ -119,10 +119,10 @@ def decode_random_crop(data, area, aspect, seed, dct_method="", alpha="drop"):
 CROPS = ("inception", "simple")
 def resize_crop(image, size, interpolation="bilinear"):
     """A crop to `size`, float32 out: `"bilinear"` TensorFlow's (big_vision's),
-    `"bicubic"` Pillow's resize, levels (timm's and torchvision's on PIL
+    `"bicubic"` Pillow's own resize, levels (timm's and torchvision's on PIL
     images: DeiT's `--train-interpolation bicubic`)."""
     if interpolation == "bicubic":
-        return pillow_resize(image, size, "bicubic")
+        return pillow_ops.resize(image, size, "bicubic")
     return _tf().image.resize(image, size, method="bilinear")
 
 
