@@ -21,7 +21,6 @@ The backend is Keras' (`KERAS_BACKEND=jax|tensorflow|torch`).
 """
 
 import argparse
-import gc
 import json
 import os
 import signal
@@ -62,7 +61,6 @@ def _train_noted(args):
     from keras_reluvit.distribution.engine import Engine
     from keras_reluvit.training import run as kr_train
 
-    gc.freeze()  # the imports' objects live as long as the run: ~1.3 s less collecting
     engine = Engine()
     engine.check(mesh=args.mesh, sequence_axis=args.sequence_axis, sharding=args.sharding,
                  coordinator=args.coordinator)
@@ -394,8 +392,8 @@ def parser():
     t.add_argument("--epochs", type=int, help="epochs (default: the recipe's)")
     t.add_argument("--batch-size", type=int, help="global batch size, over all processes "
                    "(default: the recipe's; a folder smaller than it: its training images)")
-    t.add_argument("--image-size", type=int, help="input resolution in pixels (default: the "
-                   "recipe's; with --init the checkpoint's)")
+    t.add_argument("--image-size", type=int, action=flags.Once, help="input resolution in "
+                   "pixels (default: the recipe's; with --init the checkpoint's)")
     t.add_argument("--input-size", dest="image_size", nargs="+", type=int, metavar="N",
                    action=flags.InputSize, help="DeiT's --input-size N or timm's --input-size 3 N N "
                    "(channels, height, width): --image-size N")

@@ -273,6 +273,14 @@ def test_flag_meanings_and_refusals(capsys):
     assert c.augment["three_augment"] and not c.augment.get("auto_augment")
     assert not c.augment.get("erase") and "3-Augment replaces" in capsys.readouterr().out
     assert "timm_mix" not in built("deit_s16_300ep", "--mixup 0 --cutmix 0").augment
+    capsys.readouterr()
+    built("deit_s16_300ep", "--train-interpolation bicubic")  # the recipe's own value
+    assert "the recipe's augment.interpolation is already 'bicubic'" in capsys.readouterr().out
+    c = T.build_config(RunSettings(recipe="digits", batch_size=8, auto_augment="v0"))
+    assert c.augment["auto_augment"] == "v0"
+    assert "--aa 'v0': timm's augmentation on (the recipe has none)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="3-Augment is --three-augment"):
+        T.build_config(RunSettings(recipe="digits", batch_size=8, auto_augment="3a"))
     with pytest.raises(SystemExit):
         parse_train("--reprob 0.1 --erase 0.3".split())
     assert "an earlier flag of the same option" in capsys.readouterr().err
@@ -317,7 +325,7 @@ def test_timms_input_size_and_model_ema_switch(capsys):
     assert parse_train("--input-size 3 96 96".split()).image_size == 96
     assert parse_train("--input-size 96".split()).image_size == 96
     for bad in ("--input-size 3 96 64", "--input-size 1 96 96", "--input-size 96 96",
-                "--image-size 64 --input-size 96"):
+                "--image-size 64 --input-size 96", "--input-size 96 --image-size 64"):
         with pytest.raises(SystemExit):
             parse_train(bad.split())
     assert "3 channels, a square" in capsys.readouterr().err
@@ -330,6 +338,12 @@ def test_timms_input_size_and_model_ema_switch(capsys):
     assert "--model-ema: the weights' EMA at timm's decay 0.9998" in capsys.readouterr().out
     deit = T.build_config(RunSettings(recipe="deit_s16_300ep", batch_size=8))
     flags.model_ema_switch(deit, None)
-    assert deit.ema == 0.99996 and "--model-ema" not in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--model-ema and --no-model-ema"):
+    assert deit.ema == 0.99996
+    assert "--model-ema: the weights' EMA at the recipe's decay 0.99996" in capsys.readouterr().out
+    mine = T.build_config(RunSettings(recipe="digits", batch_size=8, ema=0.99))
+    flags.model_ema_switch(mine, 0.99)
+    assert mine.ema == 0.99 and "at --ema's decay 0.99" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:  # a usage error: exit 2, as argparse's
         flags.model_ema_switch(deit, 0.0)
+    assert stop.value.code == 2
+    assert "--model-ema and --no-model-ema" in capsys.readouterr().err

@@ -328,7 +328,9 @@ def parse(name):
         return auto_augment, dict(policy=head, mstd=float(s.get("mstd", 0.0)))
     raise ValueError(f"Unknown auto_augment {name!r}: timm's RandAugment ('rand-m9-mstd0.5-"
                      "inc1'), AugMix ('augmix-m3-w3-d-1') or AutoAugment's policies "
-                     f"({', '.join(repr(p) for p in AUTO_AUGMENT)}, e.g. 'original-mstd0.5').")
+                     f"({', '.join(repr(p) for p in AUTO_AUGMENT)}, e.g. 'original-mstd0.5')"
+                     + ("; DeiT III's 3-Augment is --three-augment (Augment(three_augment=True))"
+                        if head in ("3a", "3aw") else "") + ".")
 
 
 def by_name(image, name, key, interpolation="bilinear"):

@@ -16,6 +16,7 @@ import argparse
 import copy
 import dataclasses
 import inspect
+import sys
 
 # timm's Mixup as train.py builds it when a run turns it on (its argument defaults):
 # what a recipe without timm_mix starts from when a flag sets one of its fields.
@@ -132,7 +133,7 @@ SAME_NAMES = {
 }
 
 
-class _Once(argparse.Action):
+class Once(argparse.Action):
     """Stores a flag's value; the same option given again (under another of
     its names) with another value is an error, not a silent last-one-wins."""
 
@@ -152,7 +153,7 @@ def add_to(parser):
         "DeiT's names are accepted (docs/training.md: the alias table)")
     for flag in FLAGS:
         names = list(dict.fromkeys(n for n in (flag.ours, *flag.theirs) if n))
-        kwargs = dict(dest=flag.dest, help=flag.help, action=_Once)
+        kwargs = dict(dest=flag.dest, help=flag.help, action=Once)
         if flag.type is None:
             kwargs.update(nargs=0, const=flag.const)
         else:
@@ -291,7 +292,8 @@ def apply(recipe, fields):
         before = _current(recipe, field, known)
         _set(recipe, field, value)
         named = "" if was_name == field else f" (timm's {was_name})"
-        lines.append(f"the recipe's {field} {before!r} -> {value!r}{named}")
+        lines.append(f"the recipe's {field} is already {value!r}{named}" if before == value
+                     else f"the recipe's {field} {before!r} -> {value!r}{named}")
     augment = recipe.get("augment") or {}
     mix = augment.get("timm_mix")
     if mix is not None and not any(  # the alphas, timm_mix's defaults where left out
@@ -337,12 +339,17 @@ def model_ema_switch(config, ema=None):
     """timm's / DeiT's `--model-ema` on the resolved run `config`: the weights'
     EMA on, at the recipe's decay, or timm's default where it has none (said)."""
     if ema == 0.0:
-        raise SystemExit("keras-reluvit train: --model-ema and --no-model-ema (or --ema 0) "
-                         "both given; choose one.")
+        print("keras-reluvit train: error: --model-ema and --no-model-ema (or --ema 0) both "
+              "given; choose one.", file=sys.stderr)
+        raise SystemExit(2)  # a usage error, as argparse's
     if not config.ema:
         config.ema = TIMM_EMA
         print(f"keras-reluvit: --model-ema: the weights' EMA at timm's decay {TIMM_EMA} "
               "(the recipe has none; --ema DECAY sets another)", flush=True)
+    else:
+        given = "--ema's" if ema else "the recipe's"
+        print(f"keras-reluvit: --model-ema: the weights' EMA at {given} decay {config.ema}",
+              flush=True)
 
 
 class InputSize(argparse.Action):

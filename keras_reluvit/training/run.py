@@ -176,6 +176,9 @@ def _augment(augment, repeats, loss, auto_augment=None):
             verb = "turns off" if name is None else f"{name!r} replaces"
             print(f"keras_reluvit: --aa {verb} the recipe's {' and '.join(replaced)}.",
                   flush=True)
+        elif name is not None and augment.get("auto_augment") != name:
+            print(f"keras_reluvit: --aa {name!r}: timm's augmentation on (the recipe has "
+                  "none).", flush=True)
         augment.update(randaug=None, auto_augment=name, three_augment=False)
     smoothing = (augment.get("timm_mix") or {}).get("label_smoothing", 0.1)
     if loss == "bce" and augment.get("timm_mix") is not None and smoothing > 0:
