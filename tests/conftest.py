@@ -79,7 +79,9 @@ FULL_ONLY = (
     # A SIGTERM mid-epoch and the exact rerun on TensorFlow (~45-65 s): on JAX and PyTorch
     # in this test; TensorFlow's step backup stops mid-epoch and resumes exactly in the
     # SIGTERM cluster test of test_engines; test_signals stops it before the first step
-    # and while the artefacts are written.
+    # and while the artefacts are written; a single process restores the metrics'
+    # running means mid-epoch (compat.build_metrics) in
+    # test_a_write_killed_midway_leaves_the_previous_backup (a tiny model).
     "test_backup.py::test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run"
     "@tensorflow",
     # The accelerator benchmark's smoke run (~60 s): its kernels are checked
@@ -109,7 +111,8 @@ FULL_ONLY = (
     "test_finetune.py::test_fine_tune_a_folder_through_the_cli@jax",
     # A SIGTERM in the last validation on TensorFlow (~20 s): the stop is StepBackup's
     # backend-free callback code (`_stop_agreed` at the epoch's end), run on JAX and PyTorch;
-    # on TensorFlow, test_backup's SIGTERM test stops mid-epoch and resumes a finished run.
+    # on TensorFlow the SIGTERM cluster of test_engines stops mid-epoch and resumes, and
+    # test_backup's tiny model resumes a finished run.
     "test_signals.py::test_sigterm_in_the_last_validation_stops_at_the_epoch_end_and_the_rerun_"
     "finishes@tensorflow",
     # End-to-end runs on one backend (PyTorch's, the cheapest) where the parts they

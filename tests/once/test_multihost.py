@@ -293,6 +293,16 @@ def test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices(tmp_pa
     record = StepBackup(out / "backup").latest()
     assert (record["epoch"], record["done"], record["step"]) == (1, 4, 15), record
     assert (record["processes"], record["data_shards"]) == (2, 2)
+    # Process 0 wrote epoch 1's last.keras from the gathered FSDP shards (chief_writes):
+    # each array whole, in the model's shapes.
+    import keras
+
+    import keras_reluvit as kr
+
+    cluster_last = keras.saving.load_model(out / "last.keras")
+    built = kr.ViT(**json.loads((out / "config.json").read_text())["model"])
+    assert [tuple(v.shape) for v in cluster_last.weights] == [tuple(v.shape)
+                                                             for v in built.weights]
     resumed = one_process(args, devices=4,
                           extra={"DUMP_AT": '"resumed"', "DUMP": str(tmp_path / "restored.npz")})
     assert ("resuming a run of 2 data shards on 1 process: each reads 2 of them"
