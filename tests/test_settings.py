@@ -347,3 +347,24 @@ def test_timms_input_size_and_model_ema_switch(capsys):
         flags.model_ema_switch(deit, 0.0)
     assert stop.value.code == 2
     assert "--model-ema and --no-model-ema" in capsys.readouterr().err
+
+
+@pytest.mark.backend_independent
+def test_the_cli_turns_timms_model_ema_switch_into_the_runs_ema(tmp_path, digits_dir,
+                                                                 monkeypatch, capsys):
+    """`keras-reluvit train --model-ema` reaches the run: the config train()
+    gets has timm's decay (the digits recipe has none); with --ema its decay;
+    with --no-model-ema a usage error before any training."""
+    from keras_reluvit import cli
+
+    got = []
+    monkeypatch.setattr(T, "train", lambda config, out, **kw: got.append(config.ema) or (
+        None, {"final": {}, "train_seconds": 0.0}))
+    base = ["train", "--output", str(tmp_path / "r"), "--data-dir", str(digits_dir),
+            "--batch-size", "64"]
+    assert cli.main(base + ["--model-ema"]) == 0 and got[-1] == 0.9998
+    assert cli.main(base + ["--model-ema", "--ema", "0.99"]) == 0 and got[-1] == 0.99
+    assert cli.main(base) == 0 and not got[-1]  # the recipe's: off
+    with pytest.raises(SystemExit) as stop:
+        cli.main(base + ["--model-ema", "--no-model-ema"])
+    assert stop.value.code == 2 and len(got) == 3

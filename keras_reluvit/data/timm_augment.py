@@ -42,18 +42,19 @@ LEVEL_MAX = 10.0  # timm's _LEVEL_DENOM: M10 is the strongest
 
 # Each operation: (function, its argument from the magnitude m (0-10) and a
 # random sign s (+-1)), timm's level functions.
+def _f64(v):
+    """The arguments in doubles, as timm computes them (the geometric ones:
+    AutoAugment's whole magnitudes then give Pillow exactly timm's matrix;
+    the enhance factors: Pillow's blend rounds timm's double to a float)."""
+    return _tf().cast(v, _tf().float64)
+
+
 def _enhance(m, s):
-    return m / LEVEL_MAX * 1.8 + 0.1
+    return _f64(m) / LEVEL_MAX * 1.8 + 0.1
 
 
 def _enhance_increasing(m, s):
-    return _tf().maximum(0.1, 1.0 + s * m / LEVEL_MAX * 0.9)
-
-
-def _f64(v):
-    """The geometric operations' arguments in doubles, as timm computes them
-    (AutoAugment's whole magnitudes then give Pillow exactly timm's matrix)."""
-    return _tf().cast(v, _tf().float64)
+    return _tf().maximum(_f64(0.1), 1.0 + _f64(s) * _f64(m) / LEVEL_MAX * 0.9)
 
 
 def _posterize_bits(m):
