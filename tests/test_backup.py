@@ -45,7 +45,8 @@ class SignalAt(keras.callbacks.Callback):
 
 
 def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp_path,
-                                                                              digits_dir):
+                                                                              digits_dir,
+                                                                              capsys):
     """With DeiT's draws and state on (timm's MixUp / CutMix, random erasing,
     repeated augmentation, stochastic depth, the weights' EMA): a run stopped mid-epoch and rerun
     ends as the uninterrupted one, bit for bit."""
@@ -55,6 +56,8 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp
                                                            "label_smoothing": 0.1})
     cfg["model"]["drop_path"] = 0.1
     full_model, full = T.train(cfg, tmp_path / "full", export=False, verbose=0)
+    said = capsys.readouterr().out  # no export: none is said to hold the EMA
+    assert "model.keras holds the weights' EMA" in said and "the export" not in said
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(B.Preempted, match=r"stopped by SIGTERM after step 4 of epoch 2 \(step "
                        r"15 of the run\), saved in .*step_000000015: rerun"):

@@ -281,6 +281,9 @@ def test_flag_meanings_and_refusals(capsys):
     assert "--aa 'v0': timm's augmentation on (the recipe has none)" in capsys.readouterr().out
     with pytest.raises(ValueError, match="3-Augment is --three-augment"):
         T.build_config(RunSettings(recipe="digits", batch_size=8, auto_augment="3a"))
+    with pytest.raises(ValueError, match="--aa 'v0' and --ThreeAugment / --three-augment both"):
+        T.build_config(RunSettings(recipe="deit_s16_300ep", batch_size=8, auto_augment="v0",
+                                   recipe_overrides={"augment.three_augment": True}))
     with pytest.raises(SystemExit):
         parse_train("--reprob 0.1 --erase 0.3".split())
     assert "an earlier flag of the same option" in capsys.readouterr().err

@@ -128,6 +128,10 @@ def test_geometric_operations_are_pillows_with_timms_fill(interpolation):
     for (name, v), ours in zip(cases, ds):
         d = _diff(ours, ops[name][1](v))
         assert d.max() == 0, (name, v, (d == 0).mean())
+    # A Python float is taken in doubles too (not through float32: 0.3 -> 0.30000001)
+    for name, v in (("shear_x", 0.3), ("translate_x_rel", 0.45), ("rotate", 20.3)):
+        d = _diff(ops[name][0](x, v, interpolation=interpolation), ops[name][1](v))
+        assert d.max() == 0, (name, v, (d == 0).mean())
     # the fill is timm's for DeiT: ImageNet's mean in 0-255
     corner = np.asarray(P.translate_x_rel(x, 0.4, interpolation=interpolation))[0, -1]
     np.testing.assert_allclose(corner, P.FILL, atol=1e-4)
@@ -602,8 +606,10 @@ def test_bicubic_crops_are_pillows_resize():
     short = data.coffee()[:, :500]  # 400 x 500: the longer side 80 * 500 // 400 = 100
     resized = np.asarray(Image.fromarray(short).resize((100, 80), Image.BICUBIC), np.float32)
     padded = np.pad(resized, [(4, 4), (4, 4), (0, 0)], mode="reflect")
-    crop = np.asarray(simple_random_crop(tf.constant(short), (80, 80), tf.constant([3, 1]),
-                                         "bicubic"))
+    # in a tf.data map, as the pipeline runs it (its size a tensor there)
+    crop = next(iter(tf.data.Dataset.from_tensors(short).map(
+        lambda im: simple_random_crop(im, (80, 80), tf.constant([3, 1]), "bicubic"))))
+    crop = np.asarray(crop)
     best = min(_diff(padded[y:y + 80, x:x + 80], crop).sum() for y in range(9) for x in range(29))
     assert best == 0
     with pytest.raises(ValueError, match=r"Augment\(interpolation=\) must be one of"):

@@ -174,6 +174,12 @@ def through_pillow(image, call, *args, size=None):
     return tf.cast(tf.reshape(out, tf.concat([shape, [3]], 0)), tf.float32)
 
 
+def _f64(v):
+    """`v` in doubles: a Python float exactly (not through float32), a tensor cast."""
+    tf = _tf()
+    return tf.cast(v, tf.float64) if tf.is_tensor(v) else tf.constant(v, tf.float64)
+
+
 def _resample(interpolation):
     from PIL import Image
 
@@ -189,7 +195,8 @@ def resize(image, size, interpolation="bicubic"):
     DeiT's `RandomResizedCrop`. float32 levels out."""
     resample = _resample(interpolation)
     tf = _tf()
-    h, w = (tf.cast(v, tf.int32) for v in size)
+    hw = tf.cast(size, tf.int32)  # a pair of ints or of int32 scalars, or a [2] tensor
+    h, w = hw[0], hw[1]
     return through_pillow(image, lambda im, h, w: im.resize((int(w), int(h)), resample),
                           h, w, size=(h, w))
 
@@ -204,7 +211,7 @@ def affine(image, matrix, fill=FILL, interpolation="bilinear"):
 
     resample = _resample(interpolation)
     tf = _tf()
-    matrix = tf.stack([tf.cast(m, tf.float64) for m in matrix])
+    matrix = tf.stack([_f64(m) for m in matrix])
     return through_pillow(image, lambda im, m: im.transform(
         im.size, Image.Transform.AFFINE, tuple(float(v) for v in m), resample,
         fillcolor=fill), matrix)
@@ -214,9 +221,8 @@ def rotate(image, degrees, interpolation="bilinear"):
     """Pillow's `Image.rotate(degrees, resample, fillcolor=FILL)`:
     counter-clockwise about the centre, as timm's `rotate` calls it."""
     resample = _resample(interpolation)
-    tf = _tf()
     return through_pillow(image, lambda im, d: im.rotate(float(d), resample, fillcolor=FILL),
-                          tf.cast(degrees, tf.float64))
+                          _f64(degrees))
 
 
 def shear_x(image, factor, interpolation="bilinear"):
@@ -229,13 +235,13 @@ def shear_y(image, factor, interpolation="bilinear"):
 
 def translate_x_rel(image, pct, interpolation="bilinear"):
     tf = _tf()
-    pixels = tf.cast(pct, tf.float64) * tf.cast(tf.shape(image)[1], tf.float64)
+    pixels = _f64(pct) * tf.cast(tf.shape(image)[1], tf.float64)
     return affine(image, (1.0, 0.0, pixels, 0.0, 1.0, 0.0), interpolation=interpolation)
 
 
 def translate_y_rel(image, pct, interpolation="bilinear"):
     tf = _tf()
-    pixels = tf.cast(pct, tf.float64) * tf.cast(tf.shape(image)[0], tf.float64)
+    pixels = _f64(pct) * tf.cast(tf.shape(image)[0], tf.float64)
     return affine(image, (1.0, 0.0, 0.0, 0.0, 1.0, pixels), interpolation=interpolation)
 
 

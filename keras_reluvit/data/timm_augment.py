@@ -46,7 +46,8 @@ def _f64(v):
     """The arguments in doubles, as timm computes them (the geometric ones:
     AutoAugment's whole magnitudes then give Pillow exactly timm's matrix;
     the enhance factors: Pillow's blend rounds timm's double to a float)."""
-    return _tf().cast(v, _tf().float64)
+    tf = _tf()
+    return tf.cast(v, tf.float64) if tf.is_tensor(v) else tf.constant(v, tf.float64)
 
 
 def _enhance(m, s):

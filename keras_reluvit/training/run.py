@@ -137,7 +137,8 @@ def build_config(settings=None, **kwargs):
         batch_size=batch_size,
         image_size=s.image_size or r["image_size"],
         augment=_augment(r.get("augment", {}), 1 if s.aug_repeats == 0 else s.aug_repeats,
-                         r["loss"], s.auto_augment),  # timm's --aug-repeats 0: off
+                         r["loss"], s.auto_augment,  # timm's --aug-repeats 0: off
+                         (s.recipe_overrides or {}).get("augment.three_augment")),
         seed=s.seed,
         data_shards=s.data_shards,
         trainable=s.trainable,
@@ -156,12 +157,16 @@ def build_config(settings=None, **kwargs):
     )
 
 
-def _augment(augment, repeats, loss, auto_augment=None):
+def _augment(augment, repeats, loss, auto_augment=None, three_augment_flag=None):
     augment = current_names(augment)
     if auto_augment is not None:  # timm's --aa: instead of the recipe's automatic augmentation
         from keras_reluvit.data.timm_augment import parse
 
         name = None if str(auto_augment).lower() in ("none", "") else auto_augment
+        if name is not None and three_augment_flag:
+            raise ValueError(f"--aa {name!r} and --ThreeAugment / --three-augment both given: "
+                             "DeiT III's 3-Augment replaces the automatic augmentation (as its "
+                             "transform); choose one.")
         if name is not None:
             try:
                 parse(name)  # an unknown name fails here
@@ -394,7 +399,8 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             recipes.swap_ema(model)
             final = score()
             if chief:
-                print(f"keras_reluvit: model.keras and the export hold the weights' EMA "
+                held = "model.keras and the export hold" if export else "model.keras holds"
+                print(f"keras_reluvit: {held} the weights' EMA "
                       f"(decay {config.ema}); metrics.json's final is its, "
                       "final_trained the trained weights'.", flush=True)
         metrics = dict(
