@@ -174,8 +174,9 @@ def through_pillow(image, call, *args, size=None):
     return tf.cast(tf.reshape(out, tf.concat([shape, [3]], 0)), tf.float32)
 
 
-def _f64(v):
-    """`v` in doubles: a Python float exactly (not through float32), a tensor cast."""
+def as_double(v):
+    """`v` in doubles, as timm computes its arguments: a Python float exactly
+    (not through float32: 0.3 stays 0.3), a tensor cast."""
     tf = _tf()
     return tf.cast(v, tf.float64) if tf.is_tensor(v) else tf.constant(v, tf.float64)
 
@@ -211,7 +212,7 @@ def affine(image, matrix, fill=FILL, interpolation="bilinear"):
 
     resample = _resample(interpolation)
     tf = _tf()
-    matrix = tf.stack([_f64(m) for m in matrix])
+    matrix = tf.stack([as_double(m) for m in matrix])
     return through_pillow(image, lambda im, m: im.transform(
         im.size, Image.Transform.AFFINE, tuple(float(v) for v in m), resample,
         fillcolor=fill), matrix)
@@ -222,7 +223,7 @@ def rotate(image, degrees, interpolation="bilinear"):
     counter-clockwise about the centre, as timm's `rotate` calls it."""
     resample = _resample(interpolation)
     return through_pillow(image, lambda im, d: im.rotate(float(d), resample, fillcolor=FILL),
-                          _f64(degrees))
+                          as_double(degrees))
 
 
 def shear_x(image, factor, interpolation="bilinear"):
@@ -235,13 +236,13 @@ def shear_y(image, factor, interpolation="bilinear"):
 
 def translate_x_rel(image, pct, interpolation="bilinear"):
     tf = _tf()
-    pixels = _f64(pct) * tf.cast(tf.shape(image)[1], tf.float64)
+    pixels = as_double(pct) * tf.cast(tf.shape(image)[1], tf.float64)
     return affine(image, (1.0, 0.0, pixels, 0.0, 1.0, 0.0), interpolation=interpolation)
 
 
 def translate_y_rel(image, pct, interpolation="bilinear"):
     tf = _tf()
-    pixels = _f64(pct) * tf.cast(tf.shape(image)[0], tf.float64)
+    pixels = as_double(pct) * tf.cast(tf.shape(image)[0], tf.float64)
     return affine(image, (1.0, 0.0, 0.0, 0.0, 1.0, pixels), interpolation=interpolation)
 
 

@@ -107,8 +107,8 @@ def pipeline(
                 image = tf.image.stateless_random_flip_left_right(image, s2)
             if randaug is not None:  # keyed by the example's own random draw
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
-            pillow_ops = aug.auto_augment is not None or aug.three_augment or aug.color_jitter > 0
-            if pillow_ops and aug.interpolation != "bicubic":  # Pillow's resize wrote levels
+            on_levels = aug.auto_augment is not None or aug.three_augment or aug.color_jitter > 0
+            if on_levels and aug.interpolation != "bicubic":  # Pillow's resize wrote levels
                 image = pillow_levels(image)  # Pillow's operations run on uint8 crops
             if aug.auto_augment is not None:  # timm's --aa
                 image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]),

@@ -20,6 +20,7 @@ import math
 import re
 
 from keras_reluvit.data.augment import beta_draws
+from keras_reluvit.data.pillow_ops import as_double
 from keras_reluvit.data.pillow_ops import auto_contrast
 from keras_reluvit.data.pillow_ops import brightness
 from keras_reluvit.data.pillow_ops import color
@@ -42,20 +43,15 @@ LEVEL_MAX = 10.0  # timm's _LEVEL_DENOM: M10 is the strongest
 
 # Each operation: (function, its argument from the magnitude m (0-10) and a
 # random sign s (+-1)), timm's level functions.
-def _f64(v):
-    """The arguments in doubles, as timm computes them (the geometric ones:
-    AutoAugment's whole magnitudes then give Pillow exactly timm's matrix;
-    the enhance factors: Pillow's blend rounds timm's double to a float)."""
-    tf = _tf()
-    return tf.cast(v, tf.float64) if tf.is_tensor(v) else tf.constant(v, tf.float64)
-
-
+# The arguments in doubles (`as_double`), as timm computes them: AutoAugment's whole
+# magnitudes then give Pillow exactly timm's matrix, and Pillow's blend rounds timm's
+# double enhance factor to a float as it does timm's.
 def _enhance(m, s):
-    return _f64(m) / LEVEL_MAX * 1.8 + 0.1
+    return as_double(m) / LEVEL_MAX * 1.8 + 0.1
 
 
 def _enhance_increasing(m, s):
-    return _tf().maximum(_f64(0.1), 1.0 + _f64(s) * _f64(m) / LEVEL_MAX * 0.9)
+    return _tf().maximum(as_double(0.1), 1.0 + as_double(s) * as_double(m) / LEVEL_MAX * 0.9)
 
 
 def _posterize_bits(m):
@@ -70,7 +66,7 @@ _OPS = {
     "AutoContrast": (lambda x, a: auto_contrast(x), None),
     "Equalize": (lambda x, a: equalize(x), None),
     "Invert": (lambda x, a: invert(x), None),
-    "Rotate": (rotate, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 30.0),
+    "Rotate": (rotate, lambda m, s: as_double(s) * as_double(m) / LEVEL_MAX * 30.0),
     "Posterize": (posterize, lambda m, s: _posterize_bits(m)),
     "PosterizeIncreasing": (posterize, lambda m, s: 4 - _posterize_bits(m)),
     "PosterizeOriginal": (posterize, lambda m, s: _posterize_bits(m) + 4),  # the paper's 4-8 bits
@@ -85,10 +81,10 @@ _OPS = {
     "BrightnessIncreasing": (brightness, _enhance_increasing),
     "Sharpness": (sharpness, _enhance),
     "SharpnessIncreasing": (sharpness, _enhance_increasing),
-    "ShearX": (shear_x, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 0.3),
-    "ShearY": (shear_y, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 0.3),
-    "TranslateXRel": (translate_x_rel, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 0.45),
-    "TranslateYRel": (translate_y_rel, lambda m, s: _f64(s) * _f64(m) / LEVEL_MAX * 0.45),
+    "ShearX": (shear_x, lambda m, s: as_double(s) * as_double(m) / LEVEL_MAX * 0.3),
+    "ShearY": (shear_y, lambda m, s: as_double(s) * as_double(m) / LEVEL_MAX * 0.3),
+    "TranslateXRel": (translate_x_rel, lambda m, s: as_double(s) * as_double(m) / LEVEL_MAX * 0.45),
+    "TranslateYRel": (translate_y_rel, lambda m, s: as_double(s) * as_double(m) / LEVEL_MAX * 0.45),
 }
 RAND_OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize",
             "SolarizeAdd", "Color", "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY",
