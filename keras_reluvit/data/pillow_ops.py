@@ -12,6 +12,10 @@ Gaussian blur is exact where Pillow approximates it by three box blurs.
 Each is checked against Pillow in the tests (`tests/test_timm_augment.py`,
 `tests/test_three_augment.py`)."""
 
+import atexit
+import threading
+import time
+
 import numpy as np
 
 from keras_reluvit.data.tfds import _tf
@@ -55,64 +59,10 @@ def grayscale(image):
     return _tf().tile(_gray(image), [1, 1, 3])
 
 
-def auto_contrast(image):
-    """`ImageOps.autocontrast`: each channel stretched from its min..max to
-    0..255 by Pillow's table, `int(x * scale + offset)` in double (a flat
-    channel kept)."""
-    tf = _tf()
-    x = tf.cast(image, tf.float64)
-    lo = tf.reduce_min(x, axis=[0, 1])
-    hi = tf.reduce_max(x, axis=[0, 1])
-    scale = tf.where(hi > lo, 255.0 / tf.maximum(hi - lo, 1e-6), 1.0)
-    offset = tf.where(hi > lo, -lo * scale, 0.0)
-    out = tf.clip_by_value(tf.floor(x * scale + offset), 0.0, 255.0)
-    return tf.cast(out, image.dtype)
-
-
-def equalize(image):
-    """`ImageOps.equalize`: per channel, the histogram's lookup table of
-    Pillow (`(step // 2 + pixels below) // step`, `step` the count without
-    the last level's, over 255); a channel of one level, or a zero step, kept."""
-    tf = _tf()
-    levels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.int32)
-
-    def channel(c):
-        values = levels[..., c]
-        hist = tf.math.bincount(tf.reshape(values, [-1]), minlength=256, maxlength=256)
-        nonzero = tf.boolean_mask(hist, hist > 0)
-        step = (tf.reduce_sum(nonzero) - nonzero[-1]) // 255
-        below = tf.cumsum(hist, exclusive=True)
-        lut = tf.minimum((step // 2 + below) // tf.maximum(step, 1), 255)
-        out = tf.cast(tf.gather(lut, values), image.dtype)
-        return tf.where(step > 0, out, image[..., c])
-
-    return tf.stack([channel(c) for c in range(3)], -1)
-
-
-def invert(image):
-    return 255.0 - image
-
-
-def posterize(image, bits):
-    """`ImageOps.posterize`: the `bits` high bits of each level kept (8: as is)."""
-    tf = _tf()
-    shift = tf.cast(8 - bits, image.dtype)
-    step = tf.pow(2.0, shift)
-    levels = tf.clip_by_value(tf.round(image), 0.0, 255.0)
-    return tf.where(bits >= 8, image, tf.floor(levels / step) * step)
-
-
 def solarize(image, threshold=128.0):
     """`ImageOps.solarize`: `255 - x` where `x >= threshold`."""
     tf = _tf()
     return tf.where(image < tf.cast(threshold, image.dtype), image, 255.0 - image)
-
-
-def solarize_add(image, add, threshold=128.0):
-    """timm's `solarize_add`: `min(255, x + add)` where `x < threshold`."""
-    tf = _tf()
-    return tf.where(image < threshold, tf.minimum(image + tf.cast(add, image.dtype), 255.0),
-                    image)
 
 
 def color(image, factor):
@@ -134,21 +84,6 @@ def brightness(image, factor):
     return blend(0.0, image, factor)
 
 
-def sharpness(image, factor):
-    """`ImageEnhance.Sharpness`: a blend with `ImageFilter.SMOOTH` (3x3,
-    centre 5 of 13), whose one-pixel border is the image's own."""
-    tf = _tf()
-    kernel = tf.constant([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13.0
-    kernel = tf.tile(kernel[:, :, None, None], [1, 1, 3, 1])
-    smooth = tf.nn.depthwise_conv2d(image[None], kernel, [1, 1, 1, 1], "VALID")[0]
-    smooth = tf.floor(smooth + 0.5)  # Pillow's filter writes levels, rounded half up
-    h, w = tf.shape(image)[0], tf.shape(image)[1]
-    smooth = tf.pad(smooth, [[1, 1], [1, 1], [0, 0]])
-    rows, cols = tf.range(h)[:, None, None], tf.range(w)[None, :, None]
-    border = (rows == 0) | (rows == h - 1) | (cols == 0) | (cols == w - 1)
-    return blend(tf.where(border, image, smooth), image, factor)
-
-
 INTERPOLATIONS = ("bilinear", "bicubic")  # Pillow's filters of the geometric operations
 
 
@@ -160,18 +95,51 @@ def through_pillow(image, call, *args, size=None):
     lets go of the GIL while it resamples: ~8x faster than the same
     sampling written in TensorFlow ops). float32 levels out, `[*size, 3]`
     (default: the input's height and width). A pipeline holding it runs in
-    this Python process (not in tf.data service or a SavedModel)."""
+    this Python process (not in tf.data service or a SavedModel); at the
+    process's exit, its calls still in flight are let finish first (`_drain`)."""
     tf = _tf()
-
-    def run(pixels, *values):
-        from PIL import Image
-
-        return np.asarray(call(Image.fromarray(pixels, "RGB"), *values), np.uint8)
-
-    pixels = image if image.dtype == tf.uint8 else tf.saturate_cast(tf.round(image), tf.uint8)
-    out = tf.numpy_function(run, [pixels, *args], tf.uint8, stateful=False)
     shape = tf.shape(image)[:2] if size is None else tf.cast(tf.stack(size), tf.int32)
+
+    def run(pixels, shape, *values):
+        with _CALLS["lock"]:
+            _CALLS["in_flight"] += 1
+        try:
+            if _CALLS["closing"]:  # the process is exiting: no work, no new objects
+                return np.zeros((*shape, 3), np.uint8)
+            from PIL import Image
+
+            return np.asarray(call(Image.fromarray(pixels, "RGB"), *values), np.uint8)
+        finally:
+            with _CALLS["lock"]:
+                _CALLS["in_flight"] -= 1
+                _CALLS["last"] = time.monotonic()
+
+    if not _CALLS["registered"]:
+        _CALLS["registered"] = True
+        atexit.register(_drain)
+    pixels = image if image.dtype == tf.uint8 else tf.saturate_cast(tf.round(image), tf.uint8)
+    out = tf.numpy_function(run, [pixels, shape, *args], tf.uint8, stateful=False)
     return tf.cast(tf.reshape(out, tf.concat([shape, [3]], 0)), tf.float32)
+
+
+_CALLS = dict(lock=threading.Lock(), in_flight=0, last=0.0, closing=False, registered=False)
+
+
+def _drain(quiet=0.25, limit=10.0):
+    """At exit, before Python finalizes: a tf.data thread that asks for the
+    GIL once finalization has begun never returns, so a pipeline iterator
+    still alive then, with a call in flight, hung the exit for good (10 of
+    12 runs of a script ending beside such an iterator). Here each call
+    returns at once (`closing`) and the exit waits, the GIL let go, until
+    none has run for `quiet` seconds (the pipeline's buffers full: tf.data
+    asks for no more), at most `limit`."""
+    _CALLS["closing"] = True
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        with _CALLS["lock"]:
+            if not _CALLS["in_flight"] and time.monotonic() - _CALLS["last"] > quiet:
+                return
+        time.sleep(0.02)
 
 
 def as_double(v):
@@ -181,9 +149,26 @@ def as_double(v):
     return tf.cast(v, tf.float64) if tf.is_tensor(v) else tf.constant(v, tf.float64)
 
 
-def _resample(interpolation):
+def _image():
     from PIL import Image
 
+    return Image
+
+
+def _image_ops():
+    from PIL import ImageOps
+
+    return ImageOps
+
+
+def _image_enhance():
+    from PIL import ImageEnhance
+
+    return ImageEnhance
+
+
+def _resample(interpolation):
+    Image = _image()
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}.")
     return {"bilinear": Image.Resampling.BILINEAR,
@@ -202,48 +187,101 @@ def resize(image, size, interpolation="bicubic"):
                           h, w, size=(h, w))
 
 
-def affine(image, matrix, fill=FILL, interpolation="bilinear"):
-    """Pillow's `Image.transform(size, AFFINE, matrix, resample,
-    fillcolor=fill)` of levels (timm's shear and translate): output pixel
-    centre `(x + 0.5, y + 0.5)` reads the input at `(a x' + b y' + c,
-    d x' + e y' + f)`; `matrix` six numbers (float64 tensors as timm
-    computes them in doubles)."""
-    from PIL import Image
+def _affine(im, matrix, resample):
+    return im.transform(im.size, _image().Transform.AFFINE, matrix, resample, fillcolor=FILL)
 
+
+def _posterize(im, bits):
+    bits = int(bits)
+    if bits >= 8:
+        return im
+    if bits <= 0:  # what Pillow before 13 wrote for 0 bits (13 refuses them)
+        return im.point([0] * 768)
+    return _image_ops().posterize(im, bits)
+
+
+def _enhance(kind):
+    return lambda im, factor, resample: getattr(_image_enhance(), kind)(im).enhance(factor)
+
+
+# timm's operations on a PIL image (`timm.data.auto_augment`'s Pillow calls):
+# (image, argument as a Python float, resample) -> image
+_PIL = {
+    "auto_contrast": lambda im, a, r: _image_ops().autocontrast(im),
+    "equalize": lambda im, a, r: _image_ops().equalize(im),
+    "invert": lambda im, a, r: _image_ops().invert(im),
+    "posterize": lambda im, bits, r: _posterize(im, bits),
+    "solarize": lambda im, threshold, r: _image_ops().solarize(im, threshold),
+    "solarize_add": lambda im, add, r: im.point(  # timm's own table, 128 its threshold
+        [min(255, i + int(add)) if i < 128 else i for i in range(256)] * 3),
+    "color": _enhance("Color"),
+    "contrast": _enhance("Contrast"),
+    "brightness": _enhance("Brightness"),
+    "sharpness": _enhance("Sharpness"),
+    "rotate": lambda im, degrees, r: im.rotate(degrees, r, fillcolor=FILL),
+    "shear_x": lambda im, f, r: _affine(im, (1.0, f, 0.0, 0.0, 1.0, 0.0), r),
+    "shear_y": lambda im, f, r: _affine(im, (1.0, 0.0, 0.0, f, 1.0, 0.0), r),
+    "translate_x_rel": lambda im, pct, r: _affine(im, (1.0, 0.0, pct * im.size[0], 0.0, 1.0, 0.0), r),
+    "translate_y_rel": lambda im, pct, r: _affine(im, (1.0, 0.0, 0.0, 0.0, 1.0, pct * im.size[1]), r),
+}
+KINDS = tuple(_PIL)  # a kind's number in `chain`
+
+
+def chain(image, kinds, arguments, applied, interpolation="bilinear", first=None):
+    """Pillow's operations `KINDS[kinds[i]]` at `arguments[i]` (doubles, as
+    timm computes them), each where `applied[i]`, in order, on the levels of
+    `image` `[H, W, 3]`: one Pillow call (`through_pillow`) for the whole
+    chain, the geometric ones sampled with Pillow's `interpolation` and
+    timm's `FILL`. The operations (`_PIL`) are timm's Pillow calls: ImageOps'
+    autocontrast / equalize / invert / posterize / solarize, timm's
+    solarize-add table, ImageEnhance's Color / Contrast / Brightness /
+    Sharpness factor, `rotate` (degrees, counter-clockwise), the affine
+    shears (factor) and translations (a fraction of the width / height).
+
+    `first=(size, flip)`: before them, in the same call, the crop's resize
+    to `size` `(h, w)` (Pillow's, `interpolation`: `resize`) and, where the
+    bool `flip`, its mirror image (`FLIP_LEFT_RIGHT`). float32 levels out."""
+    tf = _tf()
     resample = _resample(interpolation)
-    tf = _tf()
-    matrix = tf.stack([as_double(m) for m in matrix])
-    return through_pillow(image, lambda im, m: im.transform(
-        im.size, Image.Transform.AFFINE, tuple(float(v) for v in m), resample,
-        fillcolor=fill), matrix)
+
+    def call(im, kinds, arguments, applied, *first):
+        if first:
+            h, w, flip = first
+            im = im.resize((int(w), int(h)), resample)
+            if flip:
+                im = im.transpose(_image().Transpose.FLIP_LEFT_RIGHT)
+        for kind, argument, on in zip(kinds, arguments, applied):
+            if on:
+                im = _PIL[KINDS[kind]](im, float(argument), resample)
+        return im
+
+    def vector(v, cast):
+        return tf.stack([cast(x) for x in v]) if isinstance(v, (list, tuple)) else cast(v)
+
+    args = [vector(kinds, lambda x: tf.cast(x, tf.int32)), vector(arguments, as_double),
+            vector(applied, lambda x: tf.cast(x, tf.bool))]
+    size = None
+    if first is not None:
+        size, flip = first
+        hw = tf.cast(size, tf.int32)
+        size = (hw[0], hw[1])
+        args += [size[0], size[1], tf.cast(flip, tf.bool)]
+    return through_pillow(image, call, *args, size=size)
 
 
-def rotate(image, degrees, interpolation="bilinear"):
-    """Pillow's `Image.rotate(degrees, resample, fillcolor=FILL)`:
-    counter-clockwise about the centre, as timm's `rotate` calls it."""
-    resample = _resample(interpolation)
-    return through_pillow(image, lambda im, d: im.rotate(float(d), resample, fillcolor=FILL),
-                          as_double(degrees))
+def _one(kind):
+    def op(image, argument=0.0, interpolation="bilinear"):
+        return chain(image, [KINDS.index(kind)], [argument], [True], interpolation)
+
+    op.__name__ = kind
+    op.__doc__ = f"Pillow's `{kind}` of `chain`, alone."
+    return op
 
 
-def shear_x(image, factor, interpolation="bilinear"):
-    return affine(image, (1.0, factor, 0.0, 0.0, 1.0, 0.0), interpolation=interpolation)
-
-
-def shear_y(image, factor, interpolation="bilinear"):
-    return affine(image, (1.0, 0.0, 0.0, factor, 1.0, 0.0), interpolation=interpolation)
-
-
-def translate_x_rel(image, pct, interpolation="bilinear"):
-    tf = _tf()
-    pixels = as_double(pct) * tf.cast(tf.shape(image)[1], tf.float64)
-    return affine(image, (1.0, 0.0, pixels, 0.0, 1.0, 0.0), interpolation=interpolation)
-
-
-def translate_y_rel(image, pct, interpolation="bilinear"):
-    tf = _tf()
-    pixels = as_double(pct) * tf.cast(tf.shape(image)[0], tf.float64)
-    return affine(image, (1.0, 0.0, 0.0, 0.0, 1.0, pixels), interpolation=interpolation)
+auto_contrast, equalize, invert, posterize, solarize_add, sharpness = map(_one, (
+    "auto_contrast", "equalize", "invert", "posterize", "solarize_add", "sharpness"))
+rotate, shear_x, shear_y, translate_x_rel, translate_y_rel = map(_one, (
+    "rotate", "shear_x", "shear_y", "translate_x_rel", "translate_y_rel"))
 
 
 def gaussian_blur(image, sigma):

@@ -4,8 +4,10 @@ crop first, augment, normalise by the model's recipe, batch, MixUp."""
 from keras_reluvit.data.augment import CROPS
 from keras_reluvit.data.augment import Augment
 from keras_reluvit.data.augment import decode_inception_crop
+from keras_reluvit.data.augment import decode_random_crop
 from keras_reluvit.data.augment import inception_crop
 from keras_reluvit.data.augment import mixup
+from keras_reluvit.data.augment import random_crop
 from keras_reluvit.data.augment import switch_randaugment
 from keras_reluvit.data.pillow_ops import pillow_levels
 from keras_reluvit.data.tfds import _tf
@@ -15,6 +17,7 @@ from keras_reluvit.data.three_augment import three_augment
 from keras_reluvit.data.timm_augment import by_name as timm_by_name
 from keras_reluvit.data.timm_augment import parse as parse_timm_augment
 from keras_reluvit.data.timm_augment import random_erasing
+from keras_reluvit.data.timm_augment import takes_first as timm_takes_first
 from keras_reluvit.data.timm_augment import timm_mix
 from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.preprocessing import decode_image
@@ -67,6 +70,9 @@ def pipeline(
         if aug.randaug:
             raise ValueError("Augment: randaug (big_vision's, Keras' RandAugment) and "
                              "auto_augment (timm's) both on; choose one.")
+    # DeiT's chain: the window's resize, the flip and timm's operations in one Pillow call
+    fused = (aug.crop != "simple" and aug.interpolation == "bicubic"
+             and aug.auto_augment is not None and timm_takes_first(aug.auto_augment))
     AUTO = tf.data.AUTOTUNE
     randaug = None
     if train and aug.randaug and aug.randaug[1] > 0:
@@ -96,21 +102,29 @@ def pipeline(
                 pixels = (decode_image(data, dct, recipe["alpha"]) if encoded
                           else tf_to_rgb(data, recipe))
                 image = simple_random_crop(pixels, size, s1, aug.interpolation)
+            elif fused:
+                image = (decode_random_crop(data, aug.crop_area, aug.crop_aspect, s1, dct,
+                                            recipe["alpha"]) if encoded else
+                         random_crop(tf_to_rgb(data, recipe), aug.crop_area, aug.crop_aspect, s1))
             elif encoded:
                 image = decode_inception_crop(data, size, aug.crop_area, aug.crop_aspect, s1, dct,
                                               recipe["alpha"], aug.interpolation)
             else:
                 image = inception_crop(tf_to_rgb(data, recipe), size, aug.crop_area,
                                        aug.crop_aspect, s1, aug.interpolation)
+            if fused:  # stateless_random_flip_left_right's draw
+                flip = tf.random.stateless_uniform([], s2, 0, 1.0) < 0.5 if aug.flip else False
+                image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]), aug.interpolation,
+                                     first=(size, flip))
             image = tf.ensure_shape(image, (*size, 3))
-            if aug.flip:
+            if aug.flip and not fused:
                 image = tf.image.stateless_random_flip_left_right(image, s2)
             if randaug is not None:  # keyed by the example's own random draw
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
             on_levels = aug.auto_augment is not None or aug.three_augment or aug.color_jitter > 0
             if on_levels and aug.interpolation != "bicubic":  # Pillow's resize wrote levels
                 image = pillow_levels(image)  # Pillow's operations run on uint8 crops
-            if aug.auto_augment is not None:  # timm's --aa
+            if aug.auto_augment is not None and not fused:  # timm's --aa
                 image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]),
                                      aug.interpolation)
             if aug.three_augment:  # DeiT III's, then its colour jitter
