@@ -147,14 +147,21 @@ def stage_costs(b, reps=2):
     def randaug(x, k):
         return A.by_name(flipped(x, k), "rand-m9-mstd0.5-inc1", k, "bicubic")
 
+    def fused(x, k):  # the pipeline's: one Pillow call for the resize, flip and operations
+        flip = tf.random.stateless_uniform([], k, 0, 1.0) < 0.5
+        return tf.ensure_shape(A.by_name(window(x, k), "rand-m9-mstd0.5-inc1", k, "bicubic",
+                                         first=((224, 224), flip)), (224, 224, 3))
+
     def erased(x, k):
-        return A.random_erasing((randaug(x, k) - 127.5) / 127.5, 0.25, k)
+        return A.random_erasing((fused(x, k) - 127.5) / 127.5, 0.25, k)
 
     chains = {"decode the crop window": window,
               "+ resize to 224, bilinear (TensorFlow's)": resized("bilinear"),
               "+ resize to 224, bicubic (Pillow's), instead": resized("bicubic"),
               "+ flip, levels": flipped,
-              "+ rand-m9-mstd0.5-inc1": randaug,
+              "+ rand-m9-mstd0.5-inc1 (a Pillow call of its own)": randaug,
+              "decode; resize, flip and rand-m9-mstd0.5-inc1 in one Pillow call (the pipeline's)":
+                  fused,
               "+ normalise, random erasing 0.25": erased}
     m, s = tf.constant(9.0), tf.constant(1.0)
     for name in A.RAND_INCREASING_OPS:

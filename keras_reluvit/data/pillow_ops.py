@@ -1,16 +1,17 @@
 """Pillow's image operations (`ImageOps`, `ImageEnhance`, `ImageFilter`,
 affine transforms, resizing), which timm, DeiT and torchvision run on PIL
 images, on 0-255 pixels `[H, W, 3]` (float32) in tf.data: what
-`timm_augment` and `three_augment` are made of. The point and colour
-operations are TensorFlow ops that write the uint8 levels Pillow writes
-(its rounding: a blend truncates, the gray level of `convert("L")` rounds
-in fixed point, a filter rounds); the resampling ones (the crop's resize,
-rotate, shear, translate) are Pillow itself (`through_pillow`). So a chain
-of them on a uint8 image is Pillow's chain: `pillow_levels` turns a float
-image (a resized crop) into levels first, as Pillow's resize does. The
-Gaussian blur is exact where Pillow approximates it by three box blurs.
-Each is checked against Pillow in the tests (`tests/test_timm_augment.py`,
-`tests/test_three_augment.py`)."""
+`timm_augment` and `three_augment` are made of. timm's operations (`chain`:
+RandAugment's, AutoAugment's and AugMix's, and the crop's bicubic resize)
+are Pillow itself, one call per image from the tf.data map
+(`through_pillow`); DeiT III's grayscale, solarize, blur and colour jitter
+are TensorFlow ops that write the uint8 levels Pillow writes (its rounding:
+a blend truncates, the gray level of `convert("L")` rounds in fixed point,
+a filter rounds). So a chain of them on a uint8 image is Pillow's chain:
+`pillow_levels` turns a float image (a bilinear resized crop) into levels
+first, as Pillow's resize does. The Gaussian blur is exact where Pillow
+approximates it by three box blurs. Each is checked against Pillow in the
+tests (`tests/test_timm_augment.py`, `tests/test_three_augment.py`)."""
 
 import atexit
 import threading
