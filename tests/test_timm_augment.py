@@ -737,12 +737,18 @@ def test_a_script_ending_beside_a_pillow_pipeline_exits():
     prefetching (an iterator alive at exit: `next(iter(ds))`, a run stopped
     mid-epoch) exits: before, a call waiting for the GIL when Python began
     to finalize never returned and the exit hung for good (10 of 12 runs).
-    Three runs, each within a minute."""
+    Three runs side by side, each within two minutes."""
     import os
     import subprocess
     import sys
 
-    for _ in range(3):
-        out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True,
-                             timeout=120, env=dict(os.environ, KERAS_BACKEND="tensorflow"))
-        assert out.returncode == 0 and "exits" in out.stdout, out.stderr[-2000:]
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    runs = [subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    try:
+        for run in runs:
+            out, err = run.communicate(timeout=120)
+            assert run.returncode == 0 and "exits" in out, err[-2000:]
+    finally:
+        for run in runs:
+            run.kill()
