@@ -14,6 +14,7 @@ approximates it by three box blurs. Each is checked against Pillow in the
 tests (`tests/test_timm_augment.py`, `tests/test_three_augment.py`)."""
 
 import atexit
+import os
 import threading
 import time
 
@@ -124,6 +125,13 @@ def through_pillow(image, call, *args, size=None):
 
 
 _CALLS = dict(lock=threading.Lock(), in_flight=0, last=0.0, closing=False, registered=False)
+
+
+def _forked():  # a forked child holds none of its parent's calls, nor a lock a thread held
+    _CALLS.update(lock=threading.Lock(), in_flight=0)
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _drain(quiet=0.25, limit=10.0):
