@@ -489,6 +489,23 @@ def test_timm_mix_per_batch_and_its_probability():
             np.testing.assert_allclose(labs, 0.1 / 16 + 0.9 * np.eye(16), atol=1e-6)
     with pytest.raises(ValueError, match="Unknown timm_mix mode 'pairs'"):
         timm_mixed(1, mode="pairs")
+    # every batch mixed: each image's pixels against its label's own weight (MixUp's
+    # blend, CutMix's pasted share), the one mix drawn for the batch
+    images, labels, values = timm_mixed(40, mode="batch", label_smoothing=0.0)
+    batch, kinds = len(values), set()
+    for imgs, labs in zip(images, labels):
+        own = labs[np.arange(batch), np.arange(batch)]
+        cutmix = np.isin(imgs[..., 0], values).all()
+        kinds.add(bool(cutmix))
+        for i in range(batch):
+            a, j = imgs[i, ..., 0], batch - 1 - i
+            if cutmix:
+                np.testing.assert_allclose((a == values[i]).mean() if i != j else 1.0, own[i],
+                                           atol=1e-6)
+            else:
+                np.testing.assert_allclose(a, own[i] * values[i] + (1 - own[i]) * values[j],
+                                           rtol=1e-5)
+    assert kinds == {True, False}  # both mixes drawn
 
 
 @pytest.mark.backend_independent
