@@ -792,3 +792,15 @@ def test_a_chain_is_pillows_calls_in_order():
             ours = P.chain(tf.constant(photo), kinds, arguments, applied, "bicubic", first)
             d = _diff(ours, theirs(start))
             assert d.max() == 0, (first, kinds, (d == 0).mean())
+
+
+def test_at_exit_pillow_calls_do_no_work(photo, monkeypatch):
+    """Once the exit's drain has begun (`closing`), a call returns black
+    pixels of the right shape at once (the buffers fill, tf.data asks for no
+    more, the exit goes on) instead of Pillow's work."""
+    import tensorflow as tf
+
+    monkeypatch.setitem(P._CALLS, "closing", True)
+    out = np.asarray(P.chain(tf.constant(photo), [P.KINDS.index("rotate")], [10.0], [True],
+                             "bicubic", ((20, 30), True)))
+    assert out.shape == (20, 30, 3) and not out.any()
