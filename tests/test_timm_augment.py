@@ -794,13 +794,17 @@ def test_a_chain_is_pillows_calls_in_order():
             assert d.max() == 0, (first, kinds, (d == 0).mean())
 
 
-def test_at_exit_pillow_calls_do_no_work(photo, monkeypatch):
-    """Once the exit's drain has begun (`closing`), a call returns black
-    pixels of the right shape at once (the buffers fill, tf.data asks for no
-    more, the exit goes on) instead of Pillow's work."""
+def test_at_exit_pillow_calls_fail_at_once_and_say_why(photo, monkeypatch):
+    """Once the exit's drain has begun (`closing`), a call fails at once (the
+    buffers fill, tf.data asks for no more, the exit goes on), with an error
+    that names the exit: never images silently left black for a reader in a
+    later exit hook."""
     import tensorflow as tf
 
     monkeypatch.setitem(P._CALLS, "closing", True)
-    out = np.asarray(P.chain(tf.constant(photo), [P.KINDS.index("rotate")], [10.0], [True],
-                             "bicubic", ((20, 30), True)))
-    assert out.shape == (20, 30, 3) and not out.any()
+    with pytest.raises(Exception, match="this process is exiting"):
+        P.chain(tf.constant(photo), [P.KINDS.index("rotate")], [10.0], [True], "bicubic",
+                ((20, 30), True))
+    ds = tf.data.Dataset.range(2).map(lambda i: P.rotate(tf.constant(photo), 10.0))
+    with pytest.raises(tf.errors.OpError, match="this process is exiting"):
+        list(ds)

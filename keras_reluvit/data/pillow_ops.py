@@ -106,8 +106,8 @@ def through_pillow(image, call, *args, size=None):
         with _CALLS["lock"]:
             _CALLS["in_flight"] += 1
         try:
-            if _CALLS["closing"]:  # the process is exiting: no work, no new objects
-                return np.zeros((*shape, 3), np.uint8)
+            if _CALLS["closing"]:  # the process is exiting: an error at once, no work
+                raise RuntimeError(CLOSED)
             from PIL import Image
 
             return np.asarray(call(Image.fromarray(pixels, "RGB"), *values), np.uint8)
@@ -119,12 +119,14 @@ def through_pillow(image, call, *args, size=None):
     if not _CALLS["registered"]:
         _CALLS["registered"] = True
         atexit.register(_drain)
-    pixels = image if image.dtype == tf.uint8 else tf.saturate_cast(tf.round(image), tf.uint8)
+    pixels = image if image.dtype == tf.uint8 else tf.saturate_cast(pillow_levels(image), tf.uint8)
     out = tf.numpy_function(run, [pixels, shape, *args], tf.uint8, stateful=False)
     return tf.cast(tf.reshape(out, tf.concat([shape, [3]], 0)), tf.float32)
 
 
 _CALLS = dict(lock=threading.Lock(), in_flight=0, last=0.0, closing=False, registered=False)
+CLOSED = ("keras-reluvit: this process is exiting, so its tf.data pipelines no longer call "
+          "Pillow (pillow_ops._drain, an atexit hook): read the data before the exit begins.")
 
 
 def _forked():  # a forked child holds none of its parent's calls, nor a lock a thread held
@@ -134,14 +136,16 @@ def _forked():  # a forked child holds none of its parent's calls, nor a lock a 
 os.register_at_fork(after_in_child=_forked)
 
 
-def _drain(quiet=0.25, limit=10.0):
+def _drain(quiet=0.5, limit=10.0):
     """At exit, before Python finalizes: a tf.data thread that asks for the
     GIL once finalization has begun never returns, so a pipeline iterator
     still alive then, with a call in flight, hung the exit for good (10 of
     12 runs of a script ending beside such an iterator). Here each call
-    returns at once (`closing`) and the exit waits, the GIL let go, until
-    none has run for `quiet` seconds (the pipeline's buffers full: tf.data
-    asks for no more), at most `limit`."""
+    fails at once (`closing`: `CLOSED`, never silent pixels) and the exit
+    waits, the GIL let go, until none has run for `quiet` seconds (the
+    pipeline's buffers full: tf.data asks for no more), at most `limit`. A
+    map call whose work before Pillow (a decode) outlasts `quiet` can still
+    arrive late."""
     _CALLS["closing"] = True
     start = time.monotonic()
     while time.monotonic() - start < limit:
