@@ -102,7 +102,7 @@ def through_pillow(image, call, *args, size=None):
     tf = _tf()
     shape = tf.shape(image)[:2] if size is None else tf.cast(tf.stack(size), tf.int32)
 
-    def run(pixels, shape, *values):
+    def run(pixels, *values):
         with _CALLS["lock"]:
             _CALLS["in_flight"] += 1
         try:
@@ -116,15 +116,12 @@ def through_pillow(image, call, *args, size=None):
                 _CALLS["in_flight"] -= 1
                 _CALLS["last"] = time.monotonic()
 
-    if not _CALLS["registered"]:
-        _CALLS["registered"] = True
-        atexit.register(_drain)
     pixels = image if image.dtype == tf.uint8 else tf.saturate_cast(pillow_levels(image), tf.uint8)
-    out = tf.numpy_function(run, [pixels, shape, *args], tf.uint8, stateful=False)
+    out = tf.numpy_function(run, [pixels, *args], tf.uint8, stateful=False)
     return tf.cast(tf.reshape(out, tf.concat([shape, [3]], 0)), tf.float32)
 
 
-_CALLS = dict(lock=threading.Lock(), in_flight=0, last=0.0, closing=False, registered=False)
+_CALLS = dict(lock=threading.Lock(), in_flight=0, last=0.0, closing=False)
 CLOSED = ("keras-reluvit: this process is exiting, so its tf.data pipelines no longer call "
           "Pillow (pillow_ops._drain, an atexit hook): read the data before the exit begins.")
 
@@ -153,6 +150,9 @@ def _drain(quiet=0.5, limit=10.0):
             if not _CALLS["in_flight"] and time.monotonic() - _CALLS["last"] > quiet:
                 return
         time.sleep(0.02)
+
+
+atexit.register(_drain)  # returns at once in a process that made no call
 
 
 def as_double(v):
@@ -192,12 +192,7 @@ def resize(image, size, interpolation="bicubic"):
     """Pillow's `resize((w, h), resample)` of `image` to `size` `(h, w)`
     (ints or int32 scalars): torchvision's resize of a PIL crop, timm's and
     DeiT's `RandomResizedCrop`. float32 levels out."""
-    resample = _resample(interpolation)
-    tf = _tf()
-    hw = tf.cast(size, tf.int32)  # a pair of ints or of int32 scalars, or a [2] tensor
-    h, w = hw[0], hw[1]
-    return through_pillow(image, lambda im, h, w: im.resize((int(w), int(h)), resample),
-                          h, w, size=(h, w))
+    return chain(image, [], [], [], interpolation, first=(size, False))
 
 
 def _affine(im, matrix, resample):
@@ -268,11 +263,13 @@ def chain(image, kinds, arguments, applied, interpolation="bilinear", first=None
                 im = _PIL[KINDS[kind]](im, float(argument), resample)
         return im
 
-    def vector(v, cast):
-        return tf.stack([cast(x) for x in v]) if isinstance(v, (list, tuple)) else cast(v)
+    def vector(v, dtype, cast=tf.cast):
+        if not isinstance(v, (list, tuple)):
+            return cast(v, dtype)
+        return tf.stack([cast(x, dtype) for x in v]) if v else tf.zeros([0], dtype)
 
-    args = [vector(kinds, lambda x: tf.cast(x, tf.int32)), vector(arguments, as_double),
-            vector(applied, lambda x: tf.cast(x, tf.bool))]
+    args = [vector(kinds, tf.int32), vector(arguments, tf.float64, lambda x, _: as_double(x)),
+            vector(applied, tf.bool)]
     size = None
     if first is not None:
         size, flip = first

@@ -194,8 +194,7 @@ def apply_op(name, image, magnitude, sign, interpolation="bilinear"):
     """timm's operation `name` at `magnitude` (0-10) with `sign` (+-1); the
     geometric ones sample with Pillow's `interpolation` (timm's
     `hparams["interpolation"]`: DeiT's bicubic)."""
-    kind, arg = plan((name,), 0, magnitude, sign)
-    return run(image, [kind], [arg], [True], interpolation)
+    return _one_of((name,), 0, image, magnitude, sign, interpolation)
 
 
 def _draw_magnitude(magnitude, mstd, mmax, key):
@@ -510,15 +509,11 @@ def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
            & use_cutmix[:, None, None])
     flipped = tf.reverse(images, [0])
     lam_x = tf.reshape(tf.where(use_cutmix, tf.ones_like(lam), lam), [n, 1, 1, 1])
-
-    def mixed():  # CutMix's images have lam_x 1: their box pasted, the rest as they were
-        return tf.where(box[..., None], flipped, lam_x * images + (1.0 - lam_x) * flipped)
-
     if mode == "batch":  # one draw: the one mix drawn computed (~3x less work on a batch)
         mixed = tf.cond(use_cutmix[0], lambda: tf.where(box[..., None], flipped, images),
                         lambda: lam_x * images + (1.0 - lam_x) * flipped)
-    else:
-        mixed = mixed()
+    else:  # CutMix's images have lam_x 1: their box pasted, the rest as they were
+        mixed = tf.where(box[..., None], flipped, lam_x * images + (1.0 - lam_x) * flipped)
     k = tf.cast(tf.shape(labels)[-1], labels.dtype)
     smooth = labels * (1.0 - label_smoothing) + label_smoothing / k
     lam_y = tf.reshape(lam, [n, 1])
