@@ -6,4 +6,5 @@ RECIPE = "digits"  # the main job's recipe (the embedded data set)
 VAL_FRACTION = 0.1  # a folder without val/: this seeded share of each class is held out
 LORA_RANK = 8
 KEEP_CHECKPOINTS = 2  # the newest backups a run keeps
-TRAINABLE_DEFAULT = "all"  # what a fine-tune trains (finetune.TRAINABLE: the choices)
+TRAINABLE = ("all", "head", "lora")  # what a fine-tune trains: every weight, the head, LoRA
+TRAINABLE_DEFAULT = "all"

@@ -26,15 +26,15 @@ import re
 
 import keras
 
+from keras_reluvit._defaults import LORA_RANK
+from keras_reluvit._defaults import TRAINABLE  # noqa: F401 - kr.finetune.TRAINABLE
+from keras_reluvit._defaults import TRAINABLE_DEFAULT
 from keras_reluvit._keras_compat import flatten_layers
 from keras_reluvit.models import lora
 from keras_reluvit.models.lora import DEFAULT_LORA_LAYER_NAMES  # noqa: F401 - kr.finetune
 from keras_reluvit.models.lora import LORA_LAYER_NAMES  # noqa: F401
 from keras_reluvit.models.lora import enable_lora
-from keras_reluvit.training.settings import LORA_RANK
-from keras_reluvit.training.settings import TRAINABLE_DEFAULT
 
-TRAINABLE = ("all", "head", "lora")
 _EMBEDDING = ("embedding/", "cls/", "reg/", "pos_embedding/", "pre_norm/")
 _BLOCK = re.compile(r"block_(\d+)/")
 

@@ -18,6 +18,8 @@ import dataclasses
 import inspect
 import sys
 
+from keras_reluvit.training.settings import check_number
+
 # timm's Mixup as train.py builds it when a run turns it on (its argument defaults):
 # what a recipe without timm_mix starts from when a flag sets one of its fields.
 TIMM_MIX_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, prob=1.0, switch_prob=0.5,
@@ -25,16 +27,20 @@ TIMM_MIX_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, prob=1.0, switch_pro
 # timm's --opt names -> the recipe's (optimizer, nesterov); timm's sgd is Nesterov's.
 OPTIMIZERS = {"adamw": ("adamw", None), "momentum": ("sgd", False), "sgd": ("sgd", True),
               "nesterov": ("sgd", True), "lamb": ("lamb", None), "fusedlamb": ("lamb", None)}
-# The range each number must be in: (low, high, what it is); in STRICTLY_POSITIVE, above low.
-RANGES = {"opt_eps": (0, None, "an epsilon > 0"), "grad_clip": (0, None, "a norm > 0"),
-          "wd": (0, None, "a decay >= 0"), "weight_decay": (0, None, "a decay >= 0"),
-          "warmup_epochs": (0, None, "epochs >= 0"), "smoothing": (0, 1, "in [0, 1)"),
-          "augment.timm_mix.mixup_alpha": (0, None, "an alpha >= 0"),
-          "augment.timm_mix.cutmix_alpha": (0, None, "an alpha >= 0"),
-          "augment.timm_mix.prob": (0, 1, "a probability"),
-          "augment.timm_mix.switch_prob": (0, 1, "a probability"),
-          "augment.erase": (0, 1, "a probability"), "augment.color_jitter": (0, None, ">= 0")}
-STRICTLY_POSITIVE = ("opt_eps", "grad_clip")
+# The range each number must be in, as settings.NUMBERS: (kind, low, high, low included,
+# high included, meaning).
+RANGES = {"opt_eps": (float, 0, None, False, None, "an epsilon"),
+          "grad_clip": (float, 0, None, False, None, "a norm"),
+          "wd": (float, 0, None, True, None, "a decay"),
+          "weight_decay": (float, 0, None, True, None, "a decay"),
+          "warmup_epochs": (float, 0, None, True, None, "epochs"),
+          "smoothing": (float, 0, 1, True, False, "a smoothing"),
+          "augment.timm_mix.mixup_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
+          "augment.timm_mix.cutmix_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
+          "augment.timm_mix.prob": (float, 0, 1, True, True, "a probability"),
+          "augment.timm_mix.switch_prob": (float, 0, 1, True, True, "a probability"),
+          "augment.erase": (float, 0, 1, True, True, "a probability"),
+          "augment.color_jitter": (float, 0, None, True, None, "a strength")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +83,9 @@ FLAGS = (
          "multiplied by the learning rate: the recipe's wd = this x its lr",
          sets="`wd` = this x the recipe's `lr` (PyTorch's decay, times the lr)"),
     Flag("--warmup-epochs", ("--warmup-epochs",), "warmup_epochs", float,
-         "linear warmup, in epochs"),
+         "linear warmup, in epochs (fewer than the run's)",
+         sets="`warmup_epochs`, as given (fewer than the run's epochs; a recipe's own warmup "
+         "takes at most half a short run)"),
     Flag("--loss", (), "loss", str, "softmax_xent, sigmoid_xent or bce (DeiT III's)",
          choices=("softmax_xent", "sigmoid_xent", "bce")),
     Flag(None, ("--bce-loss",), "loss", None, "DeiT III's binary cross-entropy on binarised "
@@ -85,9 +93,10 @@ FLAGS = (
          sets="`loss` = `bce`: DeiT III's (binarised targets; timm's own keeps soft targets "
          "unless --bce-target-thresh)"),
     Flag("--label-smoothing", ("--smoothing",), "smoothing", float, "label smoothing: in "
-         "timm's MixUp / CutMix when the recipe mixes with it, else in the loss (timm's "
-         "--smoothing)", sets="`augment.timm_mix.label_smoothing` where the recipe mixes "
-         "with timm's MixUp, else `label_smoothing`"),
+         "timm's MixUp / CutMix when the run mixes with it, else in the loss (timm's "
+         "--smoothing)", sets="`augment.timm_mix.label_smoothing` where the run mixes "
+         "with timm's MixUp, else `label_smoothing` (the loss's, as timm's train.py; "
+         "`--mixup 0 --cutmix 0` moves the recipe's MixUp smoothing there too)"),
     Flag("--mixup-alpha", ("--mixup",), "augment.timm_mix.mixup_alpha", float,
          "timm's MixUp: its Beta(alpha, alpha); 0: off"),
     Flag("--cutmix-alpha", ("--cutmix",), "augment.timm_mix.cutmix_alpha", float,
@@ -210,19 +219,32 @@ def _fields():
     return out
 
 
+def check_ranges(fields):
+    """Each number of `fields` ({recipe field: value}) in its range
+    (`RANGES`), and each field a string: a ValueError naming the flag. Light
+    (no Keras)."""
+    for field, value in fields.items():
+        if not isinstance(field, str):
+            raise ValueError(f"recipe_overrides' keys are recipe fields, got {field!r}.")
+        if field in RANGES:
+            check_number(field, value, RANGES[field], flag=flag_name(field))
+
+
+def flag_name(field):
+    """The first `keras-reluvit train` spelling of the flag setting `field`."""
+    for flag in FLAGS:
+        if flag.field == field and not flag.only and flag.type is not None:
+            return flag.ours or flag.theirs[0]
+    return "recipe_overrides"
+
+
 def _check(fields):
     known = _fields()
-    for field, value in fields.items():
+    for field in fields:
         if field not in known:
             raise ValueError(f"Unknown recipe field {field!r} in recipe_overrides; the fields: "
                              f"{', '.join(sorted(known))}.")
-        if field not in RANGES:
-            continue
-        low, high, what = RANGES[field]
-        number = isinstance(value, (int, float))
-        above = number and (value > low if field in STRICTLY_POSITIVE else value >= low)
-        if not (above and (high is None or value <= high)):
-            raise ValueError(f"The recipe's {field} must be {what}, got {value!r}.")
+    check_ranges(fields)
     return known
 
 
@@ -249,11 +271,16 @@ def apply(recipe, fields):
     known = _check(fields)
     lines = []
     # 3-Augment first (it turns the recipe's RandAugment and erasing off, not a flag's);
-    # timm's meanings last (the smoothing goes where the MixUp is once the others are set).
+    # timm's meanings last: the smoothing goes where the MixUp is once the alphas are set
+    # (into the loss where they turn it off, as timm's train.py).
     first = [f for f in ("augment.three_augment",) if f in fields]
     ordered = first + [f for f in fields if f not in LAST + tuple(first)] + [
         f for f in LAST if f in fields]
+    mixing_settled, created = False, []  # created: a MixUp from timm's defaults, by a flag
     for field in ordered:
+        if field in LAST and not mixing_settled:
+            _mix_off(recipe, known, lines, keep_smoothing=not created)
+            mixing_settled = True
         value, was_name = fields[field], field
         if field == "optimizer":
             if value not in OPTIMIZERS:
@@ -279,6 +306,7 @@ def apply(recipe, fields):
         if field.startswith("augment.timm_mix.") and _get(recipe, "augment.timm_mix") is None:
             augment = recipe["augment"]
             augment["timm_mix"] = dict(TIMM_MIX_DEFAULTS)
+            created.append(True)
             replaced = " (replacing big_vision's mixup)" if augment.pop("mixup", 0) else ""
             lines.append(f"timm's MixUp / CutMix from train.py's defaults "
                          f"{TIMM_MIX_DEFAULTS}{replaced}")
@@ -294,13 +322,9 @@ def apply(recipe, fields):
         named = "" if was_name == field else f" (timm's {was_name})"
         lines.append(f"the recipe's {field} is already {value!r}{named}" if before == value
                      else f"the recipe's {field} {before!r} -> {value!r}{named}")
+    if not mixing_settled:
+        _mix_off(recipe, known, lines, keep_smoothing=not created)
     augment = recipe.get("augment") or {}
-    mix = augment.get("timm_mix")
-    if mix is not None and not any(  # the alphas, timm_mix's defaults where left out
-            mix.get(k, known[f"augment.timm_mix.{k}"]) > 0 for k in ("mixup_alpha",
-                                                                     "cutmix_alpha")):
-        augment.pop("timm_mix")
-        lines.append("timm's MixUp / CutMix off (both alphas 0, as timm)")
     if recipe.get("label_smoothing") and recipe.get("loss") == "sigmoid_xent":
         raise ValueError("The sigmoid loss (sigmoid_xent) takes no label smoothing: the "
                          f"recipe's label_smoothing {recipe['label_smoothing']!r} would be "
@@ -310,6 +334,26 @@ def apply(recipe, fields):
                          f"{augment['auto_augment']!r}: timm applies colour jitter only "
                          "without one (--aa none, or --three-augment as DeiT III).")
     return lines
+
+
+def _mix_off(recipe, known, lines, keep_smoothing=True):
+    """timm's MixUp / CutMix removed where both alphas are 0 (as timm); the
+    recipe's MixUp's label smoothing (`keep_smoothing`) then goes into the
+    loss (timm's train.py: LabelSmoothingCrossEntropy, or
+    BinaryCrossEntropy(smoothing=), without mixing)."""
+    augment = recipe.get("augment") or {}
+    mix = augment.get("timm_mix")
+    if mix is not None and not any(  # the alphas, timm_mix's defaults where left out
+            mix.get(k, known[f"augment.timm_mix.{k}"]) > 0 for k in ("mixup_alpha",
+                                                                     "cutmix_alpha")):
+        augment.pop("timm_mix")
+        lines.append("timm's MixUp / CutMix off (both alphas 0, as timm)")
+        smoothing = mix.get("label_smoothing", known["augment.timm_mix.label_smoothing"])
+        if keep_smoothing and smoothing and smoothing != recipe.get("label_smoothing"):
+            lines.append(f"the recipe's label_smoothing {recipe.get('label_smoothing')!r} -> "
+                         f"{smoothing!r} (the MixUp's smoothing, into the loss without mixing, "
+                         "as timm)")
+            recipe["label_smoothing"] = smoothing
 
 
 def table():

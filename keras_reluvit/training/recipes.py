@@ -16,7 +16,7 @@ learned attention scales are excluded.
 `batch_size`: the peak learning rate is scaled linearly
 (`lr * batch_size / recipe_batch`, Goyal et al.) and the warmup keeps the same
 number of *examples* (`warmup_steps * recipe_batch / batch_size`, at most half
-the run); `weight_decay = wd / lr` is kept, i.e. recomputed with the scaled
+the run, said in one line where that shortens it); `weight_decay = wd / lr` is kept, i.e. recomputed with the scaled
 lr. Epochs are unchanged.
 """
 
@@ -359,9 +359,14 @@ def describe(name=None):
                        for n in names)
 
 
-def scaled(recipe, batch_size, steps_per_epoch, epochs, lr=None):
+WARMUP_CAP = 0.5  # a recipe's warmup takes at most this share of a (short) run
+
+
+def scaled(recipe, batch_size, steps_per_epoch, epochs, lr=None, warmup_cap=WARMUP_CAP):
     """(peak lr, warmup steps, total steps) for `batch_size`; `lr` given is
-    the peak itself (not scaled)."""
+    the peak itself (not scaled). The warmup is at most `warmup_cap` of the
+    run's steps (None: as the recipe says, at most the run), said in one
+    line where that shortens it."""
     ratio = batch_size / recipe["batch_size"]
     lr = recipe["lr"] * ratio if lr is None else float(lr)
     total = steps_per_epoch * epochs
@@ -369,12 +374,18 @@ def scaled(recipe, batch_size, steps_per_epoch, epochs, lr=None):
         warmup = int(round(recipe["warmup_epochs"] * steps_per_epoch))
     else:
         warmup = int(round(recipe["warmup_steps"] / ratio))
-    warmup = min(warmup, total // 2)
-    return lr, warmup, total
+    most = total - 1 if warmup_cap is None else int(total * warmup_cap)
+    if warmup > most:
+        print(f"keras_reluvit: the warmup of {warmup} steps is longer than "
+              + ("the run" if warmup_cap is None else f"{warmup_cap:g} of the run")
+              + f" ({total} steps): warming up for {most} steps.", flush=True)
+        warmup = most
+    return lr, max(warmup, 0), total
 
 
 def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=None,
-            layer_decay=None, accum_steps=None, ema=None, **compile_kwargs):
+            layer_decay=None, accum_steps=None, ema=None, warmup_cap=WARMUP_CAP,
+            **compile_kwargs):
     """Compiles `model` with the recipe's optimizer, schedule, loss, metrics.
 
     Args:
@@ -398,6 +409,10 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
         ema: keep timm's EMA of the weights with this decay (e.g. DeiT's
             0.99996; the recipe's `ema_warmup`: timm's ModelEmaV3 warm-up);
             default the recipe's (None: off). See `RecipeAdamW`, `swap_ema`.
+        warmup_cap: the largest share of the run's steps the recipe's warmup
+            takes (default half: a short run of a long recipe still decays;
+            said in one line when it shortens the warmup); None: the warmup
+            as the recipe says (a run's `--warmup-epochs`).
         **compile_kwargs: passed to `model.compile` (e.g. `jit_compile`).
             On TensorFlow `jit_compile` defaults to True (XLA) unless
             `run_eagerly` is set or a `keras.distribution` is active: Keras'
@@ -413,7 +428,7 @@ def compile(model, recipe, steps_per_epoch, batch_size=None, epochs=None, lr=Non
     accum = int(recipe.get("accum_steps") or 1) if accum_steps is None else int(accum_steps)
     if accum < 1:
         raise ValueError(f"accum_steps must be at least 1, got {accum_steps!r}.")
-    lr, warmup, total = scaled(recipe, batch_size, steps_per_epoch, epochs, lr)
+    lr, warmup, total = scaled(recipe, batch_size, steps_per_epoch, epochs, lr, warmup_cap)
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0,
         decay_steps=max(total - warmup, 1),

@@ -25,19 +25,38 @@ def _json(value):
     return json.loads(json.dumps(value, default=list))
 
 
-def _settings_changed(before, config):
-    """{setting: [before, now]} of what a rerun changes (the model's keys as
-    `model.<key>`), `RERUN_FREE` included."""
-    now = config.to_dict()
-    changed = {}
-    for k in sorted(set(before) | set(now)):
-        if k != "model" and before.get(k) != now.get(k):
-            changed[k] = [before.get(k), now.get(k)]
-    was = before.get("model") or {}
-    for k in sorted(now.get("model") or {}):
-        if was.get(k) != now["model"][k]:
-            changed[f"model.{k}"] = [was.get(k), now["model"][k]]
-    return changed
+def _flat(value, prefix=""):
+    """{"a.b.c": leaf} of nested dicts (a model's, the augmentation's, the
+    recipe's keys), JSON's values (tuples as lists)."""
+    value = _json(value)
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out = {}
+    for k, v in value.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(_flat(v, key) if isinstance(v, dict) else {key: v})  # {}: no keys
+    return out
+
+
+def settings_changed(before, now):
+    """{setting: [before, now]} of what a rerun changes, every key of either
+    side compared (nested ones as `model.width`, `recipe.grad_clip`; one only
+    one side has is None on the other), `RERUN_FREE` included. `before` /
+    `now`: a run's `settings` with its resolved recipe under `recipe_resolved`;
+    where both have it, the recipe is compared field by field and
+    `recipe_overrides` (how it was set) is not."""
+    before, now = dict(before), dict(now)
+    if before.get(RECIPE_KEY) is not None and now.get(RECIPE_KEY) is not None:
+        before.pop("recipe_overrides", None)
+        now.pop("recipe_overrides", None)
+    else:
+        before.pop(RECIPE_KEY, None)
+        now.pop(RECIPE_KEY, None)
+    a, b = _flat(before), _flat(now)
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+RECIPE_KEY = "recipe_resolved"  # config.json: the recipe as the run resolved it
 
 
 def _say(changed):
@@ -52,11 +71,12 @@ ARTEFACTS = ("model.keras", "last.keras", "metrics.json", "curves.png", "tensorb
              "saved_model", image_folder.SPLIT_FILE)
 
 
-def launch(config, output, process, rerun):
+def launch(config, output, process, rerun, recipe=None):
     """(this launch's record, the records of the launches before it, the
     run's config.json as it was) for config.json; says in one line that the
     run resumes, and what a rerun with other settings does (`rerun`: see
-    `train`)."""
+    `train`). `recipe`: the recipe `config` resolves to, as a dict (compared
+    with the run's `recipe_resolved`, field by field)."""
     if rerun not in RERUN:
         raise ValueError(f"rerun must be one of {RERUN}, got {rerun!r}.")
     index, count = process
@@ -88,8 +108,8 @@ def launch(config, output, process, rerun):
         old = {}
     if record is None:
         return launch, [], {}
-    epochs = (old.get("settings") or old).get("epochs")
-    complete = epochs is not None and record["epoch"] >= epochs and not record["done"]
+    epochs = config.epochs  # a complete run: the epochs this launch trains to, done
+    complete = record["epoch"] >= epochs and not record["done"]
     where = (f"a complete run of {epochs} epoch{'s' if epochs != 1 else ''} "
              f"({record['step']} steps)" if complete else
              f"a run at epoch {record['epoch'] + 1}, after step {record['done']} of it (step "
@@ -100,7 +120,9 @@ def launch(config, output, process, rerun):
                                             or {k: old[k] for k in config if k in old}))
     if "augment" in before:
         before["augment"] = current_names(before["augment"])
-    changed = _settings_changed(before, config) if old else {}
+    before[RECIPE_KEY] = old.get(RECIPE_KEY)
+    changed = settings_changed(before, dict(config.to_dict(), **{RECIPE_KEY: recipe})) \
+        if old else {}
     blocking = {k: v for k, v in changed.items() if k not in RERUN_FREE}
     if blocking and rerun == "error":
         raise ValueError(

@@ -74,8 +74,6 @@ def build_config(settings=None, **kwargs):
     `"all"`, `"head"` (linear probe) or `"lora"` (rank `lora_rank`; see
     `keras_reluvit.finetune`); `layer_decay` and `lr` override the recipe's.
     """
-    from keras_reluvit.training import finetune
-
     if isinstance(settings, str):  # build_config("digits"): the recipe
         kwargs = dict(kwargs, recipe=settings)
         settings = None
@@ -93,11 +91,6 @@ def build_config(settings=None, **kwargs):
     if not (s.dataset or r["dataset"]):
         raise ValueError(f"Recipe {recipe!r} has no data set of its own: pass dataset= "
                          "(keras-reluvit train --dataset NAME_OR_FOLDER).")
-    if s.trainable not in finetune.TRAINABLE:
-        raise ValueError(f"trainable must be one of {finetune.TRAINABLE}, got {s.trainable!r}.")
-    if s.trainable != "all" and not init:
-        raise ValueError(f"trainable={s.trainable!r} fine-tunes a pretrained model: pass init= "
-                         "(keras-reluvit train --init CHECKPOINT).")
     model_cfg = dict(r["model"])
     if init:  # the checkpoint's architecture; the recipe's regularisers where blocks train
         model_cfg = {k: v for k, v in model_cfg.items()
@@ -121,7 +114,12 @@ def build_config(settings=None, **kwargs):
                          f"settings: {', '.join(RunSettings.fields())}; a recipe field goes "
                          "in recipe_overrides={...}).")
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
-    _check_run_numbers(s)
+    epochs = r["epochs"] if s.epochs is None else s.epochs
+    warmup = s.recipe_overrides.get("warmup_epochs")
+    if warmup is not None and warmup >= epochs:
+        raise ValueError(f"warmup_epochs (train --warmup-epochs) {warmup} must be fewer than "
+                         f"the run's {epochs} epochs (--epochs, else the recipe's): the warmup "
+                         "must end before the run does.")
     batch_size = s.batch_size
     if batch_size is None:
         batch_size = _recipe_batch_size(recipe, r["batch_size"], s.dataset or r["dataset"],
@@ -133,9 +131,9 @@ def build_config(settings=None, **kwargs):
         init=os.fspath(init) if init else None,
         dataset=s.dataset or r["dataset"],
         data_dir=s.data_dir,
-        epochs=s.epochs or r["epochs"],
+        epochs=epochs,
         batch_size=batch_size,
-        image_size=s.image_size or r["image_size"],
+        image_size=r["image_size"] if s.image_size is None else s.image_size,
         augment=_augment(r.get("augment", {}), 1 if s.aug_repeats == 0 else s.aug_repeats,
                          r["loss"], s.auto_augment,  # timm's --aug-repeats 0: off
                          (s.recipe_overrides or {}).get("augment.three_augment")),
@@ -196,29 +194,9 @@ def _augment(augment, repeats, loss, auto_augment=None, three_augment_flag=None)
     return augment
 
 
-def _check_run_numbers(s):
-    """The numbers of `RunSettings` that Keras or a callback would reject
-    later, under a name the user never wrote: named as the flag."""
-    def whole(value, low):
-        return value is None or (isinstance(value, int) and not isinstance(value, bool)
-                                 and value >= low)
-
-    if not whole(s.checkpoint_every, 0):
-        raise ValueError(f"checkpoint_every (train --checkpoint-every) must be a whole number "
-                         f">= 0 (updates between backups; 0: each epoch's end), got "
-                         f"{s.checkpoint_every!r}.")
-    if not whole(s.keep_checkpoints, 1):
-        raise ValueError(f"keep_checkpoints (train --keep-checkpoints) must be a whole number "
-                         f">= 1, got {s.keep_checkpoints!r}.")
-    if s.ema is not None and not (isinstance(s.ema, (int, float)) and 0 <= s.ema < 1):
-        raise ValueError(f"ema (train --ema) must be a decay in [0, 1) (DeiT's 0.99996; 0: "
-                         f"off), got {s.ema!r}.")
-
-
 def _accum_steps(accum, batch_size):
-    if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
-        raise ValueError(f"accum_steps (train --accum-steps) must be a whole number >= 1 "
-                         f"(1: off), got {accum!r}.")
+    """The recipe's or the given accumulation (`RunSettings` checked the
+    latter's range) against the batch it splits."""
     if batch_size % accum:
         raise ValueError(f"accum_steps (train --accum-steps) {accum} must divide the batch size "
                          f"{batch_size} (--batch-size): each "
@@ -290,7 +268,9 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     os.makedirs(output, exist_ok=True)
     index, count = kr_distribution.process_index(), kr_distribution.process_count()
     chief = index == 0
-    launch, launches, old = _launch(config, output, (index, count), rerun)
+    recipe = _recipe_of(config, config.model.get("variant"))
+    launch, launches, old = _launch(config, output, (index, count), rerun,
+                                    recipe=_recipe_record(recipe))
     shards = int(config.data_shards or count)
     if count > 1 and shards != count:
         raise ValueError(f"data_shards={shards} in a cluster of {count} processes: leave it "
@@ -351,18 +331,21 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                     label_names=d.label_names, backend=engine.backend,
                     steps_per_epoch=d.steps_per_epoch, processes=count,
                     distribution=kr_distribution.describe(), settings=settings,
-                    launches=launches + [launch])
+                    recipe_resolved=_recipe_record(recipe), launches=launches + [launch])
         if chief:
             with open(os.path.join(output, "config.json"), "w") as f:
                 json.dump(full, f, indent=2, default=list)
             if folder is not None:  # what `eval` must hold out
                 with open(os.path.join(output, image_folder.SPLIT_FILE), "w") as f:
                     json.dump(folder.split_record(), f)
-        recipe = _recipe_of(config, model_cfg.get("variant"))
         accum = int(config.accum_steps or 1)
+        # --warmup-epochs is what it says (build_config checked it fits the run);
+        # the recipe's own warmup is capped at half a short run (said).
+        given = config.recipe_overrides.get("warmup_epochs") is not None
         recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config.batch_size,
                         epochs=config.epochs, lr=config.lr, layer_decay=config.layer_decay,
-                        accum_steps=accum, ema=config.ema)
+                        accum_steps=accum, ema=config.ema,
+                        warmup_cap=None if given else recipes.WARMUP_CAP)
     kr_backup.stop_if_noted("once the data and the model were ready", (index, count))
     engine.all_reduce_gradients(model)  # torch clusters: DistributedDataParallel
     # TensorFlow clusters: each worker's own shard (no re-batching, no auto-sharding)
@@ -444,6 +427,14 @@ def _recipe_of(config, variant):
     r = recipes.get(config.recipe, variant)
     flags.apply(r, config.recipe_overrides)
     return r
+
+
+def _recipe_record(recipe):
+    """The resolved recipe as config.json records it (JSON's values; its
+    description and per-variant table left out: not what the run trains with)."""
+    return json.loads(json.dumps({k: v for k, v in dict(recipe).items()
+                                  if k not in ("description", "augment_by_variant")},
+                                 default=list))
 
 
 def _checkpoint(config, d):

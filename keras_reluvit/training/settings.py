@@ -14,10 +14,12 @@ imports it (the CLI's options, `ImageFolder`, `data.load`,
 
 import collections.abc
 import dataclasses
+import os
 
 from keras_reluvit._defaults import KEEP_CHECKPOINTS
 from keras_reluvit._defaults import LORA_RANK
 from keras_reluvit._defaults import RECIPE
+from keras_reluvit._defaults import TRAINABLE
 from keras_reluvit._defaults import TRAINABLE_DEFAULT
 from keras_reluvit._defaults import VAL_FRACTION
 
@@ -85,9 +87,89 @@ class RunSettings:
     # keras_reluvit.training.flags (the command line's, timm's names included).
     recipe_overrides: dict = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        check_settings(self)
+
     @classmethod
     def fields(cls):
         return [f.name for f in dataclasses.fields(cls)]
+
+
+# Each number of `RunSettings`: (kind, low, high, low included, high included, meaning);
+# None: no bound. Checked when a RunSettings is made, before anything runs or is written.
+NUMBERS = {
+    "epochs": (int, 1, None, True, None, "epochs"),
+    "batch_size": (int, 1, None, True, None, "the global batch"),
+    "image_size": (int, 1, None, True, None, "pixels"),
+    "seed": (int, 0, None, True, None, "a seed"),
+    "data_shards": (int, 1, None, True, None, "processes' shards"),
+    "lora_rank": (int, 1, None, True, None, "LoRA's rank"),
+    "layer_decay": (float, 0, 1, True, True, "a layer-wise decay; 0 or 1: off"),
+    "lr": (float, 0, None, False, None, "a learning rate"),
+    "val_fraction": (float, 0, 1, True, False, "a share of each class"),
+    "checkpoint_every": (int, 0, None, True, None, "updates between backups; 0: each "
+                         "epoch's end"),
+    "keep_checkpoints": (int, 1, None, True, None, "backups kept"),
+    "accum_steps": (int, 1, None, True, None, "micro-batches per update; 1: off"),
+    "ema": (float, 0, 1, True, False, "a decay (DeiT's 0.99996; 0: off)"),
+    "aug_repeats": (int, 0, None, True, None, "repeats; 0 or 1: off"),
+}
+STRINGS = ("recipe", "dataset", "model", "data_dir", "init", "auto_augment")
+
+
+def flag_of(field):
+    """The `keras-reluvit train` flag of a setting, as errors name it."""
+    return "--auto-augment" if field == "auto_augment" else "--" + field.replace("_", "-")
+
+
+def check_number(field, value, spec, flag=None):
+    """`value` checked against `spec` (a `NUMBERS` entry): a ValueError
+    naming the setting and its flag (default `flag_of(field)`)."""
+    kind, low, high, low_in, high_in, meaning = spec
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    ok = whole if kind is int else (whole or isinstance(value, float)) and value == value
+    if ok and low is not None:
+        ok = value >= low if low_in else value > low
+    if ok and high is not None:
+        ok = value <= high if high_in else value < high
+    if not ok:
+        span = ("[" if low_in else "(") + f"{low}, " + (
+            "inf)" if high is None else f"{high}" + ("]" if high_in else ")"))
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"{field} (train {flag or flag_of(field)}) must be {what} in {span} "
+                         f"({meaning}), got {value!r}.")
+
+
+def check_settings(s):
+    """Every field of a `RunSettings` `s`: its type, its range, the
+    combinations that cannot run (the recipe fields of `recipe_overrides`
+    are checked as `build_config` applies them: `training.flags.apply`)."""
+    for field, spec in NUMBERS.items():
+        value = getattr(s, field)
+        if value is not None or field in ("seed", "lora_rank", "val_fraction",
+                                          "keep_checkpoints"):
+            check_number(field, value, spec)
+    for field in STRINGS:
+        value = getattr(s, field)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ValueError(f"{field} (train {flag_of(field)}) must be a string, "
+                             f"got {value!r}.")
+    if s.attention is not None and not isinstance(s.attention, (str, dict)):
+        raise ValueError(f"attention (train --attention) must be a name or a dict, "
+                         f"got {s.attention!r}.")
+    if s.trainable not in TRAINABLE:
+        raise ValueError(f"trainable (train --trainable) must be one of {TRAINABLE}, "
+                         f"got {s.trainable!r}.")
+    if s.trainable != "all" and not s.init:
+        raise ValueError(f"trainable={s.trainable!r} (train --trainable) fine-tunes a "
+                         "pretrained model: pass init= (train --init CHECKPOINT).")
+    if s.batch_size is not None and s.accum_steps is not None and s.batch_size % s.accum_steps:
+        raise ValueError(f"accum_steps (train --accum-steps) {s.accum_steps} must divide the "
+                         f"batch size {s.batch_size} (--batch-size): each update is "
+                         "accum_steps micro-batches of batch_size / accum_steps.")
+    if not isinstance(s.recipe_overrides, dict):
+        raise ValueError(f"recipe_overrides must be a dict of recipe fields, "
+                         f"got {s.recipe_overrides!r}.")
 
 
 @dataclasses.dataclass(eq=False)
