@@ -107,7 +107,7 @@ def run_moment(backend, moment, root, data_dir):
     out, _ = proc.communicate(timeout=600)
     exited = time.time()
     stopped = [line for line in out.splitlines() if "stopped by" in line]
-    from keras_reluvit.backup import StepBackup
+    from keras_reluvit.training.backup import StepBackup
 
     record = StepBackup(os.path.join(output, "backup")).latest(quiet=True)
     saved = record["step"] if record else 0

@@ -28,6 +28,7 @@ import sys
 
 from keras_reluvit.training import flags
 from keras_reluvit.training import runs
+from keras_reluvit.training import signals
 from keras_reluvit.training.settings import KEEP_CHECKPOINTS
 from keras_reluvit.training.settings import LORA_RANK
 from keras_reluvit.training.settings import RECIPE
@@ -37,23 +38,17 @@ from keras_reluvit.training.settings import RunSettings
 
 
 def _train(args):
-    from keras_reluvit.training import backup as kr_backup
-
     if args.restart and args.override:
         raise ValueError("--restart starts the run in --output anew, --override continues it "
                          "with new settings: pass one.")
-    # A preemption notice while the data and the model are prepared: a clean
-    # stop as training begins (exit 0, said), not a kill.
-    with kr_backup.signals_noted():
-        _train_noted(args)
+    _train_noted(args)
     # The run is complete and said so: a SIGTERM while the process winds down
-    # (TensorFlow's teardown takes seconds) ends it with 0, not 143.
+    # (TensorFlow's teardown takes seconds) is passed over; it exits 0.
     signal.signal(signal.SIGTERM, _complete)
 
 
 def _complete(signum, frame):
     print("keras-reluvit: SIGTERM after the run completed: exiting.", flush=True)
-    os._exit(0)
 
 
 def _train_noted(args):
@@ -564,18 +559,27 @@ EXTRA_OF = {
 }
 
 
-def _preempted():
-    """`kr.backup.Preempted` once a run imported it (the CLI does not import
-    Keras before it must)."""
-    backup = sys.modules.get("keras_reluvit.backup")
-    return backup.Preempted if backup is not None else ()
-
-
 def main(argv=None):
-    args = parser().parse_args(argv)
+    """`keras-reluvit ARGS` (`argv`: default the command line); the exit code.
+
+    SIGTERM and SIGINT are noted from the first line: `train` then stops
+    cleanly (before its first step, or saved at the next step boundary;
+    exit 0, said); any other command, or `--help`, gets them back as they
+    came (a Ctrl-C interrupts it)."""
+    with signals.signals_noted():
+        args = parser().parse_args(argv)
+        if args.command == "train":
+            return _run(args)
+        noted = list(signals.NOTED)
+    for signum in noted:  # not a run: the signal's own effect, now
+        signal.raise_signal(signum)
+    return _run(args)
+
+
+def _run(args):
     try:
         args.func(args)
-    except _preempted() as e:  # saved: a rerun continues (exit 0, as a preemptible job expects)
+    except signals.Preempted as e:  # saved: a rerun continues (exit 0, as a preemptible job expects)
         print(f"keras-reluvit: {e}", flush=True)
         return 0
     except (ValueError, FileNotFoundError, RuntimeError, FloatingPointError) as e:

@@ -11,8 +11,8 @@ from PIL import Image
 
 import keras_reluvit as kr
 from keras_reluvit import image_folder
-from keras_reluvit.image_folder import ImageFolder
-from keras_reluvit.image_folder import ImageFolderError
+from keras_reluvit.data.folders import ImageFolder
+from keras_reluvit.data.folders import ImageFolderError
 
 pytestmark = pytest.mark.backend_independent
 

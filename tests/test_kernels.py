@@ -230,7 +230,7 @@ def _torch_fused_builds_only_when_chosen_and_only_for_cpu_tensors(tmp_path):
 
     code = (
         "import numpy as np, torch\n"
-        "from keras_reluvit.attention import pointwise_attention\n"
+        "from keras_reluvit.models.attention import pointwise_attention\n"
         "q = torch.tensor(np.random.default_rng(0).normal(size=(1, 64, 2, 8)).astype('float32'))\n"
         "with torch.no_grad():\n"
         "    pointwise_attention(q, q, q, chunk_size=16)\n"

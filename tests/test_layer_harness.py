@@ -15,7 +15,7 @@ encoder blocks, the MAP head and the image preprocessor.
 from keras.src import testing
 
 import keras_reluvit as kr
-from keras_reluvit.layers import MAPHead
+from keras_reluvit.models.layers import MAPHead
 
 
 class LayerHarness(testing.TestCase):

@@ -11,7 +11,7 @@ import pytest
 
 from keras_reluvit import settings
 from keras_reluvit import train as T
-from keras_reluvit.settings import RunSettings
+from keras_reluvit.training.settings import RunSettings
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_reluvit")
 DEFAULTS = os.path.join(PKG, "_defaults.py")  # where settings' defaults are written

@@ -417,8 +417,8 @@ def test_custom_registered_activation_in_a_vit_round_trips(tmp_path):
 
 def test_one_variant_parser_and_one_probability_choice():
     from keras_reluvit import recipes
-    from keras_reluvit.variants import canonical_variant
-    from keras_reluvit.variants import variant_with_patch
+    from keras_reluvit.models.variants import canonical_variant
+    from keras_reluvit.models.variants import variant_with_patch
 
     for name in ("S/16", "vit_s16", "ViT_S16", "s16"):
         assert canonical_variant(name) == "S/16"

@@ -15,7 +15,7 @@ from keras_reluvit.models.posemb import resample_posemb
 
 def model_class():
     """The `ViT` class, from Keras' registry of serializable classes (where
-    `keras_reluvit.vit` registers it as `keras_reluvit>ViT`), as keras-hub's
+    `keras_reluvit.models.vit` registers it as `keras_reluvit>ViT`), as keras-hub's
     presets find theirs: the checkpoint package builds ViTs without importing
     vit.py, whose `ViT.from_preset` / `save_to_preset` import the package."""
     cls = keras.saving.get_registered_object("keras_reluvit>ViT")

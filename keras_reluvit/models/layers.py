@@ -1,5 +1,5 @@
 """The building blocks of a ViT: class token, MLP, encoder block, MAP head
-(the position embedding: `keras_reluvit.posemb`).
+(the position embedding: `keras_reluvit.models.posemb`).
 
 Initialisation follows big_vision's `vit.py`: xavier-uniform kernels,
 normal(1e-6) MLP biases, posemb normal(1/sqrt(D)), zero class token,
@@ -311,18 +311,3 @@ class MAPHead(_AttentionOwner):
         y = self.attn(probe, x)
         y = y + self.mlp(self.norm(y))
         return y[:, 0]
-
-
-_MOVED = {"PositionEmbedding", "resample_posemb", "sincos2d_posemb", "POSEMB_RESAMPLING"}
-
-
-def __getattr__(name):  # 0.1.0 names, one release: now in keras_reluvit.posemb
-    if name in _MOVED:
-        import warnings
-
-        from keras_reluvit.models import posemb
-
-        warnings.warn(f"keras_reluvit.layers.{name} moved to keras_reluvit.posemb.{name} "
-                      "(this alias goes in the next release).", DeprecationWarning, stacklevel=2)
-        return getattr(posemb, name)
-    raise AttributeError(f"module 'keras_reluvit.layers' has no attribute {name!r}")

@@ -5,7 +5,6 @@ the noted signal over and stops at a step boundary (see its module)."""
 
 import contextlib
 import signal
-import sys
 import threading
 
 
@@ -25,16 +24,13 @@ def _main_thread():
 def signals_noted():
     """Within: SIGTERM / SIGINT are noted, not fatal, until a `StepBackup`
     takes over (it then stops the run before its first step, in a cluster
-    every process); a second SIGINT interrupts at once. `keras-reluvit train`
-    prepares its data and model in here, so that a preemption notice that
-    comes early still ends in a clean stop (exit 0, said in one line)."""
+    every process); a second SIGINT interrupts at once. The command line's `main` runs in
+    here from its first line, so that a preemption notice (or a Ctrl-C) that
+    comes while a run is prepared still ends in a clean stop (exit 0, said
+    in one line)."""
     if not _main_thread():
         yield
         return
-    early = getattr(sys.modules.get("keras_reluvit"), "_EARLY", [])
-    NOTED.extend(early)  # while `keras-reluvit train` imported (the package's __init__)
-    early.clear()
-
     def note(signum, frame):
         if signum == signal.SIGINT and signal.SIGINT in NOTED:
             raise KeyboardInterrupt

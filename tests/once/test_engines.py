@@ -29,7 +29,7 @@ from conftest import free_port
 from conftest import run_together
 from conftest import subprocess_env
 
-from keras_reluvit.backup import StepBackup
+from keras_reluvit.training.backup import StepBackup
 
 # The CLI, with a callback that writes each step's loss (as Keras reports it:
 # the epoch's running mean) to STEP_LOG/<process>.jsonl and SIGKILLs both

@@ -17,7 +17,7 @@ from conftest import free_port
 from conftest import run_together
 from conftest import subprocess_env
 
-from keras_reluvit.backup import StepBackup
+from keras_reluvit.training.backup import StepBackup
 
 # The CLI, optionally with a callback that SIGKILLs the process at (epoch, batch).
 RUN = r"""

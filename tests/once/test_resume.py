@@ -18,7 +18,7 @@ import numpy as np
 from conftest import KILL_CALLBACK
 from conftest import subprocess_env
 
-from keras_reluvit.backup import StepBackup
+from keras_reluvit.training.backup import StepBackup
 
 # The CLI on a tiny model; STEP lines (epoch, batch, time) on stdout after every step.
 CHILD = r"""
