@@ -40,6 +40,7 @@ trained with a sigmoid cross-entropy (`activation="sigmoid"`).
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -156,7 +157,26 @@ def saved_model(model, path, label_names=None, activation="softmax", top_k=5,
                    activation=activation, top_k=int(top_k),
                    input_shape=serve_shape(model, input_signature))
     path = os.path.expanduser(os.fspath(path))
-    return _in_tensorflow(model, path, "_write_saved_model", options, custom_modules)
+    return whole(path, lambda tmp: _in_tensorflow(model, tmp, "_write_saved_model", options,
+                                                  custom_modules))
+
+
+def whole(path, write):
+    """`write(tmp)` into a folder beside `path` (`.NAME.partial`: not a
+    version TF Serving loads), then renamed to `path`, replacing what was
+    there: a server or a rerun sees the earlier folder or the new one whole,
+    never a half-written one. Returns `path`."""
+    parent, name = os.path.split(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp, old = os.path.join(parent, f".{name}.partial"), os.path.join(parent, f".{name}.old")
+    for stale in (tmp, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    write(tmp)
+    if os.path.exists(path):
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def serve_shape(model, input_signature):

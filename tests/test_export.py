@@ -3,6 +3,7 @@ in a separate process (no keras_reluvit, no Keras import there)."""
 
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -249,3 +250,37 @@ def test_keras_export_arguments_are_checked_by_name(tmp_path):
     # A plain Keras model is not ours: its export is Keras' own.
     plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     assert type(plain).export is keras.Model.export
+
+
+@pytest.mark.backend_independent
+def test_a_saved_model_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Was: `saved_model/1` (the folder TF Serving loads as soon as it
+    appears) first appeared holding only `variables/`; a stop then left it
+    half written. Now it is written beside (`.1.partial`, not a version) and
+    renamed; a write stopped midway leaves the earlier version as it was."""
+    from keras_reluvit import export
+
+    target = tmp_path / "saved_model" / "1"
+    seen = []
+
+    def writing(model, path, writer, options, modules=None):
+        os.makedirs(os.path.join(path, "variables"))
+        seen.append((os.path.basename(path), target.exists(), sorted(os.listdir(
+            tmp_path / "saved_model"))))
+        if options.get("top_k") == 3:
+            raise KeyboardInterrupt  # a stop midway
+        with open(os.path.join(path, "saved_model.pb"), "w") as f:
+            f.write(str(options["top_k"]))
+
+    monkeypatch.setattr(export, "_in_tensorflow", writing)
+    model = kr.ViT(width=8, depth=1, num_heads=1, mlp_dim=8, patch_size=8, image_size=16,
+                   num_classes=3)
+    assert export.saved_model(model, str(target), top_k=2) == str(target)
+    assert seen == [(".1.partial", False, [".1.partial"])]
+    assert sorted(os.listdir(target)) == ["saved_model.pb", "variables"]
+    with pytest.raises(KeyboardInterrupt):
+        export.saved_model(model, str(target), top_k=3)
+    assert (target / "saved_model.pb").read_text() == "2"  # the earlier version, whole
+    export.saved_model(model, str(target), top_k=1)  # replaces it, leaves nothing beside
+    assert (target / "saved_model.pb").read_text() == "1"
+    assert sorted(os.listdir(tmp_path / "saved_model")) == ["1"]
