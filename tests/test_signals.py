@@ -21,7 +21,7 @@ from keras_reluvit.training import signals
 
 def tiny(digits_dir, epochs=2, **kwargs):
     cfg = T.build_config(recipe="digits", epochs=epochs, data_dir=str(digits_dir),
-                         batch_size=256, **kwargs)
+                         **dict(dict(batch_size=256), **kwargs))
     cfg["model"].update(width=16, depth=1, num_heads=1, mlp_dim=16)
     return cfg
 
@@ -35,7 +35,7 @@ class SignalInValidation(keras.callbacks.Callback):
 
     def __init__(self, epoch):
         super().__init__()
-        self.epoch, self.current, self.sent = epoch, None, None
+        self.epoch, self.current, self.sent, self.batches = epoch, None, None, 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current = epoch
@@ -45,30 +45,43 @@ class SignalInValidation(keras.callbacks.Callback):
             self.sent = time.time()
             kill_self()
 
+    def on_test_batch_end(self, batch, logs=None):
+        if self.sent is not None and self.current == self.epoch:
+            self.batches += 1
 
-def test_sigterm_in_the_last_validation_stops_at_the_epoch_end_and_the_rerun_finishes(
-        tmp_path, digits_dir):
-    """Was: the run went on scoring and exporting and exited 0 without a word."""
-    cfg = tiny(digits_dir)
+
+def test_sigterm_in_the_last_validation_stops_at_the_next_batch_and_the_rerun_finishes(
+        tmp_path, digits_dir, capsys):
+    """Was: the run went on scoring and exporting and exited 0 without a
+    word; then it waited for the whole validation (12 s on 6,000 16-px
+    images). Now the validation stops at the batch after the signal, the
+    epoch is saved (its validation's numbers NaN), and the rerun validates it
+    again: the history equals an uninterrupted run's."""
+    cfg = tiny(digits_dir, batch_size=32)
     out = tmp_path / "run"
     before = signal.getsignal(signal.SIGTERM)
     sent = SignalInValidation(1)
     with pytest.raises(B.Preempted, match=r"stopped by SIGTERM at the end of epoch 2 \(step "
-                       r"\d+ of the run\), saved in .*: rerun"):
+                       r"\d+ of the run\), its validation cut short \(the rerun validates it\), "
+                       r"saved in .*: rerun"):
         T.train(cfg, out, export=False, verbose=0, extra_callbacks=[sent])
     stopped = time.time() - sent.sent
+    assert sent.batches == 1  # of the validation's ceil(180 / 32) = 6
     assert signal.getsignal(signal.SIGTERM) is before
     assert not (out / "model.keras").exists() and not (out / "metrics.json").exists()
     record = B.StepBackup(out / "backup").latest()
     assert (record["epoch"], record["done"]) == (2, 0)  # the epoch whole: 0 steps lost
-    assert len(record["history"]["val_loss"]) == 2  # its validation finished first
+    assert record["validation_cut"] == 1 and np.isnan(record["history"]["val_loss"][1])
     assert stopped < 30, stopped  # a spot machine's notice
     first = record["train_seconds"]
     assert first > 0
     rerun_started = time.time()
     _, metrics = T.train(cfg, out, export=False, verbose=0)  # writes what was left
+    assert "validated epoch 2 again (a stop cut it short)" in capsys.readouterr().out
     assert metrics["optimizer_steps"] == record["step"]
-    assert metrics["history"] == record["history"]
+    _, whole = T.train(cfg, tmp_path / "whole", export=False, verbose=0)
+    assert metrics["history"] == whole["history"]
+    assert metrics["final"] == whole["final"]
     # The whole run's, not this launch's (nor the wall time since the first).
     assert first <= metrics["train_seconds"] <= first + (time.time() - rerun_started)
     assert (out / "model.keras").exists()
@@ -227,20 +240,56 @@ def test_a_write_killed_midway_leaves_the_earlier_file_under_its_name(tmp_path):
 
 
 @pytest.mark.backend_independent
-def test_sigterm_is_noted_from_the_imports_of_keras_reluvit_train_only():
-    """`keras-reluvit train` (or `python -m keras_reluvit.cli train`) notes
-    SIGTERM from its imports on; any other program importing the package
-    keeps its SIGTERM."""
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_at_the_commands_first_line_stops_the_run_cleanly(name, tmp_path, digits_built):
+    """`keras-reluvit train` notes SIGTERM and SIGINT alike from `main`'s
+    first line: one sent while the command line is parsed (before any data,
+    model or file) stops the run before its first step, exit 0, said, and
+    nothing trained (was: noted only by a handler installed at the package's
+    import when sys.argv looked like `train`; a Ctrl-C in the first second
+    was swallowed inside a JAX callback and the run trained to the end)."""
     import subprocess
     import sys
 
-    code = ("import sys; sys.argv = {argv!r}; import signal, keras_reluvit; "
-            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, end='')")
-    for argv, default in ((["keras-reluvit", "train"], "False"), (["-m", "train"], "False"),
-                          (["keras-reluvit", "eval"], "True"), (["my_script.py", "train"], "True")):
-        done = subprocess.run([sys.executable, "-c", code.format(argv=argv)], text=True,
-                              capture_output=True, env=dict(os.environ, KERAS_BACKEND="jax"))
-        assert done.stdout == default, (argv, done.stdout, done.stderr[-500:])
+    out = tmp_path / "run"
+    code = ("import os, signal, sys\n"
+            "from keras_reluvit import cli\n"
+            "parser = cli.parser\n"
+            "def sending():\n"
+            f"    os.kill(os.getpid(), signal.{name})\n"
+            "    return parser()\n"
+            "cli.parser = sending\n"
+            f"sys.exit(cli.main(['train', '--data-dir', {str(digits_built)!r}, '--epochs', '1', "
+            f"'--output', {str(out)!r}, '--no-export', '--quiet']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, KERAS_BACKEND="jax"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"stopped by {name} as the run began, before the first step" in done.stdout, \
+        done.stdout[-2000:]
+    assert not (out / "model.keras").exists() and not (out / "metrics.json").exists()
+
+
+@pytest.mark.backend_independent
+def test_a_signal_while_another_command_parses_has_its_own_effect(tmp_path):
+    """Only `train` stops cleanly on a noted signal; any other command gets
+    it back as it came: a Ctrl-C interrupts it (KeyboardInterrupt)."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys\n"
+            "from keras_reluvit import cli\n"
+            "parser = cli.parser\n"
+            "def sending():\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return parser()\n"
+            "cli.parser = sending\n"
+            "try:\n"
+            "    cli.main(['recipes', 'digits'])\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, KERAS_BACKEND="jax"))
+    assert done.stdout.split()[-1:] == ["interrupted"], (done.stdout[-500:], done.stderr[-1000:])
 
 
 @pytest.mark.backend_independent

@@ -140,6 +140,8 @@ class StepBackup(keras.callbacks.Callback):
         self._signal = None
         self._handlers = {}
         self._agree = False
+        self._cut = None  # the epoch whose validation a signal cut short
+        self.validation_cut = None  # ... in the backup this run resumed (`fit` redoes it)
         self.seconds = 0.0  # training seconds of the run before this launch (its backup's)
         self._started = None  # when this launch's training began
         self.train_seconds = 0.0  # seconds in `fit` of the whole run, to its newest backup
@@ -258,15 +260,33 @@ class StepBackup(keras.callbacks.Callback):
         if self.every and self.step % self.every == 0:
             self.save()
 
+    def on_test_batch_end(self, batch, logs=None):
+        # A signal during fit's validation (one process): the validation ends at
+        # this batch (Keras' public `stop_evaluating`), the epoch is saved, and the
+        # resumed run validates it again (`fit`). In a cluster the processes agree
+        # at the epoch's end instead (a collective per batch would cost each one).
+        if (self.driven and not self._agree and self._signal is not None
+                and self._cut is None):
+            self._cut = self.epoch
+            self.model.stop_evaluating = True
+            self.model.stop_training = True  # callbacks see the stop (EMAEvaluation)
+
     def on_epoch_end(self, epoch, logs=None):
-        for k, v in (logs or {}).items():
+        logs = dict(logs or {})
+        if self._cut == epoch:  # the validation's numbers (the EMA's: skipped) are NaN
+            logs.update({k: math.nan for k in set(logs) | set(self.history)
+                         if k.startswith(("val_", "ema_val_"))})
+        for k, v in logs.items():
             self.history.setdefault(k, []).append(float(v))
         self.epoch, self.done = epoch + 1, 0
         self.save()
         # A signal during the epoch's validation (or the callbacks before this
-        # one): the epoch is saved whole, the run stops before the next.
+        # one): the epoch is saved, the run stops before the next.
         if self._stop_agreed():
-            self._stop(f"at the end of epoch {epoch + 1} (step {self.step} of the run)")
+            where = f"at the end of epoch {epoch + 1} (step {self.step} of the run)"
+            if self._cut == epoch:
+                where += ", its validation cut short (the rerun validates it)"
+            self._stop(where)
 
     def _stop_agreed(self):
         """Whether to stop now: this process got a signal or, in a cluster,
@@ -326,6 +346,7 @@ class StepBackup(keras.callbacks.Callback):
         if writer:
             record = dict(epoch=self.epoch, done=self.done, step=self.step,
                           history=self.history, step_loss=self.step_loss, every=self.every,
+                          validation_cut=self._cut,
                           processes=self.process[1], train_seconds=self.train_seconds,
                           **self.info)
             with open(os.path.join(tmp, RECORD), "w") as f:
@@ -375,6 +396,7 @@ class StepBackup(keras.callbacks.Callback):
                       "metrics average its steps from the resume on.", flush=True)
         self.epoch, self.done, self.step = record["epoch"], record["done"], record["step"]
         self.history = {k: list(v) for k, v in record["history"].items()}
+        self.validation_cut = record.get("validation_cut")
         self.step_loss = list(record["step_loss"])
         self.seconds = self.train_seconds = float(record.get("train_seconds", 0.0))
 
@@ -527,6 +549,9 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
                          f"{steps} steps: was it written by another run (batch size, data)?")
     backup.driven = True
     skip_passes(dataset, epoch)
+    if (backup._pending or {}).get("validation_cut") is not None:
+        backup.restore(model)
+        _validate_again(model, backup, validation_data, distribute)
     if epoch >= epochs:  # the run had finished (killed while writing its artefacts)
         backup.restore(model)
         return backup.history
@@ -548,3 +573,28 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
                   epochs=epochs, **kwargs)
     return backup.history
 
+
+def _validate_again(model, backup, validation_data, distribute):
+    """The validation a signal cut short (`validation_cut`, its numbers NaN
+    in the history), run again on the restored weights: the history as the
+    uninterrupted run's (the EMA's `ema_val_` too, where the run keeps one)."""
+    epoch = backup.validation_cut
+    backup.validation_cut = None
+    if validation_data is None:
+        return
+    result = model.evaluate(distribute(validation_data), return_dict=True, verbose=0)
+    values = {f"val_{k}": v for k, v in result.items()}
+    if any(k.startswith("ema_val_") for k in backup.history):
+        from keras_reluvit.training.recipes import swap_ema
+
+        swap_ema(model)
+        try:
+            ema = model.evaluate(distribute(validation_data), return_dict=True, verbose=0)
+        finally:
+            swap_ema(model)
+        values.update({f"ema_val_{k}": v for k, v in ema.items()})
+    for k, v in values.items():
+        if k in backup.history and epoch < len(backup.history[k]):
+            backup.history[k][epoch] = float(v)
+    print(f"keras_reluvit: validated epoch {epoch + 1} again (a stop cut it short).",
+          flush=True)

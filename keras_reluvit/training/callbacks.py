@@ -77,6 +77,8 @@ class EMAEvaluation(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         from keras_reluvit.training.recipes import swap_ema
 
+        if self.model.stop_training:  # a stop after this epoch: its backup saves it
+            return
         swap_ema(self.model)
         try:
             result = self.model.evaluate(self.validation_data, return_dict=True, verbose=0)
