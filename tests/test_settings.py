@@ -290,8 +290,10 @@ def test_flag_meanings_and_refusals(capsys):
     with pytest.raises(SystemExit):
         parse_train("--drop 0.1".split())
     for argv, match in [("--loss sigmoid_xent --smoothing 0.1", "takes no label smoothing"),
-                        ("--clip-grad -1", "grad_clip must be a norm > 0"),
-                        ("--reprob 1.5", "augment.erase must be a probability"),
+                        ("--clip-grad -1", r"grad_clip \(train --grad-clip\) must be a number "
+                                           r"in \(0, inf\)"),
+                        ("--reprob 1.5", r"augment.erase \(train --erase\) must be a number "
+                                         r"in \[0, 1\] \(a probability\)"),
                         ("--color-jitter 0.3", "Colour jitter with timm's auto-augment")]:
         with pytest.raises(ValueError, match=match):
             built("deit_s16_300ep" if "jitter" in argv else "digits", argv)
