@@ -15,7 +15,7 @@ Examples:
     keras-reluvit prepare imagenet2012 --data-dir ~/tensorflow_datasets --manual-dir ~/ilsvrc
     keras-reluvit recipes s16_i1k_90ep
     keras-reluvit convert vit_small_patch16_224.safetensors vit_s16.keras --attention relu
-    KERAS_BACKEND=torch torchrun --nproc_per_node 8 -m keras_reluvit.cli train ...  # DDP
+    KERAS_BACKEND=torch torchrun --nproc_per_node 8 -m keras_reluvit_cli train ...  # DDP
 
 The backend is Keras' (`KERAS_BACKEND=jax|tensorflow|torch`).
 """
@@ -42,13 +42,6 @@ def _train(args):
         raise ValueError("--restart starts the run in --output anew, --override continues it "
                          "with new settings: pass one.")
     _train_noted(args)
-    # The run is complete and said so: a SIGTERM while the process winds down
-    # (TensorFlow's teardown takes seconds) is passed over; it exits 0.
-    signal.signal(signal.SIGTERM, _complete)
-
-
-def _complete(signum, frame):
-    print("keras-reluvit: SIGTERM after the run completed: exiting.", flush=True)
 
 
 def _train_noted(args):
@@ -63,19 +56,20 @@ def _train_noted(args):
                              distributed=args.distributed, timeout=args.init_timeout)
     # The flags as one typed RunSettings, resolved with the recipe (once) into the
     # RunConfig that train() reads; pool / posemb / remat / drop_path set the model.
+    ema = args.ema
+    if args.model_ema:  # timm's / DeiT's switch: a decay, said
+        ema = flags.model_ema_decay(args.recipe, args.ema)
     settings = RunSettings(
         recipe=args.recipe, dataset=args.dataset, model=args.model, attention=args.attention,
         epochs=args.epochs, batch_size=args.batch_size, image_size=args.image_size,
         data_dir=args.data_dir, seed=args.seed, init=args.init, data_shards=args.data_shards,
         trainable=args.trainable, lora_rank=args.lora_rank, layer_decay=args.layer_decay,
         lr=args.lr, val_fraction=args.val_fraction, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints, accum_steps=args.accum_steps, ema=args.ema,
+        keep_checkpoints=args.keep_checkpoints, accum_steps=args.accum_steps, ema=ema,
         aug_repeats=args.aug_repeats, auto_augment=args.aa,
         recipe_overrides=flags.overrides(args))
     config = kr_train.build_config(settings, pool=args.pool, posemb=args.posemb,
                                    remat=args.remat, drop_path=args.drop_path)
-    if args.model_ema:
-        flags.model_ema_switch(config, args.ema)
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config.dataset, config.data_dir, args.manual_dir)
     kr_distribution.barrier("data prepared")
@@ -559,20 +553,29 @@ EXTRA_OF = {
 }
 
 
-def main(argv=None):
+def main(argv=None, noted=()):
     """`keras-reluvit ARGS` (`argv`: default the command line); the exit code.
 
-    SIGTERM and SIGINT are noted from the first line: `train` then stops
-    cleanly (before its first step, or saved at the next step boundary;
-    exit 0, said); any other command, or `--help`, gets them back as they
-    came (a Ctrl-C interrupts it)."""
+    SIGTERM and SIGINT are noted from the first line (and `noted`: the ones
+    the console script's door, `keras_reluvit_cli`, noted while the package
+    was imported): `train` then stops cleanly (before its first step, or
+    saved at the next step boundary; exit 0, said); any other command, or
+    `--help`, gets them back as they came (a Ctrl-C interrupts it)."""
+    stop = None
     with signals.signals_noted():
-        args = parser().parse_args(argv)
-        if args.command == "train":
-            return _run(args)
+        signals.NOTED.extend(noted)
+        try:
+            args = parser().parse_args(argv)
+        except SystemExit as e:  # --help, --version, a usage error
+            stop = e
+        else:
+            if args.command == "train":
+                return _run(args)
         noted = list(signals.NOTED)
     for signum in noted:  # not a run: the signal's own effect, now
         signal.raise_signal(signum)
+    if stop is not None:
+        raise stop
     return _run(args)
 
 

@@ -109,7 +109,7 @@ def _torchrun_environment():
     if missing:
         raise ValueError(
             f"No torchrun cluster: {', '.join(missing)} not set. Launch with `torchrun "
-            "--nproc_per_node N -m keras_reluvit.cli train ...`, or pass --coordinator, "
+            "--nproc_per_node N -m keras_reluvit_cli train ...`, or pass --coordinator, "
             "--num-processes and --process-id.")
     return env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), int(env["RANK"])
 

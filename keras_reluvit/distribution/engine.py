@@ -54,7 +54,7 @@ class Engine:
                 f"WORLD_SIZE={world}: launched as one of {world} processes (torchrun?), but the "
                 f"Keras backend is {self.backend}, which cannot join a torch.distributed "
                 f"cluster: each process would train a separate model into the same --output. "
-                f"Set KERAS_BACKEND=torch (KERAS_BACKEND=torch torchrun ... -m keras_reluvit.cli "
+                f"Set KERAS_BACKEND=torch (KERAS_BACKEND=torch torchrun ... -m keras_reluvit_cli "
                 f"train ...), or launch {self.backend} clusters as docs/distribution.md shows.")
         if self.backend == "jax":
             return

@@ -47,7 +47,7 @@ def _check_backend():
         f"keras.distribution layouts do not run on the {backend} backend (Keras 3.15). On "
         "PyTorch, data parallelism runs on DistributedDataParallel: under torchrun call "
         "kr.distribution.initialize() and model = kr.distribution.ddp(model), or run "
-        "`torchrun --nproc_per_node N -m keras_reluvit.cli train ...` "
+        "`torchrun --nproc_per_node N -m keras_reluvit_cli train ...` "
         "(docs/distribution.md). FSDP / tensor / sequence layouts: KERAS_BACKEND=jax."
     )
 

@@ -9,14 +9,13 @@ the recipe it resolves (`apply`), saying each in one line; `config.json`
 records them (the run's `recipe_overrides`). docs/training.md's alias table
 is `table()`. Flags whose meaning is the same as an option we already have
 (`--model-ema-decay` for `--ema`, `--input-size` for `--image-size`, ...)
-are aliases there (`RUN_ALIASES`). Light: `--help` imports no Keras.
+are aliases there (`RUN_ALIASES`). Light: it imports no Keras (settings only).
 """
 
 import argparse
 import copy
 import dataclasses
 import inspect
-import sys
 
 from keras_reluvit.training.settings import check_number
 
@@ -379,21 +378,25 @@ def table():
 TIMM_EMA = 0.9998  # timm's --model-ema-decay default
 
 
-def model_ema_switch(config, ema=None):
-    """timm's / DeiT's `--model-ema` on the resolved run `config`: the weights'
-    EMA on, at the recipe's decay, or timm's default where it has none (said)."""
+def model_ema_decay(recipe, ema=None):
+    """timm's / DeiT's `--model-ema` switch as a decay (said in one line):
+    `ema` given (--ema / --model-ema-decay), else the recipe's, else timm's
+    0.9998. With `--no-model-ema` (`ema` 0) a ValueError."""
+    from keras_reluvit.training import recipes
+
     if ema == 0.0:
-        print("keras-reluvit train: error: --model-ema and --no-model-ema (or --ema 0) both "
-              "given; choose one.", file=sys.stderr)
-        raise SystemExit(2)  # a usage error, as argparse's
-    if not config.ema:
-        config.ema = TIMM_EMA
-        print(f"keras-reluvit: --model-ema: the weights' EMA at timm's decay {TIMM_EMA} "
-              "(the recipe has none; --ema DECAY sets another)", flush=True)
-    else:
-        given = "--ema's" if ema else "the recipe's"
-        print(f"keras-reluvit: --model-ema: the weights' EMA at {given} decay {config.ema}",
+        raise ValueError("--model-ema and --no-model-ema (or --ema 0) both given; choose one.")
+    if ema:
+        print(f"keras-reluvit: --model-ema: the weights' EMA at --ema's decay {ema}", flush=True)
+        return ema
+    own = recipes.get(recipe).ema
+    if own:
+        print(f"keras-reluvit: --model-ema: the weights' EMA at the recipe's decay {own}",
               flush=True)
+        return own
+    print(f"keras-reluvit: --model-ema: the weights' EMA at timm's decay {TIMM_EMA} (the "
+          "recipe has none; --ema DECAY sets another)", flush=True)
+    return TIMM_EMA
 
 
 class InputSize(argparse.Action):

@@ -424,7 +424,7 @@ def test_torchrun_off_the_torch_backend_is_refused_before_writing(tmp_path):
     env = dict(subprocess_env("jax"))
     env.pop("KERAS_BACKEND", None)  # Keras' own default: TensorFlow
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(port), "-m", "keras_reluvit.cli", "train",
+                           "--master_port", str(port), "-m", "keras_reluvit_cli", "train",
                            "--output", str(out), "--no-export"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0

@@ -90,7 +90,7 @@ def test_readme_command_parses(words):
         from keras_reluvit import cli
 
         launcher = get_args_parser().parse_args(args)
-        assert launcher.module and launcher.training_script == "keras_reluvit.cli", words
+        assert launcher.module and launcher.training_script == "keras_reluvit_cli", words
         cli.parser().parse_args(launcher.training_script_args)
         return
     assert program == "python", f"README command {' '.join(words)!r} is not covered by this test"
