@@ -50,41 +50,85 @@ class SignalInValidation(keras.callbacks.Callback):
             self.batches += 1
 
 
-def test_sigterm_in_the_last_validation_stops_at_the_next_batch_and_the_rerun_finishes(
-        tmp_path, digits_dir, capsys):
+@pytest.mark.parametrize("cut, ema", [(1, None), (0, 0.9)])
+def test_sigterm_in_a_validation_stops_at_the_next_batch_and_the_rerun_finishes(
+        cut, ema, tmp_path, digits_dir):
     """Was: the run went on scoring and exporting and exited 0 without a
     word; then it waited for the whole validation (12 s on 6,000 16-px
     images). Now the validation stops at the batch after the signal, the
-    epoch is saved (its validation's numbers NaN), and the rerun validates it
-    again: the history equals an uninterrupted run's."""
-    cfg = tiny(digits_dir, batch_size=32)
+    epoch is saved (its validation's numbers NaN: the EMA's, skipped, too),
+    and the rerun ends as the uninterrupted run: the same steps and losses,
+    the same history but for the cut validation."""
+    cfg = tiny(digits_dir, batch_size=32, ema=ema)
     out = tmp_path / "run"
     before = signal.getsignal(signal.SIGTERM)
-    sent = SignalInValidation(1)
-    with pytest.raises(B.Preempted, match=r"stopped by SIGTERM at the end of epoch 2 \(step "
-                       r"\d+ of the run\), its validation cut short \(the rerun validates it\), "
-                       r"saved in .*: rerun"):
+    sent = SignalInValidation(cut)
+    with pytest.raises(B.Preempted, match=rf"stopped by SIGTERM at the end of epoch {cut + 1} "
+                       r"\(step \d+ of the run\), its validation cut short \(NaN in the "
+                       r"history\), saved in .*: rerun"):
         T.train(cfg, out, export=False, verbose=0, extra_callbacks=[sent])
     stopped = time.time() - sent.sent
     assert sent.batches == 1  # of the validation's 12 (all 12 without the stop: tried)
     assert signal.getsignal(signal.SIGTERM) is before
     assert not (out / "model.keras").exists() and not (out / "metrics.json").exists()
     record = B.StepBackup(out / "backup").latest()
-    assert (record["epoch"], record["done"]) == (2, 0)  # the epoch whole: 0 steps lost
-    assert record["validation_cut"] == 1 and np.isnan(record["history"]["val_loss"][1])
+    assert (record["epoch"], record["done"]) == (cut + 1, 0)  # the epoch whole: 0 steps lost
+    assert record["validation_cut"] == cut
     assert stopped < 30, stopped  # a spot machine's notice
     first = record["train_seconds"]
     assert first > 0
     rerun_started = time.time()
     _, metrics = T.train(cfg, out, export=False, verbose=0)  # writes what was left
-    assert "validated epoch 2 again (a stop cut it short)" in capsys.readouterr().out
-    assert metrics["optimizer_steps"] == record["step"]
     _, whole = T.train(cfg, tmp_path / "whole", export=False, verbose=0)
-    assert metrics["history"] == whole["history"]
-    assert metrics["final"] == whole["final"]
+    assert metrics["optimizer_steps"] == whole["optimizer_steps"] >= record["step"]
+    assert metrics["step_loss"] == whole["step_loss"] and metrics["final"] == whole["final"]
+    validated = [k for k in whole["history"] if k.startswith(("val_", "ema_val_"))]
+    assert validated and ("ema_val_loss" in validated) == bool(ema)
+    for k, values in whole["history"].items():
+        got = metrics["history"][k]
+        if k in validated:
+            assert np.isnan(got[cut]) and got[:cut] + got[cut + 1:] == values[:cut] + values[cut + 1:]
+        else:
+            assert got == values, k
     # The whole run's, not this launch's (nor the wall time since the first).
     assert first <= metrics["train_seconds"] <= first + (time.time() - rerun_started)
     assert (out / "model.keras").exists()
+
+
+class SignalAtStep(keras.callbacks.Callback):
+    """SIGTERM at the end of step `step` (0-based) of the run."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step, self.seen = step, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.seen == self.step:
+            kill_self()
+        self.seen += 1
+
+
+@pytest.mark.backend_independent  # the backup's Python, not the backend's: run once
+def test_an_epochs_last_step_is_never_a_backup_that_cannot_resume(tmp_path, digits_dir, capsys):
+    """Was: a backup every N updates where N divides the epoch's steps, or a
+    SIGTERM in an epoch's last step, saved 'step 5 of an epoch of 5 steps',
+    and every rerun (of a complete run too) failed with 'was it written by
+    another run'. Now the epoch's end saves it (a signal then stops there,
+    the validation cut at once), and the reruns go on."""
+    steps = tiny(digits_dir)  # 5 steps per epoch at batch 256
+    _, first = T.train(tiny(digits_dir, checkpoint_every=5), tmp_path / "every", export=False,
+                       verbose=0)
+    assert first["optimizer_steps"] == 10
+    record = B.StepBackup(tmp_path / "every" / "backup").latest()
+    assert (record["epoch"], record["done"], record["step"]) == (2, 0, 10)
+    T.train(tiny(digits_dir, checkpoint_every=5), tmp_path / "every", export=False, verbose=0)
+    assert "holds a complete run of 2 epochs" in capsys.readouterr().out
+    out = tmp_path / "signal"
+    with pytest.raises(B.Preempted, match=r"at the end of epoch 1 \(step 5 of the run\)"):
+        T.train(steps, out, export=False, verbose=0, extra_callbacks=[SignalAtStep(4)])
+    _, resumed = T.train(steps, out, export=False, verbose=0)
+    _, whole = T.train(steps, tmp_path / "whole", export=False, verbose=0)
+    assert resumed["step_loss"] == whole["step_loss"]
 
 
 @pytest.mark.backend_independent  # the backup's Python, not the backend's: run once
@@ -186,9 +230,9 @@ def test_every_n_steps_with_a_plain_fit_is_an_error_at_once(tmp_path):
 
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("setting, value, named", [
-    ("accum_steps", 0, r"accum_steps \(train --accum-steps\) must be a whole number >= 1"),
-    ("ema", 1.5, r"ema \(train --ema\) must be a decay in \[0, 1\)"),
-    ("ema", 1.0, r"ema \(train --ema\) must be a decay in \[0, 1\)"),  # frozen: refused
+    ("accum_steps", 0, r"accum_steps \(train --accum-steps\) must be a whole number in \[1,"),
+    ("ema", 1.5, r"ema \(train --ema\) must be a number in \[0, 1\)"),
+    ("ema", 1.0, r"ema \(train --ema\) must be a number in \[0, 1\)"),  # frozen: refused
     ("checkpoint_every", -1, r"checkpoint_every \(train --checkpoint-every\) must be"),
     ("keep_checkpoints", 0, r"keep_checkpoints \(train --keep-checkpoints\) must be"),
 ])
@@ -267,12 +311,48 @@ def test_a_signal_at_the_commands_first_line_stops_the_run_cleanly(name, tmp_pat
     assert f"stopped by {name} as the run began, before the first step" in done.stdout, \
         done.stdout[-2000:]
     assert not (out / "model.keras").exists() and not (out / "metrics.json").exists()
+    assert not (out / "config.json").exists() and not (out / "backup").exists()
 
 
 @pytest.mark.backend_independent
-def test_a_signal_while_another_command_parses_has_its_own_effect(tmp_path):
-    """Only `train` stops cleanly on a noted signal; any other command gets
-    it back as it came: a Ctrl-C interrupts it (KeyboardInterrupt)."""
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_command_imports_keras_stops_the_run_cleanly(name, tmp_path,
+                                                                       digits_built):
+    """The console script's door (`keras_reluvit_cli`, what `keras-reluvit`
+    runs) notes SIGTERM and SIGINT from the process's first line, while
+    Keras and the backend are imported (seconds): the run stops before its
+    first step, exit 0, said, nothing written. Without it a SIGTERM then
+    killed the process (143) and a Ctrl-C was mostly swallowed by JAX's
+    garbage-collection callback ('Exception ignored in _xla_gc_callback'),
+    and the run trained to the end."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    scripts = importlib.metadata.entry_points(group="console_scripts")
+    assert scripts["keras-reluvit"].value == "keras_reluvit_cli:main"
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keras_reluvit_cli", "train", "--data-dir", str(digits_built),
+         "--epochs", "1", "--output", str(out), "--no-export", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, KERAS_BACKEND="jax"))
+    time.sleep(1.0)  # the door's first line is ~0.1 s in; Keras' import takes seconds
+    proc.send_signal(getattr(signal, name))
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert f"stopped by {name} as the run began, before the first step" in stdout, stdout[-2000:]
+    assert not (out / "config.json").exists() and not (out / "model.keras").exists()
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("name, args", [("SIGINT", ["recipes", "digits"]),
+                                        ("SIGTERM", ["recipes", "digits"]),
+                                        ("SIGINT", ["--help"]), ("SIGTERM", ["train", "--help"])])
+def test_a_signal_while_another_command_parses_has_its_own_effect(name, args):
+    """Only `train` stops cleanly on a noted signal; any other command (and
+    `--help`) gets it back as it came, before it runs: a Ctrl-C interrupts it
+    (KeyboardInterrupt), a SIGTERM ends the process (-15)."""
     import subprocess
     import sys
 
@@ -280,16 +360,23 @@ def test_a_signal_while_another_command_parses_has_its_own_effect(tmp_path):
             "from keras_reluvit import cli\n"
             "parser = cli.parser\n"
             "def sending():\n"
-            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            f"    os.kill(os.getpid(), signal.{name})\n"
             "    return parser()\n"
             "cli.parser = sending\n"
             "try:\n"
-            "    cli.main(['recipes', 'digits'])\n"
+            f"    cli.main({args!r})\n"
             "except KeyboardInterrupt:\n"
             "    print('interrupted')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, KERAS_BACKEND="jax"))
-    assert done.stdout.split()[-1:] == ["interrupted"], (done.stdout[-500:], done.stderr[-1000:])
+    ran = "--help" not in args  # a command that runs prints nothing before the signal
+    if name == "SIGINT":
+        lines = done.stdout.strip().splitlines()
+        assert lines[-1:] == ["interrupted"] and (len(lines) == 1 or not ran), (
+            done.stdout[-500:], done.stderr[-1000:])
+    else:
+        assert done.returncode == -15 and (not done.stdout.strip() or not ran), (
+            done.returncode, done.stdout[-500:])
 
 
 @pytest.mark.backend_independent

@@ -141,7 +141,6 @@ class StepBackup(keras.callbacks.Callback):
         self._handlers = {}
         self._agree = False
         self._cut = None  # the epoch whose validation a signal cut short
-        self.validation_cut = None  # ... in the backup this run resumed (`fit` redoes it)
         self.seconds = 0.0  # training seconds of the run before this launch (its backup's)
         self._started = None  # when this launch's training began
         self.train_seconds = 0.0  # seconds in `fit` of the whole run, to its newest backup
@@ -254,17 +253,21 @@ class StepBackup(keras.callbacks.Callback):
                     + (f"{last['path']} (epoch {last['epoch'] + 1}, step {last['done']}); "
                        "rerunning resumes from it." if last else "none (nothing was saved)."))
             self.step_loss.append(loss)
-        if self._stop_agreed():
+        # At an epoch's last step the stop waits for the epoch's end (its validation
+        # cut at once): a backup after the last step would be an epoch with no step left.
+        last = (self.params or {}).get("steps") == batch + 1
+        if not last and self._stop_agreed():
             self._stop(f"after step {self.done} of epoch {self.epoch + 1} (step {self.step} "
                        "of the run)")
-        if self.every and self.step % self.every == 0:
+        if self.every and self.step % self.every == 0 and not last:  # the epoch's end saves
             self.save()
 
     def on_test_batch_end(self, batch, logs=None):
         # A signal during fit's validation (one process): the validation ends at
-        # this batch (Keras' public `stop_evaluating`), the epoch is saved, and the
-        # resumed run validates it again (`fit`). In a cluster the processes agree
-        # at the epoch's end instead (a collective per batch would cost each one).
+        # this batch (Keras' public `stop_evaluating`) and the epoch is saved, its
+        # validation's numbers NaN in the history (evaluating them again before the
+        # resumed training would move its data stream). In a cluster the processes
+        # agree at the epoch's end instead (a collective per batch would cost each).
         if (self.driven and not self._agree and self._signal is not None
                 and self._cut is None):
             self._cut = self.epoch
@@ -285,7 +288,7 @@ class StepBackup(keras.callbacks.Callback):
         if self._stop_agreed():
             where = f"at the end of epoch {epoch + 1} (step {self.step} of the run)"
             if self._cut == epoch:
-                where += ", its validation cut short (the rerun validates it)"
+                where += ", its validation cut short (NaN in the history)"
             self._stop(where)
 
     def _stop_agreed(self):
@@ -396,7 +399,6 @@ class StepBackup(keras.callbacks.Callback):
                       "metrics average its steps from the resume on.", flush=True)
         self.epoch, self.done, self.step = record["epoch"], record["done"], record["step"]
         self.history = {k: list(v) for k, v in record["history"].items()}
-        self.validation_cut = record.get("validation_cut")
         self.step_loss = list(record["step_loss"])
         self.seconds = self.train_seconds = float(record.get("train_seconds", 0.0))
 
@@ -549,9 +551,6 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
                          f"{steps} steps: was it written by another run (batch size, data)?")
     backup.driven = True
     skip_passes(dataset, epoch)
-    if (backup._pending or {}).get("validation_cut") is not None:
-        backup.restore(model)
-        _validate_again(model, backup, validation_data, distribute)
     if epoch >= epochs:  # the run had finished (killed while writing its artefacts)
         backup.restore(model)
         return backup.history
@@ -572,29 +571,3 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
         model.fit(distribute(dataset.repeat()), steps_per_epoch=steps, initial_epoch=epoch,
                   epochs=epochs, **kwargs)
     return backup.history
-
-
-def _validate_again(model, backup, validation_data, distribute):
-    """The validation a signal cut short (`validation_cut`, its numbers NaN
-    in the history), run again on the restored weights: the history as the
-    uninterrupted run's (the EMA's `ema_val_` too, where the run keeps one)."""
-    epoch = backup.validation_cut
-    backup.validation_cut = None
-    if validation_data is None:
-        return
-    result = model.evaluate(distribute(validation_data), return_dict=True, verbose=0)
-    values = {f"val_{k}": v for k, v in result.items()}
-    if any(k.startswith("ema_val_") for k in backup.history):
-        from keras_reluvit.training.recipes import swap_ema
-
-        swap_ema(model)
-        try:
-            ema = model.evaluate(distribute(validation_data), return_dict=True, verbose=0)
-        finally:
-            swap_ema(model)
-        values.update({f"ema_val_{k}": v for k, v in ema.items()})
-    for k, v in values.items():
-        if k in backup.history and epoch < len(backup.history[k]):
-            backup.history[k][epoch] = float(v)
-    print(f"keras_reluvit: validated epoch {epoch + 1} again (a stop cut it short).",
-          flush=True)

@@ -1,5 +1,6 @@
 """Keras callbacks for a training run directory."""
 
+import math
 import os
 
 import keras
@@ -77,7 +78,9 @@ class EMAEvaluation(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         from keras_reluvit.training.recipes import swap_ema
 
-        if self.model.stop_training:  # a stop after this epoch: its backup saves it
+        if self.model.stop_training:  # a stop after this epoch: not evaluated (NaN)
+            if logs is not None:
+                logs.update({f"ema_{k}": math.nan for k in list(logs) if k.startswith("val_")})
             return
         swap_ema(self.model)
         try:
