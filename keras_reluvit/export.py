@@ -169,6 +169,8 @@ def whole(path, write):
     parent, name = os.path.split(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp, old = os.path.join(parent, f".{name}.partial"), os.path.join(parent, f".{name}.old")
+    if os.path.isdir(old) and not os.path.exists(path):  # stopped between the two renames
+        os.replace(old, path)
     for stale in (tmp, old):
         shutil.rmtree(stale, ignore_errors=True)
     write(tmp)

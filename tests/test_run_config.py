@@ -26,6 +26,10 @@ pytestmark = pytest.mark.backend_independent
     (["--lr", "-1"], "lr (train --lr) must be a number in (0, inf)"),
     (["--lr", "0"], "lr (train --lr) must be a number in (0, inf)"),
     (["--lr", "nan"], "lr (train --lr) must be a number in (0, inf)"),
+    (["--lr", "inf"], "lr (train --lr) must be a number in (0, inf)"),
+    (["--clip-grad", "inf"], "grad_clip (train --grad-clip) must be a number in (0, inf)"),
+    (["--seed", str(2**32)], "seed (train --seed) must be a whole number in [0, 4294967295]"),
+    (["--drop-path", "1"], "drop_path (train --drop-path) must be a number in [0, 1)"),
     (["--batch-size", "0"], "batch_size (train --batch-size) must be a whole number in [1"),
     (["--image-size", "0"], "image_size (train --image-size) must be a whole number in [1"),
     (["--val-fraction", "1.5"], "val_fraction (train --val-fraction) must be a number in [0, 1)"),
@@ -33,13 +37,27 @@ pytestmark = pytest.mark.backend_independent
     (["--smoothing", "1.0"], "smoothing (train --label-smoothing) must be a number in [0, 1)"),
     (["--layer-decay", "-1"], "layer_decay (train --layer-decay) must be a number in [0, 1]"),
     (["--layer-decay", "1.5"], "layer_decay (train --layer-decay) must be a number in [0, 1]"),
-    (["--seed", "-1"], "seed (train --seed) must be a whole number in [0, inf)"),
+    (["--seed", "-1"], "seed (train --seed) must be a whole number in [0, 4294967295]"),
     (["--lora-rank", "0"], "lora_rank (train --lora-rank) must be a whole number in [1"),
     (["--aug-repeats", "-1"], "aug_repeats (train --aug-repeats) must be a whole number in [0"),
     (["--data-shards", "0"], "data_shards (train --data-shards) must be a whole number in [1"),
     (["--mixup-prob", "1.5"], "augment.timm_mix.prob (train --mix-prob) must be a number in "
                               "[0, 1]"),
     (["--clip-grad", "0"], "grad_clip (train --grad-clip) must be a number in (0, inf)"),
+    (["--ema", "1"], "ema (train --ema) must be a number in [0, 1)"),
+    (["--keep-checkpoints", "0"], "keep_checkpoints (train --keep-checkpoints) must be a whole "
+                                  "number in [1"),
+    (["--checkpoint-every", "-1"], "checkpoint_every (train --checkpoint-every) must be a whole "
+                                   "number in [0"),
+    (["--accum-steps", "0"], "accum_steps (train --accum-steps) must be a whole number in [1"),
+    (["--opt-eps", "0"], "opt_eps (train --opt-eps) must be a number in (0, inf)"),
+    (["--weight-decay", "-0.05"], "weight_decay (train --weight-decay) must be a number in [0"),
+    (["--warmup-epochs", "-1"], "warmup_epochs (train --warmup-epochs) must be a number in [0"),
+    (["--mixup", "-0.2"], "augment.timm_mix.mixup_alpha (train --mixup-alpha) must be a number "
+                          "in [0"),
+    (["--reprob", "1.5"], "augment.erase (train --erase) must be a number in [0, 1]"),
+    (["--color-jitter", "-0.4"], "augment.color_jitter (train --color-jitter) must be a number "
+                                 "in [0"),
     (["--warmup-epochs", "30"], "warmup_epochs (train --warmup-epochs) 30.0 must be fewer than "
                                 "the run's 30 epochs"),
     (["--epochs", "3", "--warmup-epochs", "3"], "warmup_epochs (train --warmup-epochs) 3.0 must "
@@ -95,6 +113,10 @@ def _loss_smoothing(recipe):
                          "augment.timm_mix.cutmix_alpha": 0.0}, 0.0),
     # mixing: the smoothing is the MixUp's, the loss has none (timm's SoftTargetCrossEntropy)
     ("deit_s16_300ep", {"smoothing": 0.2}, 0.0),
+    ("digits", {"smoothing": 0.3, "augment.timm_mix.mixup_alpha": 0.8}, 0.0),
+    # DeiT III's bce: timm's BinaryCrossEntropy(smoothing=) without mixing
+    ("deit3_s16_400ep", {"smoothing": 0.1, "augment.timm_mix.mixup_alpha": 0.0,
+                         "augment.timm_mix.cutmix_alpha": 0.0}, 0.1),
 ])
 def test_smoothing_without_mixing_goes_into_the_compiled_loss(recipe, overrides, smoothing,
                                                               capsys):
@@ -164,13 +186,17 @@ def test_a_rerun_with_another_model_is_refused_before_any_file_is_touched(tmp_pa
     was refused as a change."""
     out = tmp_path / "run"
     cfg = tiny(digits_dir)
-    T.train(cfg, out, export=False, verbose=0)
+    capsys.readouterr()
+    model, metrics = T.train(cfg, out, export=False, verbose=0)
+    # the recipe's own 60 warmup steps at batch 64 (15 at 256): half this short run
+    total = metrics["optimizer_steps"]
+    assert model.optimizer._learning_rate.warmup_steps == int(total * 0.5) < 15
+    assert f"warming up for {int(total * 0.5)} steps" in capsys.readouterr().out
     written = (out / "config.json").read_text()
     other = tiny(digits_dir)
     del other["model"]["mlp_dim"]  # a key only the earlier run has
     other["model"]["width"] = 32
-    with pytest.raises(ValueError, match=r"model\.mlp_dim 16 -> the recipe's, model\.width 16 "
-                                         r"-> 32"):
+    with pytest.raises(ValueError, match=r"model\.mlp_dim 16 -> unset, model\.width 16 -> 32"):
         T.train(other, out, export=False, verbose=0)
     assert (out / "config.json").read_text() == written
     clip = tiny(digits_dir, recipe_overrides={"grad_clip": recipes.get("digits").grad_clip})
@@ -185,15 +211,18 @@ def test_a_rerun_with_another_model_is_refused_before_any_file_is_touched(tmp_pa
 
 def test_override_with_more_epochs_says_it_resumes(tmp_path, digits_dir, capsys):
     """Was: `--override --epochs 2` on a complete 1-epoch run printed 'holds a
-    complete run: writing its artefacts again', then trained epoch 2."""
+    complete run: writing its artefacts again', then trained epoch 2: the
+    line now says it resumes."""
     out = tmp_path / "run"
     _, first = T.train(tiny(digits_dir), out, export=False, verbose=0)
     capsys.readouterr()
     _, more = T.train(tiny(digits_dir, epochs=2), out, export=False, verbose=0,
                       rerun="override")
     said = capsys.readouterr().out
-    assert "holds a run at epoch 2, after step 0 of it" in said and "resuming it" in said
-    assert "complete" not in said
+    assert "holds a complete run of 1 epoch" in said and "writing its artefacts" not in said
+    assert ": resuming it, with settings changed (--override): epochs 1 -> 2" in said
+    launches = json.loads((out / "config.json").read_text())["launches"]
+    assert launches[-1]["changed"] == {"epochs": [1, 2]}
     assert more["optimizer_steps"] == 2 * first["optimizer_steps"]
 
 
@@ -211,4 +240,6 @@ def test_deit3s_lamb_decays_as_deit3_says_through_the_compiled_recipe():
         assert type(opt).__name__ == "RecipeLamb"
         assert float(opt.weight_decay) == pytest.approx(0.05, rel=1e-6)
         assert float(np.asarray(keras.ops.convert_to_numpy(opt.epsilon))) == pytest.approx(1e-8)
+        assert opt.global_clipnorm == 1.0  # DeiT III's --clip-grad 1.0 (apex's FusedLAMB's)
+        assert opt.use_ema and opt.ema_momentum == pytest.approx(0.99996)  # --model-ema-decay
     assert json.dumps(recipes.get("deit3_s16_400ep")["opt_eps"]) == "1e-08"

@@ -60,10 +60,10 @@ RECIPE_KEY = "recipe_resolved"  # config.json: the recipe as the run resolved it
 
 
 def _say(changed):
-    def value(v):
-        return "the recipe's" if v is None else repr(v)
+    def value(k, v):  # a setting left unset is the recipe's; a nested key absent, unset
+        return repr(v) if v is not None else "unset" if "." in k else "the recipe's"
 
-    return ", ".join(f"{k} {value(a)} -> {value(b)}" for k, (a, b) in changed.items())
+    return ", ".join(f"{k} {value(k, a)} -> {value(k, b)}" for k, (a, b) in changed.items())
 
 
 # What a run in `output` leaves besides its backups: --restart deletes them too.
@@ -108,10 +108,13 @@ def launch(config, output, process, rerun, recipe=None):
         old = {}
     if record is None:
         return launch, [], {}
-    epochs = config.epochs  # a complete run: the epochs this launch trains to, done
-    complete = record["epoch"] >= epochs and not record["done"]
+    # The run as it is (its own epochs), and what this launch does: write the
+    # artefacts again where the epochs it asks for are done, else resume.
+    epochs = (old.get("settings") or old).get("epochs") or config.epochs
+    was_complete = record["epoch"] >= epochs and not record["done"]
+    complete = record["epoch"] >= config.epochs and not record["done"]
     where = (f"a complete run of {epochs} epoch{'s' if epochs != 1 else ''} "
-             f"({record['step']} steps)" if complete else
+             f"({record['step']} steps)" if was_complete else
              f"a run at epoch {record['epoch'] + 1}, after step {record['done']} of it (step "
              f"{record['step']} of the run)")
     # Runs of before 0.2 kept no `settings`: the keys this config has; a key an earlier

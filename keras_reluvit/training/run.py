@@ -48,6 +48,7 @@ from keras_reluvit.training.rerun import check_same_data
 from keras_reluvit.training.rerun import launch as _launch
 from keras_reluvit.training.settings import RunConfig
 from keras_reluvit.training.settings import RunSettings
+from keras_reluvit.training.settings import check_number
 from keras_reluvit.training.settings import current_names
 
 # What a fine-tuning recipe's `model` may set on a checkpoint's model (with --trainable
@@ -113,6 +114,9 @@ def build_config(settings=None, **kwargs):
         raise ValueError(f"Neither run settings nor ViT arguments: {', '.join(unknown)} (the "
                          f"settings: {', '.join(RunSettings.fields())}; a recipe field goes "
                          "in recipe_overrides={...}).")
+    if model_overrides.get("drop_path") is not None:  # train --drop-path
+        check_number("drop_path", model_overrides["drop_path"],
+                     (float, 0, 1, True, False, "a rate"))
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
     epochs = r["epochs"] if s.epochs is None else s.epochs
     warmup = s.recipe_overrides.get("warmup_epochs")
@@ -265,7 +269,6 @@ def train(config, output, export=True, verbose=2, extra_callbacks=(), rerun="err
 
 def _train(config, output, export, verbose, extra_callbacks, rerun):
     output = os.path.expanduser(os.fspath(output))
-    os.makedirs(output, exist_ok=True)
     index, count = kr_distribution.process_index(), kr_distribution.process_count()
     chief = index == 0
     recipe = _recipe_of(config, config.model.get("variant"))
@@ -332,7 +335,8 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                     steps_per_epoch=d.steps_per_epoch, processes=count,
                     distribution=kr_distribution.describe(), settings=settings,
                     recipe_resolved=_recipe_record(recipe), launches=launches + [launch])
-        if chief:
+        if chief:  # the first file the run writes (the folder made here)
+            os.makedirs(output, exist_ok=True)
             with open(os.path.join(output, "config.json"), "w") as f:
                 json.dump(full, f, indent=2, default=list)
             if folder is not None:  # what `eval` must hold out

@@ -14,6 +14,7 @@ imports it (the CLI's options, `ImageFolder`, `data.load`,
 
 import collections.abc
 import dataclasses
+import math
 import os
 
 from keras_reluvit._defaults import KEEP_CHECKPOINTS
@@ -101,7 +102,7 @@ NUMBERS = {
     "epochs": (int, 1, None, True, None, "epochs"),
     "batch_size": (int, 1, None, True, None, "the global batch"),
     "image_size": (int, 1, None, True, None, "pixels"),
-    "seed": (int, 0, None, True, None, "a seed"),
+    "seed": (int, 0, 2**32 - 1, True, True, "a seed, NumPy's range"),
     "data_shards": (int, 1, None, True, None, "processes' shards"),
     "lora_rank": (int, 1, None, True, None, "LoRA's rank"),
     "layer_decay": (float, 0, 1, True, True, "a layer-wise decay; 0 or 1: off"),
@@ -127,7 +128,7 @@ def check_number(field, value, spec, flag=None):
     naming the setting and its flag (default `flag_of(field)`)."""
     kind, low, high, low_in, high_in, meaning = spec
     whole = isinstance(value, int) and not isinstance(value, bool)
-    ok = whole if kind is int else (whole or isinstance(value, float)) and value == value
+    ok = whole if kind is int else (whole or isinstance(value, float)) and math.isfinite(value)
     if ok and low is not None:
         ok = value >= low if low_in else value > low
     if ok and high is not None:
