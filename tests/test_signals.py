@@ -283,6 +283,24 @@ def test_a_write_killed_midway_leaves_the_earlier_file_under_its_name(tmp_path):
     assert path.read_text() == "new"
 
 
+def signalled_while_parsing(name, then):
+    """A process that sends itself signal `name` while `cli.main` builds its
+    parser (after main's first line, before any work), then runs `then`
+    (code calling `cli.main`): its CompletedProcess."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys\n"
+            "from keras_reluvit import cli\n"
+            "parser = cli.parser\n"
+            "def sending():\n"
+            f"    os.kill(os.getpid(), signal.{name})\n"
+            "    return parser()\n"
+            "cli.parser = sending\n" + then)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, KERAS_BACKEND="jax"))
+
+
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
 def test_a_signal_at_the_commands_first_line_stops_the_run_cleanly(name, tmp_path, digits_built):
@@ -292,21 +310,10 @@ def test_a_signal_at_the_commands_first_line_stops_the_run_cleanly(name, tmp_pat
     nothing trained (was: noted only by a handler installed at the package's
     import when sys.argv looked like `train`; a Ctrl-C in the first second
     was swallowed inside a JAX callback and the run trained to the end)."""
-    import subprocess
-    import sys
-
     out = tmp_path / "run"
-    code = ("import os, signal, sys\n"
-            "from keras_reluvit import cli\n"
-            "parser = cli.parser\n"
-            "def sending():\n"
-            f"    os.kill(os.getpid(), signal.{name})\n"
-            "    return parser()\n"
-            "cli.parser = sending\n"
-            f"sys.exit(cli.main(['train', '--data-dir', {str(digits_built)!r}, '--epochs', '1', "
-            f"'--output', {str(out)!r}, '--no-export', '--quiet']))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, KERAS_BACKEND="jax"))
+    done = signalled_while_parsing(name, (
+        f"sys.exit(cli.main(['train', '--data-dir', {str(digits_built)!r}, '--epochs', '1', "
+        f"'--output', {str(out)!r}, '--no-export', '--quiet']))\n"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"stopped by {name} as the run began, before the first step" in done.stdout, \
         done.stdout[-2000:]
@@ -353,22 +360,8 @@ def test_a_signal_while_another_command_parses_has_its_own_effect(name, args):
     """Only `train` stops cleanly on a noted signal; any other command (and
     `--help`) gets it back as it came, before it runs: a Ctrl-C interrupts it
     (KeyboardInterrupt), a SIGTERM ends the process (-15)."""
-    import subprocess
-    import sys
-
-    code = ("import os, signal, sys\n"
-            "from keras_reluvit import cli\n"
-            "parser = cli.parser\n"
-            "def sending():\n"
-            f"    os.kill(os.getpid(), signal.{name})\n"
-            "    return parser()\n"
-            "cli.parser = sending\n"
-            "try:\n"
-            f"    cli.main({args!r})\n"
-            "except KeyboardInterrupt:\n"
-            "    print('interrupted')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, KERAS_BACKEND="jax"))
+    done = signalled_while_parsing(name, (f"try:\n    cli.main({args!r})\n"
+                                          "except KeyboardInterrupt:\n    print('interrupted')\n"))
     ran = "--help" not in args  # a command that runs prints nothing before the signal
     if name == "SIGINT":
         lines = done.stdout.strip().splitlines()
