@@ -34,11 +34,21 @@ class BinarizedCrossEntropy(keras.losses.BinaryCrossentropy):
     with a positive target is 1: both classes of a MixUp / CutMix image,
     timm's mixing done), then `keras.losses.BinaryCrossentropy` of the
     logits, the mean over classes and batch (torch's `BCEWithLogitsLoss`).
-    Smoothed targets would all be 1: DeiT III's smoothing is 0."""
+    `label_smoothing` (a run without mixing: timm's `--bce-loss
+    --smoothing`) smooths the binarised targets as timm's
+    `BinaryCrossEntropy(smoothing=)`: `s / classes` off, `1 - s + s /
+    classes` on (Keras' own pulls them to 0.5). DeiT III's smoothing is 0."""
 
-    def __init__(self, from_logits=True, name="bce", **kwargs):
-        super().__init__(from_logits=from_logits, name=name, **kwargs)
+    def __init__(self, from_logits=True, label_smoothing=0.0, name="bce", **kwargs):
+        super().__init__(from_logits=from_logits, label_smoothing=0.0, name=name, **kwargs)
+        self.smoothing = float(label_smoothing)
 
     def call(self, y_true, y_pred):
         y_true = keras.ops.cast(keras.ops.greater(y_true, 0), y_pred.dtype)
+        if self.smoothing:
+            off = self.smoothing / y_pred.shape[-1]
+            y_true = y_true * (1.0 - self.smoothing) + off
         return super().call(y_true, y_pred)
+
+    def get_config(self):
+        return dict(super().get_config(), label_smoothing=self.smoothing)
