@@ -243,3 +243,35 @@ def test_deit3s_lamb_decays_as_deit3_says_through_the_compiled_recipe():
         assert opt.global_clipnorm == 1.0  # DeiT III's --clip-grad 1.0 (apex's FusedLAMB's)
         assert opt.use_ema and opt.ema_momentum == pytest.approx(0.99996)  # --model-ema-decay
     assert json.dumps(recipes.get("deit3_s16_400ep")["opt_eps"]) == "1e-08"
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_bce_smoothing_is_timms_binary_cross_entropy(smoothing):
+    """`--bce-loss --smoothing 0.1` without mixing: timm's train.py uses
+    BinaryCrossEntropy(smoothing=0.1), whose targets are 0.1 / C off and
+    1 - 0.1 + 0.1 / C on (was Keras' 0.05 / 0.95); the NumPy formula of
+    torch's binary_cross_entropy_with_logits on those targets."""
+    from keras_reluvit.training.losses import BinarizedCrossEntropy
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 10)).astype("float32") * 3
+    labels = np.eye(10, dtype="float32")[[1, 4, 4, 9]]
+    off = smoothing / 10
+    target = labels * (1 - smoothing + off) + (1 - labels) * off
+    want = np.mean(np.maximum(logits, 0) - logits * target + np.log1p(np.exp(-np.abs(logits))))
+    loss = BinarizedCrossEntropy(label_smoothing=smoothing)
+    got = float(keras.ops.convert_to_numpy(loss(labels, logits)))
+    assert got == pytest.approx(want, rel=1e-5)
+    again = BinarizedCrossEntropy.from_config(loss.get_config())
+    assert float(keras.ops.convert_to_numpy(again(labels, logits))) == pytest.approx(want, rel=1e-5)
+
+
+def test_timms_weight_decay_with_sgd_says_it_is_decoupled(capsys):
+    """`--opt sgd --weight-decay 0.05`: timm's SGD couples the decay (added to
+    the gradient, through the momentum); ours is decoupled, and says so."""
+    config = T.build_config(RunSettings(batch_size=8, recipe_overrides={
+        "optimizer": "sgd", "weight_decay": 0.05}))
+    assert config.resolved_recipe.wd == pytest.approx(0.05 * recipes.get("digits").lr)
+    assert "--weight-decay with SGD: decoupled here" in capsys.readouterr().out
+    T.build_config(RunSettings(batch_size=8, recipe_overrides={"weight_decay": 0.05}))
+    assert "SGD" not in capsys.readouterr().out  # AdamW: decoupled in both

@@ -80,7 +80,8 @@ FLAGS = (
          "(its schedule, its scaling to another batch)"),
     Flag(None, ("--weight-decay",), "weight_decay", float, "timm's / PyTorch's weight decay, "
          "multiplied by the learning rate: the recipe's wd = this x its lr",
-         sets="`wd` = this x the recipe's `lr` (PyTorch's decay, times the lr)"),
+         sets="`wd` = this x the recipe's `lr` (PyTorch's decay, times the lr; decoupled, as "
+         "AdamW's and LAMB's: with SGD said, timm's SGD adds it to the gradient)"),
     Flag("--warmup-epochs", ("--warmup-epochs",), "warmup_epochs", float,
          "linear warmup, in epochs (fewer than the run's)",
          sets="`warmup_epochs`, as given (fewer than the run's epochs; a recipe's own warmup "
@@ -290,6 +291,10 @@ def apply(recipe, fields):
                 recipe["nesterov"] = nesterov
         elif field == "weight_decay":
             field, value = "wd", round(float(value) * recipe["lr"], 15)
+            if recipe.get("optimizer") == "sgd":
+                lines.append("--weight-decay with SGD: decoupled here (the kernels shrink by "
+                             "wd x the lr's schedule), where timm's SGD adds it to the gradient "
+                             "(through the momentum)")
         elif field == "smoothing":
             mix = (recipe.get("augment") or {}).get("timm_mix")
             field = "augment.timm_mix.label_smoothing" if mix is not None else "label_smoothing"
