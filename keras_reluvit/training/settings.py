@@ -106,7 +106,7 @@ NUMBERS = {
     "data_shards": (int, 1, None, True, None, "processes' shards"),
     "lora_rank": (int, 1, None, True, None, "LoRA's rank"),
     "layer_decay": (float, 0, 1, True, True, "a layer-wise decay; 0 or 1: off"),
-    "lr": (float, 0, None, False, None, "a learning rate"),
+    "lr": (float, 0, None, True, None, "a learning rate; 0: the weights stay"),
     "val_fraction": (float, 0, 1, True, False, "a share of each class"),
     "checkpoint_every": (int, 0, None, True, None, "updates between backups; 0: each "
                          "epoch's end"),
