@@ -48,6 +48,7 @@ from keras_reluvit.training.rerun import check_same_data
 from keras_reluvit.training.rerun import launch as _launch
 from keras_reluvit.training.settings import RunConfig
 from keras_reluvit.training.settings import RunSettings
+from keras_reluvit.training.settings import check_accum
 from keras_reluvit.training.settings import check_number
 from keras_reluvit.training.settings import current_names
 
@@ -151,7 +152,7 @@ def build_config(settings=None, **kwargs):
         checkpoint_every=(r["checkpoint_every"] if s.checkpoint_every is None
                           else int(s.checkpoint_every) or None),
         keep_checkpoints=int(s.keep_checkpoints),
-        accum_steps=_accum_steps(r["accum_steps"] if s.accum_steps is None else s.accum_steps,
+        accum_steps=check_accum(r["accum_steps"] if s.accum_steps is None else s.accum_steps,
                                  batch_size),
         ema=(r["ema"] if s.ema is None else s.ema) or None,
         recipe_overrides=dict(s.recipe_overrides),
@@ -196,16 +197,6 @@ def _augment(augment, repeats, loss, auto_augment=None, three_augment_flag=None)
         check_repeats(repeats, "aug_repeats (train --aug-repeats)")
         augment["aug_repeats"] = repeats
     return augment
-
-
-def _accum_steps(accum, batch_size):
-    """The recipe's or the given accumulation (`RunSettings` checked the
-    latter's range) against the batch it splits."""
-    if batch_size % accum:
-        raise ValueError(f"accum_steps (train --accum-steps) {accum} must divide the batch size "
-                         f"{batch_size} (--batch-size): each "
-                         "update is accum_steps micro-batches of batch_size / accum_steps.")
-    return accum
 
 
 def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_shards):

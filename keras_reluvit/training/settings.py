@@ -141,6 +141,16 @@ def check_number(field, value, spec, flag=None):
                          f"({meaning}), got {value!r}.")
 
 
+def check_accum(accum, batch_size):
+    """`accum` (accumulation steps, in range) dividing the batch it splits;
+    returns it."""
+    if batch_size % accum:
+        raise ValueError(f"accum_steps (train --accum-steps) {accum} must divide the batch size "
+                         f"{batch_size} (--batch-size): each update is accum_steps "
+                         "micro-batches of batch_size / accum_steps.")
+    return accum
+
+
 def check_settings(s):
     """Every field of a `RunSettings` `s`: its type, its range, the
     combinations that cannot run (the recipe fields of `recipe_overrides`
@@ -164,10 +174,8 @@ def check_settings(s):
     if s.trainable != "all" and not s.init:
         raise ValueError(f"trainable={s.trainable!r} (train --trainable) fine-tunes a "
                          "pretrained model: pass init= (train --init CHECKPOINT).")
-    if s.batch_size is not None and s.accum_steps is not None and s.batch_size % s.accum_steps:
-        raise ValueError(f"accum_steps (train --accum-steps) {s.accum_steps} must divide the "
-                         f"batch size {s.batch_size} (--batch-size): each update is "
-                         "accum_steps micro-batches of batch_size / accum_steps.")
+    if s.batch_size is not None and s.accum_steps is not None:
+        check_accum(s.accum_steps, s.batch_size)
     if not isinstance(s.recipe_overrides, dict):
         raise ValueError(f"recipe_overrides must be a dict of recipe fields, "
                          f"got {s.recipe_overrides!r}.")
