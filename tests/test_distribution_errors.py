@@ -108,9 +108,11 @@ if BACKEND == "torch":
             dist.destroy_process_group()
 
     def test_ddp_step_is_keras_step_in_a_one_process_group(tmp_path):
-        """ddp() routes model.fit's step through DistributedDataParallel; in a
-        cluster of one (the all-reduce is the identity) it must train exactly
-        as Keras' own torch step, metrics included."""
+        """ddp() wraps the model in a DataParallelModel whose forward pass
+        runs DistributedDataParallel; in a cluster of one (the all-reduce is
+        the identity) it must train exactly as Keras' own torch step, metrics
+        included, rebinding nothing of the model, and save the model's own
+        file."""
         import torch.distributed as dist
 
         x = np.random.default_rng(0).normal(size=(64, 16, 16, 3)).astype("float32")
@@ -122,12 +124,22 @@ if BACKEND == "torch":
                            image_size=16, num_classes=5, head_bias_init=0.1)
             model(x[:1])
             data = (x, y)
-            if wrap:  # the notebook form: the model and this process' shard (all of it)
-                model, data = kr.distribution.ddp(model, data)
             model.compile(keras.optimizers.AdamW(1e-3),
                           keras.losses.CategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"])
-            history = model.fit(*data, batch_size=16, epochs=2, shuffle=False, verbose=0)
+            trained = model
+            if wrap:  # the notebook form: the wrapper and this process' shard (all of it)
+                trained, data = kr.distribution.ddp(model, data)
+                assert isinstance(trained, kr.distribution.DataParallelModel)
+                assert trained.optimizer is model.optimizer
+            history = trained.fit(*data, batch_size=16, epochs=2, shuffle=False, verbose=0)
+            assert not {"train_step", "get_metrics_result", "call"} & set(vars(model))
+            if wrap:
+                trained.save(tmp_path / "saved.keras")  # the ViT's file
+                loaded = keras.saving.load_model(tmp_path / "saved.keras")
+                assert type(loaded) is kr.ViT
+                np.testing.assert_array_equal(loaded.predict(x[:4], verbose=0),
+                                              model.predict(x[:4], verbose=0))
             return model, history.history
 
         plain, h0 = run(False)
@@ -136,6 +148,9 @@ if BACKEND == "torch":
         try:
             with pytest.raises(ValueError, match="Build the model"):
                 kr.distribution.ddp(keras.Sequential([keras.layers.Dense(2)]))
+            built = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+            with pytest.raises(ValueError, match="Compile the model"):
+                kr.distribution.ddp(built)
             wrapped, h1 = run(True)
             assert kr.distribution.process_count() == 1 and kr.distribution.describe() == {
                 "type": "DistributedDataParallel", "processes": 1, "process_group": "gloo"}
@@ -181,7 +196,7 @@ def test_the_engine_holds_the_backend_branches(monkeypatch):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     with engine.scope():
         model.compile("sgd", "mse")
-    assert engine.all_reduce_gradients(model) is model
+    assert engine.data_parallel(model) is model
     assert engine.layout() is None  # no mesh asked for, no cluster
     if BACKEND == "jax":
         engine.check(mesh="batch=1", sharding="fsdp")

@@ -304,3 +304,4 @@ def test_nothing_outside_the_seam_imports_keras_private_modules():
             if PRIVATE_MODULES.search(line.split("#")[0]):
                 found.append(f"{path}:{i}: {line.strip()}")
     assert not found, "\n".join(found)
+

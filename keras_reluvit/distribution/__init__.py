@@ -29,11 +29,12 @@ the dimension and the mesh axis (not a silent replica or a late XLA error).
 `keras.distribution` runs on the JAX backend only in Keras 3.15. The other
 backends scale out data parallel on their own engines, also here:
 
-- PyTorch: `initialize()` joins torchrun's cluster and `ddp(model)` trains
-  through `DistributedDataParallel` in `model.fit`;
+- PyTorch: `initialize()` joins torchrun's cluster and `ddp(model)` returns
+  a `DataParallelModel` whose `fit` trains through `DistributedDataParallel`;
 - TensorFlow: `initialize()` makes the `MultiWorkerMirroredStrategy` of
-  `TF_CONFIG` and `multi_worker(model, train, val)` hands each worker's
-  shard to it (one host: `tf.distribute.MirroredStrategy`).
+  `TF_CONFIG`, `DataParallelModel(model)` trains under it (or one host's
+  `tf.distribute.MirroredStrategy`) with the clip after the all-reduce, and
+  `multi_worker(parallel, train, val)` hands each worker's shard to it.
 
 `keras-reluvit train` does either when launched as such a cluster. The
 layout functions (`model_parallel`, `data_parallel`) say so when called on
@@ -42,9 +43,10 @@ those backends.
 Modules: `engine` (`Engine`: the backend branches of a training run in one
 object), `layouts` (the JAX mesh layouts of every strategy), `cluster`
 (joining a multi-process cluster on each backend, process index / count,
-barriers, the chief's writes, data shards), `torch_ddp` (PyTorch's
-DistributedDataParallel through `model.fit`) and `tf_multi_worker`
-(TensorFlow's MultiWorkerMirroredStrategy through `model.fit`).
+barriers, the chief's writes, data shards), `data_parallel`
+(`DataParallelModel`: a model's `fit` on DDP or a TensorFlow strategy, by
+Keras' public hooks), `torch_ddp` (`ddp`) and `tf_multi_worker` (the data
+for TensorFlow's MultiWorkerMirroredStrategy).
 """
 
 from keras_reluvit.distribution.cluster import any_process
@@ -56,6 +58,7 @@ from keras_reluvit.distribution.cluster import process_index
 from keras_reluvit.distribution.cluster import shard
 from keras_reluvit.distribution.cluster import strategy
 from keras_reluvit.distribution.cluster import tf_strategy
+from keras_reluvit.distribution.data_parallel import DataParallelModel
 from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.distribution.layouts import RULES
 from keras_reluvit.distribution.layouts import STRATEGIES
@@ -66,11 +69,11 @@ from keras_reluvit.distribution.layouts import describe
 from keras_reluvit.distribution.layouts import layout_map
 from keras_reluvit.distribution.layouts import mesh_from_spec
 from keras_reluvit.distribution.layouts import model_parallel
-from keras_reluvit.distribution.tf_multi_worker import clip_after_all_reduce
 from keras_reluvit.distribution.tf_multi_worker import multi_worker
 from keras_reluvit.distribution.torch_ddp import ddp
 
-__all__ = ["Engine", "RULES", "STRATEGIES", "ViTModelParallel", "any_process", "barrier", "check_mesh", "chief_writes",
-           "clip_after_all_reduce", "data_parallel", "ddp", "describe", "initialize", "layout_map",
-           "mesh_from_spec", "model_parallel", "multi_worker", "process_count", "process_index",
-           "shard", "strategy", "tf_strategy"]
+__all__ = ["DataParallelModel", "Engine", "RULES", "STRATEGIES", "ViTModelParallel",
+           "any_process", "barrier", "check_mesh", "chief_writes", "data_parallel", "ddp",
+           "describe", "initialize", "layout_map", "mesh_from_spec", "model_parallel",
+           "multi_worker", "process_count", "process_index", "shard", "strategy",
+           "tf_strategy"]

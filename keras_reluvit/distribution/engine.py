@@ -9,9 +9,9 @@ run asks what differs between JAX, TensorFlow and PyTorch.
 
 `Engine()` answers for the current backend: `check` (what the command line
 asked that the engine cannot do), `join` (the cluster), `layout` (JAX's
-mesh), `scope` (where variables are created), `all_reduce_gradients` (a
-compiled model before it trains: torch's DDP) and `distribute` (the data as
-`fit` takes them).
+mesh), `scope` (where variables are created), `data_parallel` (the model
+`fit` trains: a `DataParallelModel` in a torch or TensorFlow cluster) and
+`distribute` (the data as `fit` takes them).
 """
 
 import contextlib
@@ -112,21 +112,23 @@ class Engine:
         strategy = cluster.tf_strategy() if self.backend == "tensorflow" else None
         return strategy.scope() if strategy is not None else contextlib.nullcontext()
 
-    def all_reduce_gradients(self, model):
-        """A built, compiled model before `fit`, in a cluster: on PyTorch it
-        trains through DistributedDataParallel (its gradients all-reduced);
-        on TensorFlow and JAX the strategy / the mesh all-reduces already.
-        (TensorFlow's clipping after the all-reduce attaches to every
-        `kr.ViT`'s train function: `tf_multi_worker.clip_after_all_reduce`.)"""
-        if self.backend == "torch" and cluster.process_count() > 1:
-            from keras_reluvit.distribution.torch_ddp import ddp
+    def data_parallel(self, model):
+        """The model `fit` trains, for a built, compiled `model`: in a torch
+        or TensorFlow cluster a `DataParallelModel` around it (DDP's
+        all-reduce; the strategy's, with the clip after it), made in the
+        strategy's scope; else `model` itself (JAX's mesh all-reduces
+        already)."""
+        if self.backend in ("torch", "tensorflow") and cluster.process_count() > 1:
+            from keras_reluvit.distribution.data_parallel import DataParallelModel
 
-            ddp(model)
+            with self.scope():
+                return DataParallelModel(model)
         return model
 
     def distribute(self, model, train, val=None):
-        """The data as `fit` takes them: on a TensorFlow cluster each worker's
-        own shard handed to the strategy as is; elsewhere unchanged."""
+        """The data as `fit` takes them (`model`: what `data_parallel`
+        returned): on a TensorFlow cluster each worker's own shard handed to
+        the strategy as is; elsewhere unchanged."""
         if self.backend == "tensorflow" and cluster.tf_strategy() is not None:
             from keras_reluvit.distribution.tf_multi_worker import multi_worker
 

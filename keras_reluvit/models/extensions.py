@@ -1,17 +1,14 @@
 """What the model's own methods hand to the packages above it.
 
 `ViT.from_preset` / `save_to_preset` and the builders' `weights=` read and
-write checkpoints (`keras_reluvit.checkpoints`), `ViT.export` writes a
-serving archive (`keras_reluvit.export`), and a distribution engine may need
-a word before Keras makes the train function (`keras_reluvit.distribution`:
-TensorFlow's clipping after the all-reduce). Those packages sit above the
+write checkpoints (`keras_reluvit.checkpoints`), and `ViT.export` writes a
+serving archive (`keras_reluvit.export`). Those packages sit above the
 model and import it; the model imports none of them. Each registers here
 when it is imported (`import keras_reluvit` imports them all), and the
 model asks here by name.
 """
 
 _PROVIDERS = {}  # name -> the module (or object) that carries it out
-_TRAIN_FUNCTION_HOOKS = []  # hook(model), before Keras makes a train function
 WHO = {"checkpoints": "keras_reluvit.checkpoints", "export": "keras_reluvit.export"}
 
 
@@ -29,16 +26,3 @@ def provider(name):
     except KeyError:
         raise RuntimeError(f"{WHO[name]} is not imported: `import keras_reluvit` (or "
                            f"{WHO[name]}) first.") from None
-
-
-def on_train_function(hook):
-    """Adds `hook(model)`, called by `ViT.make_train_function` before Keras
-    makes the train function (once per hook)."""
-    if hook not in _TRAIN_FUNCTION_HOOKS:
-        _TRAIN_FUNCTION_HOOKS.append(hook)
-    return hook
-
-
-def before_train_function(model):
-    for hook in _TRAIN_FUNCTION_HOOKS:
-        hook(model)

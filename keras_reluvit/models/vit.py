@@ -261,21 +261,6 @@ class ViT(keras.Model):
         self._check_images(inputs)
         return super().call(inputs, training=training, mask=mask)
 
-    def make_train_function(self, force=False):
-        """Keras' train function, after the hooks the packages above the
-        model registered (`extensions.on_train_function`): under a
-        TensorFlow `tf.distribute` strategy of several replicas
-        (`MirroredStrategy`, `MultiWorkerMirroredStrategy`),
-        `keras_reluvit.distribution` makes the optimizer's `global_clipnorm`
-        / `clipnorm` / `clipvalue` clip the all-reduced gradient, as on one
-        device: Keras 3.15 clips each replica's gradient before summing
-        them, a different update whenever the clip is active
-        (`kr.distribution.clip_after_all_reduce`). Here rather than in
-        `compile`, which Keras must see unchanged to recompile a loaded
-        `.keras` model."""
-        extensions.before_train_function(self)
-        return super().make_train_function(force)
-
     def intermediates_model(self, attention_weights=True):
         """A `keras.Model` sharing this model's weights with dict outputs.
 

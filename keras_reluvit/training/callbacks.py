@@ -6,6 +6,7 @@ import os
 import keras
 
 from keras_reluvit.data.pipeline import skip_passes
+from keras_reluvit.distribution.data_parallel import unwrapped
 from keras_reluvit.training.settings import KEEP_CHECKPOINTS
 
 
@@ -187,10 +188,11 @@ class AttentionStats(keras.callbacks.Callback):
     def compute(self):
         import numpy as np
 
-        out = self.model.intermediates(self.images)
+        model = unwrapped(self.model)  # a cluster's DataParallelModel holds the ViT
+        out = model.intermediates(self.images)
         stats = {}
         previous = out["tokens"]
-        for i, block in enumerate(self.model.blocks):
+        for i, block in enumerate(model.blocks):
             w = keras.ops.convert_to_numpy(out[f"attention_{i:02d}"])
             y = block.norm1(previous)
             a = keras.ops.convert_to_numpy(block.attn(y, y))

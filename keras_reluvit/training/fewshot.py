@@ -24,6 +24,8 @@ probe.results[-1]    # {"step": ..., "fewshot_5shot": 0.83, ...}
 import keras
 import numpy as np
 
+from keras_reluvit.distribution.data_parallel import unwrapped
+
 BIAS_CONSTANT = 100.0
 L2_REG = 2.0 ** 10  # big_vision's configs
 
@@ -154,8 +156,9 @@ class FewShot(keras.callbacks.Callback):
 
     def probe(self):
         """Runs the probes now; returns (and appends to `results`) their dict."""
-        x_train, y_train = features(self.model, self.train)
-        x_test, y_test = features(self.model, self.test)
+        model = unwrapped(self.model)  # a cluster's DataParallelModel holds the ViT
+        x_train, y_train = features(model, self.train)
+        x_test, y_test = features(model, self.test)
         num_classes = int(max(y_train.max(), y_test.max())) + 1
         accuracies = evaluate(x_train, y_train, x_test, y_test, num_classes, self.shots,
                               self.seeds, self.l2_reg)

@@ -60,7 +60,7 @@ TF_PIPELINE_SEED = 87654321  # tensorflow/python/framework/random_seed.py DEFAUL
 
 def build_config(settings=None, **kwargs):
     """The run's `RunConfig` (`kr.settings.RunConfig`: typed, every value
-    decided, also a mapping) from a recipe and overrides: a `RunSettings`
+    decided, frozen, also a read-only mapping) from a recipe and overrides: a `RunSettings`
     (`kr.settings`), or its fields as keywords (over `settings` when both
     are given); other keywords override the model's config (`pool=`,
     `posemb=`, ...). The recipe is resolved here, once.
@@ -342,9 +342,11 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                         accum_steps=accum, ema=config.ema,
                         warmup_cap=None if given else recipes.WARMUP_CAP)
     kr_backup.stop_if_noted("once the data and the model were ready", (index, count))
-    engine.all_reduce_gradients(model)  # torch clusters: DistributedDataParallel
+    # what fit trains: in a torch / TensorFlow cluster a DataParallelModel (DDP; the
+    # strategy with the clip after the all-reduce), files and variables `model`'s
+    trained_as = engine.data_parallel(model)
     # TensorFlow clusters: each worker's own shard (no re-batching, no auto-sharding)
-    _, val_data = engine.distribute(model, d.train, d.val)
+    _, val_data = engine.distribute(trained_as, d.train, d.val)
     every = config.checkpoint_every
     callbacks = kr_callbacks.default(output, process=(index, count),
                                      every=every * accum if every else None,
@@ -356,11 +358,11 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     # One iterator for the whole run, one new pass per epoch; a resumed run
     # continues the data stream at the step it saved.
     with image_folder.naming_unreadable(folder):
-        kr_backup.fit(model, split_batches(d.train, accum), config.epochs, backup,
+        kr_backup.fit(trained_as, split_batches(d.train, accum), config.epochs, backup,
                       validation_data=val_data, callbacks=callbacks + list(extra_callbacks),
                       steps_per_epoch=d.steps_per_epoch * accum,
                       verbose=verbose if chief else 0,
-                      distribute=lambda ds: engine.distribute(model, ds)[0])
+                      distribute=lambda ds: engine.distribute(trained_as, ds)[0])
         train_seconds = backup.train_seconds  # the whole run's, to its last backup
     # Scoring and writing take long (a spot machine's notice is ~30 s): a
     # signal now stops at once; the backup holds the trained run.
@@ -368,7 +370,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                                 f"complete, saved in {backup.directory})"), \
             image_folder.naming_unreadable(folder):
         def score():
-            return (model.evaluate(val_data, return_dict=True, verbose=0)
+            return (trained_as.evaluate(val_data, return_dict=True, verbose=0)
                     if d.val is not None else {})
 
         final, trained = score(), {}

@@ -1,12 +1,13 @@
 """TensorFlow backend, 2 logical CPUs: the README's MirroredStrategy recipe
-gives the same 3 training losses as one device -- also with an active
-`global_clipnorm`, which a `kr.ViT` makes clip the all-reduced gradient;
-the same model trained by Keras' own train function clips each replica's
-gradient (a different update: "per_replica"). Prints one JSON line."""
+(a `kr.distribution.DataParallelModel` around the compiled ViT) gives the
+same 3 training losses as one device -- also with an active
+`global_clipnorm`, `clipnorm` or `clipvalue`, which it applies to the
+all-reduced gradient; the same model trained by Keras' own `fit` clips each
+replica's gradient (a different update: "per_replica"). Prints one JSON
+line."""
 
 import json
 import os
-from functools import partial
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 import tensorflow as tf  # noqa: E402
@@ -26,20 +27,21 @@ X = rng.uniform(-1, 1, (24, 32, 32, 3)).astype("float32")
 Y = np.eye(4, dtype="float32")[rng.integers(0, 4, 24)]
 
 
-def run(strategy=None, clip=None, keras_train=False):
+def run(strategy=None, clip=None, keras_train=False, kind="global_clipnorm"):
     scope = strategy.scope() if strategy else tf.device("/cpu:0")
     with scope:
         model = kr.ViT(**CONFIG)
         r = np.random.default_rng(1)
         model.set_weights([(r.normal(0, 0.2, v.shape) + ("gamma" in v.path)).astype("float32")
                            for v in model.weights])
-        model.compile(optimizer=keras.optimizers.SGD(0.1, global_clipnorm=clip),
+        model.compile(optimizer=keras.optimizers.SGD(0.1, **{kind: clip}),
                       loss=keras.losses.CategoricalCrossentropy(from_logits=True))
-        if keras_train:  # Keras' own train function, not kr.ViT's
-            model.make_train_function = partial(keras.Model.make_train_function, model)
+        trained = model  # Keras' own fit
+        if strategy and not keras_train:
+            trained = kr.distribution.DataParallelModel(model)
     ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
-    hist = model.fit(ds, epochs=1, verbose=0, steps_per_epoch=3)
-    return [float(model.evaluate(X[:8], Y[:8], verbose=0))], hist.history["loss"]
+    hist = trained.fit(ds, epochs=1, verbose=0, steps_per_epoch=3)
+    return [float(trained.evaluate(X[:8], Y[:8], verbose=0))], hist.history["loss"]
 
 
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -47,4 +49,8 @@ CLIP = 0.05  # below these gradients' norms: every step clips
 print(json.dumps(dict(
     replicas=strategy.num_replicas_in_sync, mirrored=run(strategy), single=run(),
     mirrored_clipped=run(strategy, CLIP), single_clipped=run(clip=CLIP),
+    mirrored_clipnorm=run(strategy, CLIP, kind="clipnorm"),
+    single_clipnorm=run(clip=CLIP, kind="clipnorm"),
+    mirrored_clipvalue=run(strategy, 1e-3, kind="clipvalue"),
+    single_clipvalue=run(clip=1e-3, kind="clipvalue"),
     per_replica=run(strategy, CLIP, keras_train=True))))

@@ -114,10 +114,11 @@ def test_tensorflow_mirrored_strategy_recipe_matches_one_device():
     assert r["replicas"] == 2
     for a, b in zip(r["mirrored"], r["single"]):
         assert a == pytest.approx(b, rel=1e-4)
-    # an active global_clipnorm: kr.ViT's compile clips the all-reduced gradient
-    for a, b in zip(r["mirrored_clipped"], r["single_clipped"]):
-        assert a == pytest.approx(b, rel=1e-4)
-    assert r["single_clipped"] != r["single"]  # the clip is active
+    # an active clip of each kind: DataParallelModel clips the all-reduced gradient
+    for kind in ("clipped", "clipnorm", "clipvalue"):
+        for a, b in zip(r[f"mirrored_{kind}"], r[f"single_{kind}"]):
+            assert a == pytest.approx(b, rel=1e-4), kind
+        assert r[f"single_{kind}"] != r["single"], kind  # the clip is active
     # Keras 3.15's own train function clips each replica's gradient: another update
     assert r["per_replica"][0][0] != pytest.approx(r["single_clipped"][0][0], rel=1e-3)
 
