@@ -125,11 +125,14 @@ def test_build_config_gives_one_typed_run_config_that_train_reads(monkeypatch):
     saved = config.to_dict()
     assert json.loads(json.dumps(saved)) == saved  # JSON-able as it is
     assert settings.RunConfig.of(saved).to_dict() == saved  # config.json's settings read back
-    config["model"].update(width=32)  # as the dict was used
-    config["epochs"] = 2
-    assert config.epochs == 2 and config.model["width"] == 32
-    with pytest.raises(KeyError, match="'epoch' is not a RunConfig field"):
-        config["epoch"] = 2
+    with pytest.raises(TypeError, match="frozen: dataclasses.replace"):
+        config["epochs"] = 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.epochs = 2
+    changed = dataclasses.replace(config, epochs=2)
+    assert changed.epochs == 2 and config.epochs == 300 and changed["batch_size"] == 8
+    with pytest.raises(KeyError):
+        config["epoch"]
     with pytest.raises(ValueError, match="Not run settings: epoch, lrate"):
         settings.RunConfig.of(dict(saved, epoch=2, lrate=1.0))
     # The old name of aug_repeats (a recipe or config.json of before 0.2).

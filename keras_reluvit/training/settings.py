@@ -25,11 +25,10 @@ from keras_reluvit._defaults import TRAINABLE_DEFAULT
 from keras_reluvit._defaults import VAL_FRACTION
 
 
-class FieldMapping(collections.abc.MutableMapping):
-    """A dataclass that is also a mapping of its fields (`obj["lr"]`,
-    `dict(obj)`, `obj.get("ema")`): a key that is not a field is an error,
-    fields cannot be removed. Recipes and run configs were dicts; their
-    readers keep working."""
+class Fields(collections.abc.Mapping):
+    """A dataclass that is also a read-only mapping of its fields
+    (`obj["lr"]`, `dict(obj)`, `obj.get("ema")`); a key that is not a field
+    is a KeyError."""
 
     @classmethod
     def fields(cls):
@@ -40,6 +39,18 @@ class FieldMapping(collections.abc.MutableMapping):
             raise KeyError(key)
         return getattr(self, key)
 
+    def __iter__(self):
+        return iter(self.fields())
+
+    def __len__(self):
+        return len(self.fields())
+
+
+class FieldMapping(Fields, collections.abc.MutableMapping):
+    """`Fields` whose values can be set (a recipe, changed by the run's
+    flags): a key that is not a field is an error, fields cannot be
+    removed."""
+
     def __setitem__(self, key, value):
         if key not in self.fields():
             raise KeyError(f"{key!r} is not a {type(self).__name__} field; the fields: "
@@ -49,12 +60,6 @@ class FieldMapping(collections.abc.MutableMapping):
     def __delitem__(self, key):
         raise TypeError(f"A {type(self).__name__}'s fields cannot be removed; set one to its "
                         "default instead.")
-
-    def __iter__(self):
-        return iter(self.fields())
-
-    def __len__(self):
-        return len(self.fields())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,15 +186,17 @@ def check_settings(s):
                          f"got {s.recipe_overrides!r}.")
 
 
-@dataclasses.dataclass(eq=False)
-class RunConfig(FieldMapping):
-    """One run's configuration, every value decided: `kr.train.build_config`
-    resolves a `RunSettings` with its recipe (once) into it, `kr.train.train`
-    reads it, `config.json` records it (`settings`, `RunConfig.to_dict`).
-    The same names as `RunSettings` (and the recipe's fields), plus `model`
-    (the model's config before the data set's classes) and `augment`
-    (`kr.data.Augment`'s keywords). Also a mapping, as it was a dict
-    (`config["model"].update(width=32)`)."""
+@dataclasses.dataclass(eq=False, frozen=True)
+class RunConfig(Fields):
+    """One run's configuration, every value decided and frozen:
+    `kr.train.build_config` resolves a `RunSettings` with its recipe (once)
+    into it, `kr.train.train` reads it, `config.json` records it
+    (`settings`, `RunConfig.to_dict`). The same names as `RunSettings` (and
+    the recipe's fields), plus `model` (the model's config before the data
+    set's classes) and `augment` (`kr.data.Augment`'s keywords). Also a
+    read-only mapping (`config["epochs"]`, `dict(config)`); another value is
+    another config: `dataclasses.replace(config, epochs=2)`, or
+    `build_config` again (which resolves the recipe anew)."""
 
     recipe: str = RECIPE
     dataset: str = None
@@ -235,6 +242,10 @@ class RunConfig(FieldMapping):
         config = dict(config)
         config["augment"] = current_names(config.get("augment"))
         return cls(**config)
+
+    def __setitem__(self, key, value):
+        raise TypeError(f"A RunConfig is frozen: dataclasses.replace(config, {key}=...) makes "
+                        "another (or kr.train.build_config again, to resolve the recipe anew).")
 
     def to_dict(self):
         """A JSON-able dict of the fields (tuples as lists)."""
