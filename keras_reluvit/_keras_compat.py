@@ -57,10 +57,6 @@ PRIVATE = {
     "tensor._keras_mask": (
         "the Keras mask attached to a (torch / TensorFlow) tensor",
         "kernels.torch_fast.attention_eligible"),
-    "Trainer._distribute_strategy": (
-        "the tf.distribute strategy a model was created under, None outside one "
-        "(`distribute_strategy` falls back to the default strategy)",
-        "distribution (DataParallelModel, multi_worker)"),
     "Optimizer._momentums / _velocities / _get_variable_index / _use_weight_decay": (
         "Adam's and LAMB's moment slots of a variable; whether the optimizer decays it",
         "recipes.RecipeLamb.update_step"),
@@ -176,13 +172,6 @@ def set_initial_epoch(model, epoch):
 
 def histogram_is_set(layer):
     return "_custom_histogram_fixed_width" in vars(layer)
-
-
-def distribute_strategy(model):
-    """The `tf.distribute` strategy `model` was created under, None outside
-    one (the public `model.distribute_strategy` answers the default strategy
-    instead; TensorFlow only)."""
-    return getattr(model, "_distribute_strategy", None)
 
 
 def adam_slots(optimizer, variable):
@@ -337,16 +326,6 @@ def _checks():
         if keras.backend.backend() in ("torch", "tensorflow"):  # (JAX keeps it elsewhere)
             assert keras_mask(out) is not None, "no `_keras_mask` on a masked tensor"
 
-    def strategy():
-        if keras.backend.backend() != "tensorflow":
-            return
-        import tensorflow as tf
-
-        assert distribute_strategy(model()) is None
-        s = tf.distribute.OneDeviceStrategy("/cpu:0")
-        with s.scope():
-            assert distribute_strategy(model()) is s, "model._distribute_strategy renamed"
-
     def adam():
         w = keras.Variable(np.ones(2, "float32"), name="w")
         b = keras.Variable(np.ones(1, "float32"), name="bias")
@@ -386,7 +365,7 @@ def _checks():
     return dict(flatten_layers=flatten, variable_value=value, trainer=trainer,
                 initial_epoch=initial, ema_averages=ema,
                 tensorflow=tensorflow, augment=augment, attention=attention,
-                dense_kernel=dense, keras_mask=mask, distribute_strategy=strategy,
+                dense_kernel=dense, keras_mask=mask,
                 adam_slots=adam, overridden=overridden)
 
 

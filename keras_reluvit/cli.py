@@ -51,7 +51,7 @@ def _train_noted(args):
 
     engine = Engine()
     engine.check(mesh=args.mesh, sequence_axis=args.sequence_axis, sharding=args.sharding,
-                 coordinator=args.coordinator)
+                 coordinator=args.coordinator, accum_steps=args.accum_steps)
     in_cluster = engine.join(args.coordinator, args.num_processes, args.process_id,
                              distributed=args.distributed, timeout=args.init_timeout)
     # The flags as one typed RunSettings, resolved with the recipe (once) into the

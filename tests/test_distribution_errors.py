@@ -196,7 +196,7 @@ def test_the_engine_holds_the_backend_branches(monkeypatch):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     with engine.scope():
         model.compile("sgd", "mse")
-    assert engine.data_parallel(model) is model
+    assert engine.wrap(model) is model
     assert engine.layout() is None  # no mesh asked for, no cluster
     if BACKEND == "jax":
         engine.check(mesh="batch=1", sharding="fsdp")
@@ -205,6 +205,14 @@ def test_the_engine_holds_the_backend_branches(monkeypatch):
             engine.check(mesh="batch=1")
         with pytest.raises(ValueError, match="--sharding fsdp is not available"):
             engine.check(sharding="fsdp")
+    if BACKEND == "tensorflow":  # Keras' accumulation cannot run under tf.distribute
+        engine.check(accum_steps=4)  # one process: fine
+        monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:2"]}, '
+                                        '"task": {"type": "worker", "index": 0}}')
+        with pytest.raises(ValueError, match="--accum-steps 4 in a TensorFlow cluster"):
+            engine.check(accum_steps=4)
+        engine.check(accum_steps=1)
+        monkeypatch.delenv("TF_CONFIG")
     monkeypatch.setenv("WORLD_SIZE", "2")
     if BACKEND != "torch":
         with pytest.raises(ValueError, match="KERAS_BACKEND=torch"):

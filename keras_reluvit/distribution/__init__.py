@@ -43,7 +43,7 @@ those backends.
 Modules: `engine` (`Engine`: the backend branches of a training run in one
 object), `layouts` (the JAX mesh layouts of every strategy), `cluster`
 (joining a multi-process cluster on each backend, process index / count,
-barriers, the chief's writes, data shards), `data_parallel`
+barriers, the chief's writes, data shards), `parallel_model`
 (`DataParallelModel`: a model's `fit` on DDP or a TensorFlow strategy, by
 Keras' public hooks), `torch_ddp` (`ddp`) and `tf_multi_worker` (the data
 for TensorFlow's MultiWorkerMirroredStrategy).
@@ -58,7 +58,6 @@ from keras_reluvit.distribution.cluster import process_index
 from keras_reluvit.distribution.cluster import shard
 from keras_reluvit.distribution.cluster import strategy
 from keras_reluvit.distribution.cluster import tf_strategy
-from keras_reluvit.distribution.data_parallel import DataParallelModel
 from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.distribution.layouts import RULES
 from keras_reluvit.distribution.layouts import STRATEGIES
@@ -69,6 +68,7 @@ from keras_reluvit.distribution.layouts import describe
 from keras_reluvit.distribution.layouts import layout_map
 from keras_reluvit.distribution.layouts import mesh_from_spec
 from keras_reluvit.distribution.layouts import model_parallel
+from keras_reluvit.distribution.parallel_model import DataParallelModel
 from keras_reluvit.distribution.tf_multi_worker import multi_worker
 from keras_reluvit.distribution.torch_ddp import ddp
 

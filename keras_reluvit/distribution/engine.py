@@ -9,7 +9,7 @@ run asks what differs between JAX, TensorFlow and PyTorch.
 
 `Engine()` answers for the current backend: `check` (what the command line
 asked that the engine cannot do), `join` (the cluster), `layout` (JAX's
-mesh), `scope` (where variables are created), `data_parallel` (the model
+mesh), `scope` (where variables are created), `wrap` (the model
 `fit` trains: a `DataParallelModel` in a torch or TensorFlow cluster) and
 `distribute` (the data as `fit` takes them).
 """
@@ -44,7 +44,8 @@ class Engine:
             return int(os.environ.get("WORLD_SIZE", "1")) > 1
         return self.backend == "tensorflow" and bool(os.environ.get("TF_CONFIG"))
 
-    def check(self, mesh=None, sequence_axis=None, sharding=None, coordinator=None):
+    def check(self, mesh=None, sequence_axis=None, sharding=None, coordinator=None,
+              accum_steps=None):
         """A ValueError naming what this engine cannot do of what was asked."""
         world = os.environ.get("WORLD_SIZE", "1")
         if self.backend != "torch" and world.isdigit() and int(world) > 1:
@@ -77,6 +78,11 @@ class Engine:
         if self.backend == "tensorflow" and coordinator:
             raise ValueError("On TensorFlow the cluster comes from TF_CONFIG (every worker's "
                              "HOST:PORT and this worker's index), not --coordinator.")
+        if self.backend == "tensorflow" and self.launched() and (accum_steps or 1) > 1:
+            raise ValueError(f"--accum-steps {accum_steps} in a TensorFlow cluster: Keras "
+                             "3.15's gradient accumulation all-reduces inside a conditional, "
+                             "which tf.distribute cannot run. Leave it out (a larger global "
+                             "batch over the workers), or accumulate on JAX or PyTorch.")
 
     def join(self, coordinator=None, num_processes=None, process_id=None, distributed=False,
              timeout=120):
@@ -112,21 +118,21 @@ class Engine:
         strategy = cluster.tf_strategy() if self.backend == "tensorflow" else None
         return strategy.scope() if strategy is not None else contextlib.nullcontext()
 
-    def data_parallel(self, model):
+    def wrap(self, model):
         """The model `fit` trains, for a built, compiled `model`: in a torch
         or TensorFlow cluster a `DataParallelModel` around it (DDP's
         all-reduce; the strategy's, with the clip after it), made in the
         strategy's scope; else `model` itself (JAX's mesh all-reduces
         already)."""
         if self.backend in ("torch", "tensorflow") and cluster.process_count() > 1:
-            from keras_reluvit.distribution.data_parallel import DataParallelModel
+            from keras_reluvit.distribution.parallel_model import DataParallelModel
 
             with self.scope():
                 return DataParallelModel(model)
         return model
 
     def distribute(self, model, train, val=None):
-        """The data as `fit` takes them (`model`: what `data_parallel`
+        """The data as `fit` takes them (`model`: what `wrap`
         returned): on a TensorFlow cluster each worker's own shard handed to
         the strategy as is; elsewhere unchanged."""
         if self.backend == "tensorflow" and cluster.tf_strategy() is not None:

@@ -4,7 +4,7 @@
 
 from keras_reluvit import _keras_compat as compat
 from keras_reluvit.distribution.cluster import tf_strategy
-from keras_reluvit.distribution.data_parallel import DataParallelModel
+from keras_reluvit.distribution.parallel_model import DataParallelModel
 
 
 def multi_worker(parallel, train, val=None):
@@ -53,7 +53,7 @@ def multi_worker(parallel, train, val=None):
         raise TypeError(f"multi_worker takes a kr.distribution.DataParallelModel (wrap the "
                         f"compiled model inside the strategy's scope), not "
                         f"{type(parallel).__name__}.")
-    if compat.distribute_strategy(parallel) is not s:
+    if not s.extended.variable_created_in_scope(parallel.variables[0]):
         raise ValueError("Create (and compile) the model inside "
                          "`kr.distribution.strategy().scope()`: its variables must be the "
                          "strategy's.")

@@ -4,7 +4,7 @@ inside `model.fit`."""
 import keras
 
 from keras_reluvit.distribution.cluster import shard
-from keras_reluvit.distribution.data_parallel import DataParallelModel
+from keras_reluvit.distribution.parallel_model import DataParallelModel
 
 
 def ddp(model, dataset=None, **ddp_options):

@@ -6,7 +6,7 @@ import os
 import keras
 
 from keras_reluvit.data.pipeline import skip_passes
-from keras_reluvit.distribution.data_parallel import unwrapped
+from keras_reluvit.distribution.parallel_model import unwrapped
 from keras_reluvit.training.settings import KEEP_CHECKPOINTS
 
 

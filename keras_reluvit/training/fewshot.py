@@ -24,7 +24,7 @@ probe.results[-1]    # {"step": ..., "fewshot_5shot": 0.83, ...}
 import keras
 import numpy as np
 
-from keras_reluvit.distribution.data_parallel import unwrapped
+from keras_reluvit.distribution.parallel_model import unwrapped
 
 BIAS_CONSTANT = 100.0
 L2_REG = 2.0 ** 10  # big_vision's configs

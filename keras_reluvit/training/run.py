@@ -344,7 +344,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     kr_backup.stop_if_noted("once the data and the model were ready", (index, count))
     # what fit trains: in a torch / TensorFlow cluster a DataParallelModel (DDP; the
     # strategy with the clip after the all-reduce), files and variables `model`'s
-    trained_as = engine.data_parallel(model)
+    trained_as = engine.wrap(model)
     # TensorFlow clusters: each worker's own shard (no re-batching, no auto-sharding)
     _, val_data = engine.distribute(trained_as, d.train, d.val)
     every = config.checkpoint_every

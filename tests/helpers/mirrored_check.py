@@ -2,7 +2,9 @@
 (a `kr.distribution.DataParallelModel` around the compiled ViT) gives the
 same 3 training losses as one device -- also with an active
 `global_clipnorm`, `clipnorm` or `clipvalue`, which it applies to the
-all-reduced gradient; the same model trained by Keras' own `fit` clips each
+all-reduced gradient (also under a `LossScaleOptimizer`; gradient
+accumulation, which Keras 3.15 cannot run under a strategy, is refused
+naming it); the same model trained by Keras' own `fit` clips each
 replica's gradient (a different update: "per_replica"). Prints one JSON
 line."""
 
@@ -27,14 +29,17 @@ X = rng.uniform(-1, 1, (24, 32, 32, 3)).astype("float32")
 Y = np.eye(4, dtype="float32")[rng.integers(0, 4, 24)]
 
 
-def run(strategy=None, clip=None, keras_train=False, kind="global_clipnorm"):
+def run(strategy=None, clip=None, keras_train=False, kind="global_clipnorm", loss_scale=False):
     scope = strategy.scope() if strategy else tf.device("/cpu:0")
     with scope:
         model = kr.ViT(**CONFIG)
         r = np.random.default_rng(1)
         model.set_weights([(r.normal(0, 0.2, v.shape) + ("gamma" in v.path)).astype("float32")
                            for v in model.weights])
-        model.compile(optimizer=keras.optimizers.SGD(0.1, **{kind: clip}),
+        optimizer = keras.optimizers.SGD(0.1, **{kind: clip})
+        if loss_scale:  # mixed precision's optimizer (float32 here: the same numbers)
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer,
                       loss=keras.losses.CategoricalCrossentropy(from_logits=True))
         trained = model  # Keras' own fit
         if strategy and not keras_train:
@@ -42,6 +47,19 @@ def run(strategy=None, clip=None, keras_train=False, kind="global_clipnorm"):
     ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
     hist = trained.fit(ds, epochs=1, verbose=0, steps_per_epoch=3)
     return [float(trained.evaluate(X[:8], Y[:8], verbose=0))], hist.history["loss"]
+
+
+def accumulation_error(strategy):
+    with strategy.scope():
+        model = kr.ViT(**CONFIG)
+        model.build((None, 32, 32, 3))
+        model.compile(optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
+                      loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+        try:
+            kr.distribution.DataParallelModel(model)
+        except ValueError as e:
+            return str(e)
+    return None
 
 
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -53,4 +71,7 @@ print(json.dumps(dict(
     single_clipnorm=run(clip=CLIP, kind="clipnorm"),
     mirrored_clipvalue=run(strategy, 1e-3, kind="clipvalue"),
     single_clipvalue=run(clip=1e-3, kind="clipvalue"),
+    accumulated_error=accumulation_error(strategy),
+    mirrored_loss_scaled=run(strategy, CLIP, loss_scale=True),
+    single_loss_scaled=run(clip=CLIP, loss_scale=True),
     per_replica=run(strategy, CLIP, keras_train=True))))

@@ -55,7 +55,7 @@ class KillTogether(Kill):
             os.kill(os.getppid() if stop[3] == "launcher" else os.getpid(), signal.SIGTERM)
 if os.environ.get("NO_ALL_REDUCE") and keras.backend.backend() == "torch":
     # a broken cluster: DDP's gradient sync switched off
-    from keras_reluvit.distribution.data_parallel import DataParallelModel
+    from keras_reluvit.distribution.parallel_model import DataParallelModel
     step = DataParallelModel.train_step
     def no_sync_step(self, data):
         with self._ddp.value.no_sync():
@@ -250,6 +250,13 @@ def reference(tmp_path_factory, script, data_dir):
     return run
 
 
+@pytest.mark.full_only(
+    "The SIGKILLed torch and TF clusters, trained with AdamW (~60 s each, and a one-process "
+    "AdamW run each): the same clusters stopped by SIGTERM, trained with SGD (where a "
+    "gradient summed over the processes shows), resume mid-epoch in "
+    "test_a_cluster_sent_sigterm_stops_at_one_step_and_resumes_there, a SIGKILLed JAX (FSDP) "
+    "cluster in test_multihost, a SIGKILLed run with step backups in test_resume.",
+    ids=('torch', 'tensorflow'))
 @pytest.mark.parametrize("backend", ["torch", "tensorflow"])
 def test_killed_cluster_trains_like_one_process_and_resumes(backend, tmp_path, script,
                                                             data_dir, reference):
@@ -384,7 +391,7 @@ def test_a_cluster_sent_sigterm_stops_at_one_step_and_resumes_there(backend, tmp
 # The saved models' logits on validation images, cluster vs one process, as a
 # share of the logit scale. Measured on 2026-12-02: torch 0.8 %; TensorFlow
 # 3.0 % (97 % of the argmaxes agree; 16 % while Keras clipped each worker's
-# gradient before the all-reduce, see distribution.data_parallel.DataParallelModel._clip_all_reduced).
+# gradient before the all-reduce, see distribution.parallel_model.DataParallelModel._clip_all_reduced).
 # An untrained head is off by 100 %.
 LOGIT_DRIFT = {"torch": 0.02, "tensorflow": 0.08}
 
@@ -409,6 +416,11 @@ def check_saved_model(out, ref, data_dir, backend):
 
 @pytest.mark.parametrize("backend,broken", [("torch", "NO_ALL_REDUCE"), ("torch", "SAME_SHARD"),
                                             ("tensorflow", "NO_ALL_REDUCE")])
+@pytest.mark.full_only(
+    "The torch cluster reading one shard twice (~22 s): the training read's shards are "
+    "checked disjoint and covering in test_training (tfds and folders, 2 and 3 processes); "
+    "that the cluster check fails on a broken cluster, by the NO_ALL_REDUCE controls.",
+    ids=('torch-SAME_SHARD',))
 def test_broken_clusters_are_caught(tmp_path, script, data_dir, reference, backend, broken):
     """The first-epoch check above can fail: with the gradients' all-reduce
     switched off (DDP's sync on torch, the optimizer's all-reduce on

@@ -47,8 +47,9 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
       optimizer's `global_clipnorm` / `clipnorm` / `clipvalue` clip the
       all-reduced gradient, as one device would (Keras 3.15's optimizer clips
       each replica's own gradient before the sum, a different update
-      whenever the clip is active: tensorflow/tensorflow#33929). The clip
-      costs a second all-reduce of the gradients, only while a clip is set.
+      whenever the clip is active: tensorflow/tensorflow#33929), after its
+      loss scaling and gradient accumulation. The clip costs a second
+      all-reduce of the gradients, only while a clip is set.
       The per-step logs of a multi-worker strategy are averaged over the
       workers (Keras 3.15 fails on them: tensorflow/tensorflow#72388,
       keras-team/keras#20585).
@@ -128,6 +129,9 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
     def train_step(self, data):
         if self._ddp is not None:  # DDP's reducer all-reduces inside Keras' own step
             return super().train_step(data)
+        clipping = self._clipping()
+        if clipping is None:
+            return self._per_worker(super().train_step(data))
         import tensorflow as tf
 
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -138,50 +142,54 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
             self._track_loss(loss, x)
             loss = self.optimizer.scale_loss(loss)
         weights = self.trainable_weights
-        gradients = self._clip_all_reduced(tape.gradient(loss, weights))
-        self.optimizer.apply(gradients, weights)
+        gradients = tape.gradient(loss, weights)
+        # Every replica gets the all-reduced gradient G / replicas, and the optimizer
+        # clips it at clip / replicas (the same clip of G: the three clips scale), after
+        # its loss scaling and gradient accumulation, as one device clips; its own
+        # all-reduce then sums the replicas' shares back to G. The thresholds are set
+        # while the step is traced (the graph keeps them), then put back.
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync
+        kept = [i for i, g in enumerate(gradients) if g is not None]
+        summed = context.all_reduce("sum", [gradients[i] for i in kept])
+        for i, g in zip(kept, summed):
+            gradients[i] = g / replicas
+        optimizer, clip = clipping
+        for name, value in clip.items():
+            setattr(optimizer, name, value / replicas)
+        try:
+            self.optimizer.apply(gradients, weights)
+        finally:
+            for name, value in clip.items():
+                setattr(optimizer, name, value)
         return self._per_worker(self.compute_metrics(x, y, y_pred, sample_weight=sample_weight))
 
     def test_step(self, data):
         if self._ddp is not None:
             return super().test_step(data)
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred = self(x, training=False)
-        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                 training=False)
-        self._track_loss(loss, x)
-        return self._per_worker(self.compute_metrics(x, y, y_pred, sample_weight=sample_weight))
+        return self._per_worker(super().test_step(data))
+
+    def _clipping(self):
+        """(the optimizer that clips, {its clip settings}) when a clip is set
+        and the strategy has several replicas; else None (Keras' own step)."""
+        import tensorflow as tf
+
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)  # loss scaling
+        clip = {name: getattr(optimizer, name, None) for name in CLIPPING}
+        clip = {name: value for name, value in clip.items() if value}
+        if not clip or tf.distribute.get_strategy().num_replicas_in_sync <= 1:
+            return None
+        return optimizer, clip
 
     def _track_loss(self, loss, x):
-        """The logged loss: the first of `self.metrics` (Keras' loss
-        tracker), with the replica's 1/replicas share of the loss undone."""
+        """The logged loss (Keras' loss tracker, the metric named "loss"),
+        with the replica's 1/replicas share of the loss undone."""
         import tensorflow as tf
 
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         batch = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
-        self.metrics[0].update_state(loss * keras.ops.cast(replicas, loss.dtype),
-                                     sample_weight=batch)
-
-    def _clip_all_reduced(self, gradients):
-        """With a clip set and several replicas: the all-reduced gradient,
-        clipped as the optimizer clips, divided by the replicas (the
-        optimizer's own all-reduce then sums it back, and its own clip finds
-        nothing left to clip)."""
-        import tensorflow as tf
-
-        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        clip = {name: getattr(optimizer, name, None) for name in CLIPPING}
-        context = tf.distribute.get_replica_context()
-        if not any(v is not None for v in clip.values()) or context is None or \
-                context.num_replicas_in_sync <= 1:
-            return gradients
-        kept = [i for i, g in enumerate(gradients) if g is not None]
-        summed = context.all_reduce("sum", [gradients[i] for i in kept])
-        clipped = clip_gradients(summed, **clip)
-        out = list(gradients)
-        for i, g in zip(kept, clipped):
-            out[i] = g / context.num_replicas_in_sync
-        return out
+        tracker = next(m for m in self.metrics if m.name == "loss")
+        tracker.update_state(loss * keras.ops.cast(replicas, loss.dtype), sample_weight=batch)
 
     def _per_worker(self, logs):
         """Scalar logs as shape (1,) under a multi-worker strategy, which
@@ -235,12 +243,20 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
     def _check_strategy(model):
         import tensorflow as tf
 
-        strategy = compat.distribute_strategy(model)
-        if strategy is None or not tf.distribute.has_strategy() or \
-                tf.distribute.get_strategy() is not strategy:
+        strategy = tf.distribute.get_strategy()
+        if not tf.distribute.has_strategy() or \
+                not strategy.extended.variable_created_in_scope(model.variables[0]):
             raise ValueError("Create, compile and wrap the model inside the strategy's scope "
                              "(`with kr.distribution.strategy().scope():`, or a "
                              "MirroredStrategy's): its variables must be the strategy's.")
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        if optimizer.gradient_accumulation_steps and strategy.num_replicas_in_sync > 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={optimizer.gradient_accumulation_steps} under a "
+                f"TensorFlow strategy of {strategy.num_replicas_in_sync} replicas: Keras 3.15's "
+                "accumulation all-reduces inside a conditional, which tf.distribute cannot run "
+                "(merge_call in a cond). Use a larger global batch over the replicas instead, or "
+                "accumulate on JAX or PyTorch.")
 
     @staticmethod
     def _jit(model):
@@ -266,26 +282,3 @@ def _ddp_module(model, options):
     device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
 
-
-def clip_gradients(gradients, clipnorm=None, global_clipnorm=None, clipvalue=None):
-    """Keras' optimizer clipping written out with `keras.ops`: the first of
-    `clipnorm` (per tensor), `global_clipnorm` (over all), `clipvalue` (per
-    element) that is set, by Keras 3.15's formulas."""
-    ops = keras.ops
-    if clipnorm and clipnorm > 0:
-        def by_norm(g):
-            l2sum = ops.sum(ops.square(g), keepdims=True)
-            positive = l2sum > 0
-            l2norm = ops.where(positive, ops.sqrt(ops.where(positive, l2sum, ops.ones_like(l2sum))),
-                               l2sum)
-            return ops.multiply(g, clipnorm) / ops.maximum(l2norm, clipnorm)
-
-        return [by_norm(g) for g in gradients]
-    if global_clipnorm and global_clipnorm > 0:
-        norm = ops.sqrt(ops.sum(ops.stack([ops.sum(ops.square(g)) for g in gradients])))
-        scale = global_clipnorm * ops.minimum(1.0 / norm, 1.0 / global_clipnorm)
-        scale = scale + (norm - norm)  # NaN for a non-finite norm, as Keras
-        return [g * scale for g in gradients]
-    if clipvalue and clipvalue > 0:
-        return [ops.clip(g, -clipvalue, clipvalue) for g in gradients]
-    return gradients
