@@ -24,155 +24,63 @@ import pytest
 BACKEND_INDEPENDENT_SUITE = "tensorflow"
 
 # CI runs a representative subset of the slowest tests: each kernel, layout,
-# mask kind, dtype and head dim stays covered, as do the examples' code paths
-# (the research scripts' runs, the MHA suite on PyTorch, the ImageNet example's
-# pieces in test_training / test_distribution). KRV_FULL_TESTS=1 runs these
+# mask kind, dtype and head dim stays covered, as do the examples' code paths.
+# A test CI leaves out carries `@pytest.mark.full_only(reason, backends=...,
+# ids=...)` (the reason: what covers it in CI; `backends`: only on these
+# backends' runs; `ids`: only these parameter sets); KRV_FULL_TESTS=1 runs them
 # too (deselected otherwise, never skipped).
-FULL_ONLY = (
-    "test_accelerator_kernels.py::test_kernel_grid[64-float32-0.0-False-(197, 197)]",
-    "test_accelerator_kernels.py::test_kernel_grid[64-bfloat16-1.0-False-(197, 197)]",
-    "test_accelerator_kernels.py::test_kernel_grid_in_the_tpu_layout[64-bfloat16-1.0-False-(197, 197)]",
-    "test_accelerator_kernels.py::test_pallas_deterministic_backward_equals_the_fused_one_and_repeats_bitwise[key]",
-    "test_accelerator_kernels.py::test_pallas_deterministic_backward_equals_the_fused_one_and_repeats_bitwise[None]",
-    "test_accelerator_kernels.py::test_cuda_block_caps_compute_the_same[128-bfloat16-tokens1-False-256]",
-    "test_accelerator_kernels.py::test_triton_deterministic_backward_equals_the_fused_one_and_repeats_bitwise[key]",
-    "test_keras_mha_suite.py::test_keras_multi_head_attention_suite_passes_with_pointwise_attention[tensorflow]",
-    "test_keras_mha_suite.py::test_keras_multi_head_attention_suite_passes_with_pointwise_attention[jax]",
-    "test_examples.py::test_train_imagenet_example_with_a_mesh",
-    "test_examples.py::test_train_imagenet_example_runs_a_deit_recipe",
-    "test_examples.py::test_length_study_and_attention_scale_on_a_tiny_grid",
-    "test_examples.py::test_alpha_sweep_writes_csv_and_plot_and_resumes",
-    # The relu_from_softmax research script (~40 s), as the other research scripts above:
-    # its recipe runs through the CLI in test_cli_train_from_a_checkpoint_with_relu_from_softmax.
-    "test_examples.py::test_relu_from_softmax_example_writes_every_arm_and_resumes",
-    # Multi-process FSDP (~2.5 min): FSDP's numerics run in one process on 8
-    # devices (test_distribution.py), a 2-process FSDP cluster is killed and resumes
-    # on one process in test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices.
-    "test_multihost.py::test_fsdp_cluster_trains_like_one_process",
-    # The sequence-parallel cluster of 2 processes (~100 s uninterrupted, ~2 min killed and
-    # resumed): in CI sequence-parallel attention equals dense on 8 devices in one process
-    # (every kernel case, forward and gradient, three ViT pools trained:
-    # test_jax_sequence_parallel_attention_equals_dense_on_eight_devices, ~50 s), and a
-    # killed 2-process JAX cluster resumes in
-    # test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices (the CLI's
-    # --sequence-axis across processes: full runs only).
-    "test_multihost.py::test_sequence_parallel_cluster_trains_like_one_process[uninterrupted]",
-    "test_multihost.py::test_sequence_parallel_cluster_trains_like_one_process[killed]",
-    # The SIGKILLed torch and TF clusters, trained with AdamW (~60 s each, and a
-    # one-process AdamW run each): the same clusters stopped by SIGTERM, trained
-    # with SGD (where a gradient summed over the processes shows), resume mid-epoch
-    # in test_a_cluster_sent_sigterm_stops_at_one_step_and_resumes_there, a
-    # SIGKILLed JAX (FSDP) cluster in test_multihost, a SIGKILLed run with step backups
-    # in test_resume.
-    "test_engines.py::test_killed_cluster_trains_like_one_process_and_resumes[torch]",
-    "test_engines.py::test_killed_cluster_trains_like_one_process_and_resumes[tensorflow]",
-    # The rectangular HF round trip on TensorFlow and PyTorch (~8 + 5 s): it runs on JAX;
-    # the square one on all three (the conversion is NumPy, the logits per backend).
-    "test_hf_checkpoints.py::test_round_trip_ours_to_hf_to_ours_is_exact_and_transformers_"
-    "agrees[size1]@tensorflow",
-    "test_hf_checkpoints.py::test_round_trip_ours_to_hf_to_ours_is_exact_and_transformers_"
-    "agrees[size1]@torch",
-    # The torch cluster reading one shard twice (~22 s): the training read's shards are
-    # checked disjoint and covering in test_training (tfds and folders, 2 and 3 processes);
-    # that the cluster check fails on a broken cluster, by the NO_ALL_REDUCE controls.
-    "test_engines.py::test_broken_clusters_are_caught[torch-SAME_SHARD]",
-    # A SIGTERM mid-epoch and the exact rerun on TensorFlow (~45-65 s): on JAX and PyTorch
-    # in this test; TensorFlow's step backup stops mid-epoch and resumes exactly in the
-    # SIGTERM cluster test of test_engines; test_signals stops it before the first step
-    # and while the artefacts are written; a single process restores the metrics'
-    # running means mid-epoch (compat.build_metrics) in
-    # test_a_write_killed_midway_leaves_the_previous_backup (a tiny model).
-    "test_backup.py::test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run"
-    "@tensorflow",
-    # The accelerator benchmark's smoke run (~60 s): its kernels are checked
-    # against the generic path in test_accelerator_kernels / test_accelerator_build.
-    "test_accelerator_build.py::test_accelerator_benchmark_runs_end_to_end_in_smoke_mode",
-    # CLIP and DINOv2 through transformers' pipeline on every backend (~12 s each):
-    # their checkpoints equal transformers in test_hf_checkpoints; ViT and DeiT
-    # keep this test's preprocessing path.
-    "test_preprocessing.py::test_transformers_checkpoints_predict_like_transformers[clip]",
-    "test_preprocessing.py::test_transformers_checkpoints_predict_like_transformers[dinov2]",
-    # Gradient accumulation on TensorFlow (~25 s): the same K=4 check runs on JAX and
-    # PyTorch, and Keras' accumulation is one code path (base_optimizer) on every backend.
-    "test_backup.py::test_accumulation_of_4_micro_batches_equals_one_step_of_the_whole_batch"
-    "@tensorflow",
-    # DeiT III's tiny epoch on JAX and TensorFlow (~19 s each): PyTorch's runs in CI;
-    # RecipeLamb and the bce loss are checked on every backend apart, 3-Augment once (tf.data),
-    # and DeiT's own tiny epoch runs on all three.
-    "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@jax",
-    "test_deit3.py::test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on@tensorflow",
-    # DeiT's tiny epoch on JAX (~20-30 s): it runs on PyTorch; its parts (RecipeAdamW and
-    # the EMA, timm_mix, erasing, timm's RandAugment in tf.data) are checked apart on every
-    # backend or once.
-    "test_deit.py::test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on@jax",
-    # The fine-tune CLI end to end on JAX (~24 s): PyTorch's runs; the literal reader runs
-    # the README's fine-tune commands on JAX with their outcomes checked (the checkpoint's
-    # attention, the classes, eval = the run's score, the served classes).
-    "test_finetune.py::test_fine_tune_a_folder_through_the_cli@jax",
-    # A SIGTERM in the last validation on TensorFlow (~20 s): the stop is StepBackup's
-    # backend-free callback code (`_stop_agreed` at the epoch's end), run on JAX and PyTorch;
-    # on TensorFlow the SIGTERM cluster of test_engines stops mid-epoch and resumes, and
-    # test_backup's tiny model resumes a finished run.
-    "test_signals.py::test_sigterm_in_the_last_validation_stops_at_the_epoch_end_and_the_rerun_"
-    "finishes@tensorflow",
-    # End-to-end runs on one backend (PyTorch's, the cheapest) where the parts they
-    # combine are checked on every backend (issue 59's rule; ~225 s of ci12's 29.5-min
-    # backend lane):
-    # - the fine-tune CLI on TensorFlow (~50 s): PyTorch's runs, the literal reader runs
-    #   the README's fine-tune, eval and predict commands on JAX;
-    "test_finetune.py::test_fine_tune_a_folder_through_the_cli@tensorflow",
-    # - DeiT's tiny epoch on TensorFlow (~33 s): PyTorch's runs; the XLA recipe step on
-    #   TensorFlow in test_recipes_compile_uses_xla_on_tensorflow_and_trains_the_same
-    #   (digits, no EMA), the EMA on every backend in test_ema (plain compile): the EMA
-    #   inside TensorFlow's XLA step and `train`'s ema_val metrics run on PyTorch only;
-    "test_deit.py::test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on"
-    "@tensorflow",
-    # - the fine-tune API, the fine-tune controls, the few-shot and attention-statistics
-    #   callbacks, a Keras image folder through for_model (~10-16 s each on JAX and
-    #   TensorFlow): fit, evaluate, the heads, intermediates and for_model's tf.data
-    #   are checked per backend in test_vit / test_finetune / test_training (the
-    #   callbacks inside fit, and layer decay inside fit on TensorFlow: PyTorch only);
-    "test_finetune.py::test_fine_tune_a_folder_through_the_api@jax",
-    "test_finetune.py::test_fine_tune_a_folder_through_the_api@tensorflow",
-    "test_finetune.py::test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_"
-    "chance@jax",
-    "test_finetune.py::test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_"
-    "chance@tensorflow",
-    "test_fewshot.py::test_the_callback_logs_the_probe_of_the_trained_models_pre_logits@jax",
-    "test_fewshot.py::test_the_callback_logs_the_probe_of_the_trained_models_pre_logits"
-    "@tensorflow",
-    "test_training.py::test_attention_stats_callback_logs_per_layer_statistics@jax",
-    "test_training.py::test_attention_stats_callback_logs_per_layer_statistics@tensorflow",
-    "test_finetune.py::test_image_dataset_from_directory_trains_through_for_model@jax",
-    # - the layer-decay recipe through a SavedModel on TensorFlow (~15 s): JAX's and
-    #   PyTorch's run;
-    "test_finetune.py::test_layer_decay_through_the_recipe_and_a_saved_model@tensorflow",
-    # - saved_model_cli on the JAX and TensorFlow exports (~9 s each): plain TensorFlow
-    #   loads all four signatures of every backend's export in test_export's `exported`
-    #   fixture (the dynamic (-1, -1, -1, 3) shape is read on PyTorch's only);
-    "test_export.py::test_saved_model_cli_lists_the_signatures@jax",
-    "test_export.py::test_saved_model_cli_lists_the_signatures@tensorflow",
-    # - a SIGTERM mid-epoch and the exact rerun in-process on JAX (~25 s): the CLI's JAX
-    #   run is killed and preempted mid-epoch and resumes exactly in test_resume (the
-    #   digits recipe: the EMA's and drop path's state resumed exactly on PyTorch only).
-    "test_backup.py::test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run"
-    "@jax",
-)
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "backend_independent: TensorFlow-only code (tf.data, tfds); runs once "
         "(KRV_BACKEND_INDEPENDENT, tests/conftest.py)")
+    config.addinivalue_line(
+        "markers", "full_only(reason, backends=None, ids=None): a slow test CI leaves out "
+        "(on `backends`' runs, for the parameter sets `ids`; KRV_FULL_TESTS=1 runs it)")
 
 
 def _full_only(item):
-    """In FULL_ONLY: a test id's end, or `end@backend` for that backend's run only."""
-    for entry in FULL_ONLY:
-        name, _, backend = entry.partition("@")
-        if item.nodeid.endswith(name) and backend in ("", keras.backend.backend()):
-            return True
-    return False
+    """Whether `item` carries a `full_only` mark that applies to it: on this
+    backend (`backends`, default all) and for its parameters (`ids`, default
+    all). A mark without a reason, or naming an id the test does not have,
+    is an error (a subset that silently matched nothing)."""
+    mark = item.get_closest_marker("full_only")
+    if mark is None:
+        return False
+    if not (mark.args and isinstance(mark.args[0], str) and mark.args[0].strip()):
+        raise pytest.UsageError(f"{item.nodeid}: full_only needs its reason (what covers the "
+                                "test in CI) as its first argument.")
+    unknown = set(mark.kwargs) - {"backends", "ids"}
+    if unknown:
+        raise pytest.UsageError(f"{item.nodeid}: full_only takes backends= and ids=, not "
+                                f"{sorted(unknown)}.")
+    backends = mark.kwargs.get("backends")
+    if backends is not None and keras.backend.backend() not in backends:
+        return False
+    ids = mark.kwargs.get("ids")
+    return ids is None or getattr(getattr(item, "callspec", None), "id", None) in ids
+
+
+def _check_full_only_ids(config, items):
+    """Every id a `full_only` mark names is one of its test's parameter sets
+    (checked when whole folders are collected, as CI does: a selection
+    collects some of a test's ids)."""
+    if config.option.keyword or config.option.markexpr or not all(
+            os.path.isdir(str(a).split("::")[0]) for a in config.args):
+        return
+    seen, named = {}, {}
+    for item in items:
+        mark = item.get_closest_marker("full_only")
+        if mark is None or mark.kwargs.get("ids") is None:
+            continue
+        key = item.nodeid.split("[")[0]
+        named[key] = set(mark.kwargs["ids"])
+        seen.setdefault(key, set()).add(getattr(getattr(item, "callspec", None), "id", None))
+    for key, ids in named.items():
+        if ids - seen[key]:
+            raise pytest.UsageError(f"{key}: full_only names ids it does not have: "
+                                    f"{sorted(ids - seen[key])} (its ids: {sorted(seen[key])}).")
 
 
 def _deselect(item):
@@ -188,6 +96,7 @@ def _deselect(item):
 
 
 def pytest_collection_modifyitems(config, items):
+    _check_full_only_ids(config, items)
     deselected = [i for i in items if _deselect(i)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)

@@ -44,6 +44,16 @@ class SignalAt(keras.callbacks.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+@pytest.mark.full_only(
+    "A SIGTERM mid-epoch and the exact rerun on TensorFlow (~45-65 s): on JAX and PyTorch in "
+    "this test; TensorFlow's step backup stops mid-epoch and resumes exactly in the SIGTERM "
+    "cluster test of test_engines; test_signals stops it before the first step and while the "
+    "artefacts are written; a single process restores the metrics' running means mid-epoch "
+    "(compat.build_metrics) in test_a_write_killed_midway_leaves_the_previous_backup (a tiny "
+    "model). - a SIGTERM mid-epoch and the exact rerun in-process on JAX (~25 s): the CLI's "
+    "JAX run is killed and preempted mid-epoch and resumes exactly in test_resume (the digits "
+    "recipe: the EMA's and drop path's state resumed exactly on PyTorch only).",
+    backends=('jax', 'tensorflow'))
 def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp_path,
                                                                               digits_dir,
                                                                               capsys):
@@ -316,6 +326,10 @@ def test_a_second_ctrl_c_interrupts_at_once(tmp_path):
 
 
 # ---- gradient accumulation ---------------------------------------------------------------
+@pytest.mark.full_only(
+    "Gradient accumulation on TensorFlow (~25 s): the same K=4 check runs on JAX and PyTorch, "
+    "and Keras' accumulation is one code path (base_optimizer) on every backend.",
+    backends=('tensorflow',))
 def test_accumulation_of_4_micro_batches_equals_one_step_of_the_whole_batch(tmp_path,
                                                                            digits_dir):
     """1 epoch (11 updates of 128 images, MixUp, global-norm clipping at 1.0,

@@ -34,6 +34,15 @@ class WeightsRecorder(keras.callbacks.Callback):
         self.steps.append(self._weights())
 
 
+@pytest.mark.full_only(
+    "DeiT's tiny epoch on JAX (~20-30 s): it runs on PyTorch; its parts (RecipeAdamW and the "
+    "EMA, timm_mix, erasing, timm's RandAugment in tf.data) are checked apart on every "
+    "backend or once. - DeiT's tiny epoch on TensorFlow (~33 s): PyTorch's runs; the XLA "
+    "recipe step on TensorFlow in "
+    "test_recipes_compile_uses_xla_on_tensorflow_and_trains_the_same (digits, no EMA), the "
+    "EMA on every backend in test_ema (plain compile): the EMA inside TensorFlow's XLA step "
+    "and `train`'s ema_val metrics run on PyTorch only;",
+    backends=('jax', 'tensorflow'))
 def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, digits_dir):
     r = recipes.get("deit_s16_300ep")
     assert (r["ema"], r["model"]["drop_path"], r["augment"]["erase"]) == (0.99996, 0.1, 0.25)

@@ -82,6 +82,11 @@ def test_bce_binarises_mixed_targets_and_averages_over_classes():
         recipes.probability("bce_xent")
 
 
+@pytest.mark.full_only(
+    "DeiT III's tiny epoch on JAX and TensorFlow (~19 s each): PyTorch's runs in CI; "
+    "RecipeLamb and the bce loss are checked on every backend apart, 3-Augment once "
+    "(tf.data), and DeiT's own tiny epoch runs on all three.",
+    backends=('jax', 'tensorflow'))
 def test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, digits_dir):
     r = recipes.get("deit3_s16_400ep")
     assert (r["optimizer"], r["loss"], r["lr"], r["batch_size"]) == ("lamb", "bce", 4e-3, 2048)

@@ -257,6 +257,10 @@ def test_layer_decay_gives_each_block_its_rate(kind):
         np.testing.assert_allclose(npy(v), want, rtol=1e-4, atol=1e-6, err_msg=v.path)
 
 
+@pytest.mark.full_only(
+    "The layer-decay recipe through a SavedModel on TensorFlow (~15 s): JAX's and PyTorch's "
+    "run.",
+    backends=('tensorflow',))
 def test_layer_decay_through_the_recipe_and_a_saved_model(tmp_path):
     """`adamw_finetune` compiles a `RecipeAdamW` with the 0.75 decay; a
     fit runs and the compiled model saves and reloads (registered class)."""
@@ -364,6 +368,15 @@ def photos(tmp_path_factory):
     return root
 
 
+@pytest.mark.full_only(
+    "The fine-tune CLI end to end on JAX (~24 s): PyTorch's runs; the literal reader runs the "
+    "README's fine-tune commands on JAX with their outcomes checked (the checkpoint's "
+    "attention, the classes, eval = the run's score, the served classes). End-to-end runs on "
+    "one backend (PyTorch's, the cheapest) where the parts they combine are checked on every "
+    "backend (issue 59's rule; ~225 s of ci12's 29.5-min backend lane): - the fine-tune CLI "
+    "on TensorFlow (~50 s): PyTorch's runs, the literal reader runs the README's fine-tune, "
+    "eval and predict commands on JAX;",
+    backends=('jax', 'tensorflow'))
 def test_fine_tune_a_folder_through_the_cli(photos, tmp_path, capsys):
     """`keras-reluvit train --dataset DIR --init CKPT` (10 -> 3 classes,
     big_vision's transfer recipe) reaches ACCURACY on val/; `eval` on the
@@ -395,6 +408,13 @@ def test_fine_tune_a_folder_through_the_cli(photos, tmp_path, capsys):
     assert np.mean(right) >= ACCURACY
 
 
+@pytest.mark.full_only(
+    "the fine-tune API, the fine-tune controls, the few-shot and attention-statistics "
+    "callbacks, a Keras image folder through for_model (~10-16 s each on JAX and TensorFlow): "
+    "fit, evaluate, the heads, intermediates and for_model's tf.data are checked per backend "
+    "in test_vit / test_finetune / test_training (the callbacks inside fit, and layer decay "
+    "inside fit on TensorFlow: PyTorch only);",
+    backends=('jax', 'tensorflow'))
 def test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_chance(photos, tmp_path,
                                                                              capsys):
     """The controls of the fine-tune above: with lr 0 the run keeps the
@@ -431,6 +451,13 @@ def test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_chance(pho
         np.testing.assert_array_equal(kept[path], value, err_msg=path)
 
 
+@pytest.mark.full_only(
+    "the fine-tune API, the fine-tune controls, the few-shot and attention-statistics "
+    "callbacks, a Keras image folder through for_model (~10-16 s each on JAX and TensorFlow): "
+    "fit, evaluate, the heads, intermediates and for_model's tf.data are checked per backend "
+    "in test_vit / test_finetune / test_training (the callbacks inside fit, and layer decay "
+    "inside fit on TensorFlow: PyTorch only);",
+    backends=('jax', 'tensorflow'))
 def test_fine_tune_a_folder_through_the_api(photos):
     """The Python path: `kr.data.load(DIR)` -> `kr.load_checkpoint(...,
     num_classes=3)` (a fresh head) -> `recipes.compile` (big_vision's
@@ -475,8 +502,10 @@ def _test_image_dataset_from_directory_trains_through_for_model(photos):
 
 
 # On TensorFlow Keras' own reader feeds TensorFlow tensors natively; the PyTorch suite
-# checks the conversion of tf.data batches that `for_model` makes (JAX's in full runs:
-# FULL_ONLY in tests/conftest.py; for_model inside tf.data on every backend).
+# checks the conversion of tf.data batches that `for_model` makes (JAX's in full runs;
+# for_model inside tf.data on every backend).
 if backend_name() in ("jax", "torch"):
-    test_image_dataset_from_directory_trains_through_for_model = (
+    test_image_dataset_from_directory_trains_through_for_model = pytest.mark.full_only(
+        "A Keras image folder through for_model on JAX (~10-16 s): PyTorch's runs; for_model's "
+        "tf.data is checked on every backend.", backends=("jax",))(
         _test_image_dataset_from_directory_trains_through_for_model)

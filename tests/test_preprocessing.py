@@ -648,6 +648,11 @@ def check_pixels_and_probabilities(model, files, ref, key, preprocessor=None, cl
     return np.mean(off), gap
 
 
+@pytest.mark.full_only(
+    "CLIP and DINOv2 through transformers' pipeline on every backend (~12 s each): their "
+    "checkpoints equal transformers in test_hf_checkpoints; ViT and DeiT keep this test's "
+    "preprocessing path.",
+    ids=('clip', 'dinov2'))
 @pytest.mark.parametrize("name", ["vit", "deit", "clip", "dinov2"])
 def test_transformers_checkpoints_predict_like_transformers(hf_photos, name):
     """save_pretrained directories (model + image processor), loaded here,

@@ -658,8 +658,8 @@ def test_recipes_are_data_and_scale_with_batch():
 
 
 # The CLI's train, eval and predict on PyTorch: test_finetune.py (a folder of
-# photographs; on JAX the literal reader runs them; on TensorFlow in full runs, FULL_ONLY
-# in tests/conftest.py); the main job's run
+# photographs; on JAX the literal reader runs them; on TensorFlow in full runs);
+# the main job's run
 # with its SavedModel: here, in one suite.
 @pytest.mark.backend_independent
 def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
@@ -684,6 +684,13 @@ def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
     np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)
 
 
+@pytest.mark.full_only(
+    "the fine-tune API, the fine-tune controls, the few-shot and attention-statistics "
+    "callbacks, a Keras image folder through for_model (~10-16 s each on JAX and TensorFlow): "
+    "fit, evaluate, the heads, intermediates and for_model's tf.data are checked per backend "
+    "in test_vit / test_finetune / test_training (the callbacks inside fit, and layer decay "
+    "inside fit on TensorFlow: PyTorch only);",
+    backends=('jax', 'tensorflow'))
 def test_attention_stats_callback_logs_per_layer_statistics(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32")

@@ -167,6 +167,9 @@ def test_triton_kernel_beside_tensorflow_when_keras_comes_first():
     assert float(proc.stdout.strip().splitlines()[-1]) == pytest.approx(4 * 16 * 4.0)
 
 
+@pytest.mark.full_only(
+    "The accelerator benchmark's smoke run (~60 s): its kernels are checked against the "
+    "generic path in test_accelerator_kernels / test_accelerator_build.")
 def test_accelerator_benchmark_runs_end_to_end_in_smoke_mode(tmp_path):
     """benchmarks/accelerator.py at tiny sizes on this CPU (kernels
     interpreted): the kernel check passes and every row of both backends is

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,6 +52,8 @@ def run_example(args, backend="jax", extra_env=None, timeout=900):
     return proc.stdout
 
 
+@pytest.mark.full_only("A research / ImageNet example's run: its pieces are covered by "
+                       "test_training, test_distribution and the other examples.")
 def test_alpha_sweep_writes_csv_and_plot_and_resumes(tmp_path):
     args = [os.path.join(EXAMPLES, "alpha_sweep.py"), "--out", str(tmp_path),
             "--activations", "relu", "--alphas", "0,1", "--epochs", "2",
@@ -75,6 +78,8 @@ def test_alpha_sweep_writes_csv_and_plot_and_resumes(tmp_path):
     assert proc.returncode != 0 and "tanh" in proc.stderr
 
 
+@pytest.mark.full_only("A research / ImageNet example's run: its pieces are covered by "
+                       "test_training, test_distribution and the other examples.")
 def test_train_imagenet_example_with_a_mesh(tmp_path, imagenet_manual):
     out_dir = tmp_path / "run"
     stdout = run_example(
@@ -93,6 +98,8 @@ def test_train_imagenet_example_with_a_mesh(tmp_path, imagenet_manual):
     assert "steps per epoch, backend jax" in stdout
 
 
+@pytest.mark.full_only("A research / ImageNet example's run: its pieces are covered by "
+                       "test_training, test_distribution and the other examples.")
 def test_train_imagenet_example_runs_a_deit_recipe(tmp_path, imagenet_manual):
     """DeiT's recipe through the example: its own variant (the recipe's, no
     --model), the weights' EMA scored each epoch and saved."""
@@ -107,6 +114,9 @@ def test_train_imagenet_example_runs_a_deit_recipe(tmp_path, imagenet_manual):
     assert (out_dir / "model.keras").exists()
 
 
+@pytest.mark.full_only(
+    "The relu_from_softmax research script (~40 s), as the other research scripts above: its "
+    "recipe runs through the CLI in test_cli_train_from_a_checkpoint_with_relu_from_softmax.")
 def test_relu_from_softmax_example_writes_every_arm_and_resumes(tmp_path):
     args = [os.path.join(EXAMPLES, "relu_from_softmax.py"), "--out", str(tmp_path),
             "--pretrain-epochs", "2", "--finetune-epochs", "1", "--seeds", "0",
@@ -148,6 +158,8 @@ def test_cli_train_from_a_checkpoint_with_relu_from_softmax(tmp_path):
     assert config["init"] == str(tmp_path / "soft") and config["model"]["width"] == 32
 
 
+@pytest.mark.full_only("A research / ImageNet example's run: its pieces are covered by "
+                       "test_training, test_distribution and the other examples.")
 def test_length_study_and_attention_scale_on_a_tiny_grid(tmp_path):
     study = tmp_path / "study"
     args = [os.path.join(EXAMPLES, "length_study.py"), "--out", str(study),

@@ -36,6 +36,9 @@ suite.layers = types.SimpleNamespace(**dict(names, MultiHeadAttention=SoftmaxPoi
 SUITE = "from keras.src.layers.attention.multi_head_attention_test import *  # noqa\n"
 
 
+@pytest.mark.full_only("Keras' MultiHeadAttention suite with pointwise attention runs on "
+                       "PyTorch in CI; the attention itself is checked on every backend.",
+                       ids=("tensorflow", "jax"))
 @pytest.mark.parametrize("backend", ["jax", "tensorflow", "torch"])
 def test_keras_multi_head_attention_suite_passes_with_pointwise_attention(backend, tmp_path):
     (tmp_path / "conftest.py").write_text(CONFTEST)

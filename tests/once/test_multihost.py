@@ -151,6 +151,10 @@ def reference(tmp_path_factory, data_dir):
     return ref
 
 
+@pytest.mark.full_only(
+    "Multi-process FSDP (~2.5 min): FSDP's numerics run in one process on 8 devices "
+    "(test_distribution.py), a 2-process FSDP cluster is killed and resumes on one process in "
+    "test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices.")
 def test_fsdp_cluster_trains_like_one_process(tmp_path, data_dir, reference):
     out = tmp_path / "cluster"
     results = cluster(train_args(data_dir, out, "fsdp"))
@@ -184,11 +188,20 @@ def test_fsdp_cluster_trains_like_one_process(tmp_path, data_dir, reference):
 SEQUENCE_PARALLEL = ["--mesh", "batch=2,seq=4", "--sequence-axis", "seq"]
 
 
+@pytest.mark.full_only(
+    "The sequence-parallel cluster of 2 processes (~100 s uninterrupted, ~2 min killed and "
+    "resumed): in CI sequence-parallel attention equals dense on 8 devices in one process "
+    "(every kernel case, forward and gradient, three ViT pools trained: "
+    "test_jax_sequence_parallel_attention_equals_dense_on_eight_devices, ~50 s), and a killed "
+    "2-process JAX cluster resumes in "
+    "test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices (the CLI's "
+    "--sequence-axis across processes: full runs only).",
+    ids=('uninterrupted', 'killed'))
 @pytest.mark.parametrize("killed", [False, True], ids=["uninterrupted", "killed"])
 def test_sequence_parallel_cluster_trains_like_one_process(tmp_path, data_dir, reference, killed):
     """Data parallelism with sequence parallelism on a (2, 4) mesh: the batch
     axis across the processes, each image's tokens split over a process's 4
-    devices, trains like one dense process with 8 devices. `killed` (FULL_ONLY):
+    devices, trains like one dense process with 8 devices. `killed` (full runs only):
     SIGKILLed in the 2nd epoch, the cluster resumes from its backups (in CI, a
     killed JAX cluster resumes in
     test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices)."""
