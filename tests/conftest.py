@@ -56,6 +56,9 @@ def _full_only(item):
         raise pytest.UsageError(f"{item.nodeid}: full_only takes backends= and ids=, not "
                                 f"{sorted(unknown)}.")
     backends = mark.kwargs.get("backends")
+    if backends is not None and not set(backends) <= {"jax", "tensorflow", "torch"}:
+        raise pytest.UsageError(f"{item.nodeid}: full_only's backends {backends} are not "
+                                "Keras backends (jax, tensorflow, torch).")
     if backends is not None and keras.backend.backend() not in backends:
         return False
     ids = mark.kwargs.get("ids")

@@ -327,9 +327,9 @@ def test_a_second_ctrl_c_interrupts_at_once(tmp_path):
 
 # ---- gradient accumulation ---------------------------------------------------------------
 @pytest.mark.full_only(
-    "Gradient accumulation on TensorFlow (~25 s): the same K=4 check runs on JAX and PyTorch, "
-    "and Keras' accumulation is one code path (base_optimizer) on every backend.",
-    backends=('tensorflow',))
+    "Gradient accumulation on JAX and TensorFlow (~25 s each): the same K=4 check runs on "
+    "PyTorch, and Keras' accumulation is one code path (base_optimizer) on every backend.",
+    backends=('jax', 'tensorflow'))
 def test_accumulation_of_4_micro_batches_equals_one_step_of_the_whole_batch(tmp_path,
                                                                            digits_dir):
     """1 epoch (11 updates of 128 images, MixUp, global-norm clipping at 1.0,

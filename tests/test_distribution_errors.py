@@ -121,7 +121,7 @@ if BACKEND == "torch":
         def run(wrap):
             keras.utils.set_random_seed(1)
             model = kr.ViT(width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=4,
-                           image_size=16, num_classes=5, head_bias_init=0.1)
+                           image_size=16, num_classes=5, head_bias_init=0.1, dropout=0.1)
             model(x[:1])
             data = (x, y)
             model.compile(keras.optimizers.AdamW(1e-3),
@@ -134,11 +134,17 @@ if BACKEND == "torch":
                 assert trained.optimizer is model.optimizer
             history = trained.fit(*data, batch_size=16, epochs=2, shuffle=False, verbose=0)
             assert not {"train_step", "get_metrics_result", "call"} & set(vars(model))
-            if wrap:
-                trained.save(tmp_path / "saved.keras")  # the ViT's file
+            if wrap:  # the files are the ViT's: read by a ViT
+                trained.save(tmp_path / "saved.keras")
                 loaded = keras.saving.load_model(tmp_path / "saved.keras")
                 assert type(loaded) is kr.ViT
                 np.testing.assert_array_equal(loaded.predict(x[:4], verbose=0),
+                                              model.predict(x[:4], verbose=0))
+                trained.save_weights(tmp_path / "w.weights.h5")
+                fresh = kr.ViT(width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=4,
+                               image_size=16, num_classes=5)
+                fresh.load_weights(tmp_path / "w.weights.h5")
+                np.testing.assert_array_equal(fresh.predict(x[:4], verbose=0),
                                               model.predict(x[:4], verbose=0))
             return model, history.history
 
@@ -151,6 +157,14 @@ if BACKEND == "torch":
             built = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
             with pytest.raises(ValueError, match="Compile the model"):
                 kr.distribution.ddp(built)
+            built.compile("sgd", "mse")
+            compile_ = keras.Model.compile
+            try:  # a compile that drops the model's optimizer: the model would not train
+                keras.Model.compile = lambda self, **k: compile_(self, **dict(k, optimizer="sgd"))
+                with pytest.raises(RuntimeError, match="did not keep the model's optimizer"):
+                    kr.distribution.ddp(built)
+            finally:
+                keras.Model.compile = compile_
             wrapped, h1 = run(True)
             assert kr.distribution.process_count() == 1 and kr.distribution.describe() == {
                 "type": "DistributedDataParallel", "processes": 1, "process_group": "gloo"}
@@ -219,3 +233,4 @@ def test_the_engine_holds_the_backend_branches(monkeypatch):
             engine.check()
     else:
         assert engine.launched()
+        engine.check(accum_steps=4)  # Keras' accumulation runs under DDP

@@ -125,6 +125,9 @@ def test_build_config_gives_one_typed_run_config_that_train_reads(monkeypatch):
     saved = config.to_dict()
     assert json.loads(json.dumps(saved)) == saved  # JSON-able as it is
     assert settings.RunConfig.of(saved).to_dict() == saved  # config.json's settings read back
+    import collections.abc
+
+    assert not isinstance(config, collections.abc.MutableMapping)
     with pytest.raises(TypeError, match="frozen: dataclasses.replace"):
         config["epochs"] = 2
     with pytest.raises(dataclasses.FrozenInstanceError):

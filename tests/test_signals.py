@@ -50,6 +50,11 @@ class SignalInValidation(keras.callbacks.Callback):
             self.batches += 1
 
 
+@pytest.mark.full_only(
+    "A SIGTERM during validation on JAX and TensorFlow (~30-60 s each case): the stop is "
+    "StepBackup's backend-free callback code (Keras' public stop_evaluating), run on PyTorch; "
+    "TensorFlow's and JAX's clusters and CLI runs stop and resume in test_engines, test_resume "
+    "and test_multihost.", backends=("jax", "tensorflow"))
 @pytest.mark.parametrize("cut, ema", [(1, None), (0, 0.9)])
 def test_sigterm_in_a_validation_stops_at_the_next_batch_and_the_rerun_finishes(
         cut, ema, tmp_path, digits_dir):

@@ -245,7 +245,7 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
 
         strategy = tf.distribute.get_strategy()
         if not tf.distribute.has_strategy() or \
-                not strategy.extended.variable_created_in_scope(model.variables[0]):
+                not strategy.extended.variable_created_in_scope(model.variables[0].value):
             raise ValueError("Create, compile and wrap the model inside the strategy's scope "
                              "(`with kr.distribution.strategy().scope():`, or a "
                              "MirroredStrategy's): its variables must be the strategy's.")

@@ -53,7 +53,7 @@ def multi_worker(parallel, train, val=None):
         raise TypeError(f"multi_worker takes a kr.distribution.DataParallelModel (wrap the "
                         f"compiled model inside the strategy's scope), not "
                         f"{type(parallel).__name__}.")
-    if not s.extended.variable_created_in_scope(parallel.variables[0]):
+    if not s.extended.variable_created_in_scope(parallel.variables[0].value):
         raise ValueError("Create (and compile) the model inside "
                          "`kr.distribution.strategy().scope()`: its variables must be the "
                          "strategy's.")
