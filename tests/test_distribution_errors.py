@@ -132,6 +132,10 @@ if BACKEND == "torch":
                 trained, data = kr.distribution.ddp(model, data)
                 assert isinstance(trained, kr.distribution.DataParallelModel)
                 assert trained.optimizer is model.optimizer
+                with pytest.raises(ValueError, match="compile the model"):
+                    trained.compile(keras.optimizers.SGD(0.1), "mse")  # would train apart
+                with pytest.raises(TypeError, match="DataParallelModel already"):
+                    kr.distribution.ddp(trained)
             history = trained.fit(*data, batch_size=16, epochs=2, shuffle=False, verbose=0)
             assert not {"train_step", "get_metrics_result", "call"} & set(vars(model))
             if wrap:  # the files are the ViT's: read by a ViT

@@ -54,10 +54,12 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
       workers (Keras 3.15 fails on them: tensorflow/tensorflow#72388,
       keras-team/keras#20585).
 
-    Train the wrapper; everything else is `model`'s: the same variables and
-    optimizer (`model.compile` first; the wrapper compiles itself with the
-    same optimizer, loss and metrics), and `save` / `save_weights` /
-    `load_weights` write and read `model`'s files.
+    Train the wrapper (the model's own `fit` under the strategy is Keras',
+    each replica's gradient clipped); everything else is `model`'s: the same
+    variables and optimizer (`model.compile` first; the wrapper compiles
+    itself with the same optimizer, loss and metrics, and refuses another
+    `compile`), and `save` / `save_weights` / `load_weights` / `export`
+    write and read `model`'s files.
 
     Args:
         model: a built and compiled Keras model (variables created: call it
@@ -77,7 +79,7 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
     model.compile("adamw", keras.losses.CategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     parallel = kr.distribution.DataParallelModel(model)
-    parallel.fit(train, validation_data=val, epochs=5, verbose=rank == 0)
+    parallel.fit(train, validation_data=val, epochs=5, verbose=int(rank == 0))
     model.save("vit.keras")                      # or parallel.save: the same file
     ```
     """
@@ -97,6 +99,8 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
         if getattr(model, "optimizer", None) is None:
             raise ValueError("Compile the model before DataParallelModel: the wrapper trains with "
                              "its optimizer, loss and metrics.")
+        if isinstance(model, DataParallelModel):
+            raise TypeError("The model is a DataParallelModel already: train it as it is.")
         if ddp_options and backend != "torch":
             raise ValueError(f"DistributedDataParallel options {sorted(ddp_options)} apply to the "
                              f"torch backend only (this is {backend}).")
@@ -118,6 +122,16 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
         if self.optimizer is not model.optimizer:
             raise RuntimeError("DataParallelModel's compile did not keep the model's optimizer "
                                "(is keras.Model.compile replaced?): the model would not train.")
+        self._compiled_from_model = True
+
+    def compile(self, *args, **kwargs):
+        """Compiled once, from the model's own compile: another optimizer
+        here would train the weights while the model's optimizer (the one
+        its files save) never steps."""
+        if getattr(self, "_compiled_from_model", False):
+            raise ValueError("A DataParallelModel compiles itself from its model: compile the "
+                             "model (model.compile(...)) and wrap it again.")
+        return super().compile(*args, **kwargs)
 
     # --- the forward pass ----------------------------------------------------------------
     def call(self, inputs, training=None):
@@ -233,6 +247,10 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
     def load_weights(self, filepath, **kwargs):
         """`model.load_weights`."""
         return self.model.load_weights(filepath, **kwargs)
+
+    def export(self, filepath, *args, **kwargs):
+        """`model.export`: the wrapped model's serving artefact."""
+        return self.model.export(filepath, *args, **kwargs)
 
     def get_config(self):
         raise NotImplementedError("A DataParallelModel is not saved as such: save its `model` "

@@ -54,7 +54,7 @@ def ddp(model, dataset=None, **ddp_options):
     model.compile("adamw", keras.losses.CategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     parallel = kr.distribution.ddp(model)
-    parallel.fit(train, validation_data=val, epochs=5, verbose=rank == 0)
+    parallel.fit(train, validation_data=val, epochs=5, verbose=int(rank == 0))
     ```
     """
     if keras.backend.backend() != "torch":
