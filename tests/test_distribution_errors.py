@@ -150,6 +150,28 @@ if BACKEND == "torch":
                 fresh.load_weights(tmp_path / "w.weights.h5")
                 np.testing.assert_array_equal(fresh.predict(x[:4], verbose=0),
                                               model.predict(x[:4], verbose=0))
+                # The metric states are summed over the processes when read, then put
+                # back: a second process with the same states (all_reduce doubling them)
+                # leaves every mean as it is and the local states unchanged.
+                import torch
+                import torch.distributed as D
+
+                local = [keras.ops.convert_to_numpy(v) for v in trained.metrics_variables]
+                alone = {k: float(v) for k, v in trained.get_metrics_result().items()}
+                calls, real = [], D.all_reduce
+
+                def twice(t, *args, **kwargs):
+                    calls.append(t.dtype)
+                    t.mul_(2)
+
+                D.all_reduce = twice
+                try:
+                    both = {k: float(v) for k, v in trained.get_metrics_result().items()}
+                finally:
+                    D.all_reduce = real
+                assert calls == [torch.float64] and both == pytest.approx(alone, rel=1e-12)
+                for v, before in zip(trained.metrics_variables, local):
+                    np.testing.assert_array_equal(keras.ops.convert_to_numpy(v), before)
             return model, history.history
 
         plain, h0 = run(False)
