@@ -9,8 +9,8 @@ its variables and optimizer, and overrides `call` (PyTorch: through the DDP
 module), `train_step` / `test_step` (TensorFlow: the clipping of the
 all-reduced gradient, the logs a multi-worker strategy can average) and
 `get_metrics_result` (PyTorch: the metric states summed over the
-processes). Its `save`, `save_weights` and `load_weights` are `model`'s, so
-files written by a cluster are the files one process writes.
+processes). Its `save`, `save_weights`, `load_weights` and `export` are
+`model`'s, so files written by a cluster are the files one process writes.
 """
 
 import keras
@@ -48,7 +48,7 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
       all-reduced gradient, as one device would (Keras 3.15's optimizer clips
       each replica's own gradient before the sum, a different update
       whenever the clip is active: tensorflow/tensorflow#33929), after its
-      loss scaling and gradient accumulation. The clip costs a second
+      loss scaling. The clip costs a second
       all-reduce of the gradients, only while a clip is set.
       The per-step logs of a multi-worker strategy are averaged over the
       workers (Keras 3.15 fails on them: tensorflow/tensorflow#72388,
@@ -122,13 +122,12 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
         if self.optimizer is not model.optimizer:
             raise RuntimeError("DataParallelModel's compile did not keep the model's optimizer "
                                "(is keras.Model.compile replaced?): the model would not train.")
-        self._compiled_from_model = True
 
     def compile(self, *args, **kwargs):
         """Compiled once, from the model's own compile: another optimizer
         here would train the weights while the model's optimizer (the one
         its files save) never steps."""
-        if getattr(self, "_compiled_from_model", False):
+        if getattr(self, "compiled", False):
             raise ValueError("A DataParallelModel compiles itself from its model: compile the "
                              "model (model.compile(...)) and wrap it again.")
         return super().compile(*args, **kwargs)

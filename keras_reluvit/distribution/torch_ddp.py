@@ -42,18 +42,19 @@ def ddp(model, dataset=None, **ddp_options):
         the `DataParallelModel` to train (its `save` writes `model`'s
         file), or `(wrapper, shard)` with `dataset`.
 
-    Example (`torchrun --nproc_per_node 2 train.py`):
+    Example (`torchrun --nproc_per_node 2 train.py`), each process its shard
+    of an unsharded data set (`DataParallelModel`'s example reads shards
+    with `kr.data.load(..., process_index=, process_count=)` instead):
 
     ```python
     kr.distribution.initialize()                 # torchrun's cluster
-    rank, world = kr.distribution.process_index(), kr.distribution.process_count()
-    train, val, info = kr.data.load("sklearn_digits", 128, image_size=32,
-                                    process_index=rank, process_count=world)
+    rank = kr.distribution.process_index()
+    train, val, info = kr.data.load("sklearn_digits", 64, image_size=32)
     model = kr.ViT(variant="Ti/16", image_size=32, num_classes=info.num_classes)
     model(np.zeros((1, 32, 32, 3), "float32"))   # build
     model.compile("adamw", keras.losses.CategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
-    parallel = kr.distribution.ddp(model)
+    parallel, train = kr.distribution.ddp(model, train)  # every 2nd batch each
     parallel.fit(train, validation_data=val, epochs=5, verbose=int(rank == 0))
     ```
     """
