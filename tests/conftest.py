@@ -31,6 +31,14 @@ BACKEND_INDEPENDENT_SUITE = "tensorflow"
 # too (deselected otherwise, never skipped).
 
 
+# End-to-end runs whose parts are checked on every backend run on PyTorch only.
+END_TO_END_ON_TORCH = pytest.mark.full_only(
+    "An end-to-end run on PyTorch only (~10-16 s each on JAX and TensorFlow): fit, evaluate, "
+    "the heads, intermediates and for_model's tf.data are checked per backend in test_vit / "
+    "test_finetune / test_training (the callbacks inside fit, and layer decay inside fit on "
+    "TensorFlow: PyTorch only).", backends=("jax", "tensorflow"))
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "backend_independent: TensorFlow-only code (tf.data, tfds); runs once "

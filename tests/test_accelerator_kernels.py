@@ -105,6 +105,11 @@ def test_kernel_equals_generic_for_every_activation(act):
     compare(q, k, v, activation=act, seq_len_exponent=1.0, log_scale=[0.2, -0.4, 0.1])
 
 
+# Why a kernel case is left out of CI: the rest of its grid keeps each kernel, layout,
+# mask kind, dtype and head dim covered.
+REPRESENTATIVE = ("a representative case stays in CI: every kernel, layout, mask kind, dtype "
+                  "and head dim is covered there")
+
 GRID = [  # head dim, dtype, alpha, mask, tokens (T, S)
     (64, "float32", 0.0, False, (197, 197)),
     (128, "float32", 0.5, True, (21, 40)),
@@ -118,10 +123,8 @@ GRID = [  # head dim, dtype, alpha, mask, tokens (T, S)
 @needs_kernel
 @pytest.mark.parametrize("d,dtype,alpha,masked,tokens", GRID,
                          ids=["-".join(map(str, c)) for c in GRID])
-@pytest.mark.full_only(
-    "a representative case stays in CI: every kernel, layout, mask kind, dtype and head dim "
-    "is covered there",
-    ids=('64-float32-0.0-False-(197, 197)', '64-bfloat16-1.0-False-(197, 197)'))
+@pytest.mark.full_only(REPRESENTATIVE,
+                       ids=('64-float32-0.0-False-(197, 197)', '64-bfloat16-1.0-False-(197, 197)'))
 def test_kernel_grid(d, dtype, alpha, masked, tokens):
     """Head dims 32/64/128 and 80, float32 and bfloat16, alpha 0 / 0.5 / 1, a
     key padding mask (L counts the unmasked keys), the default blocks."""
@@ -272,10 +275,7 @@ if BACKEND == "jax":
 
     @pytest.mark.parametrize("d,dtype,alpha,masked,tokens", GRID[1:4],
                              ids=["-".join(map(str, c)) for c in GRID[1:4]])
-    @pytest.mark.full_only(
-        "a representative case stays in CI: every kernel, layout, mask kind, dtype and head "
-        "dim is covered there",
-        ids=('64-bfloat16-1.0-False-(197, 197)',))
+    @pytest.mark.full_only(REPRESENTATIVE, ids=('64-bfloat16-1.0-False-(197, 197)',))
     def test_kernel_grid_in_the_tpu_layout(monkeypatch, d, dtype, alpha, masked, tokens):
         """Pallas' interpreter runs the CUDA layout by default (the layer's
         (B, T, H, D) arrays in place, masked loads; the interpreter pads
@@ -342,10 +342,7 @@ if BACKEND == "jax":
     @pytest.mark.parametrize("d,dtype,tokens,masked,row_bytes", [
         (128, "float32", (197, 197), False, 512), (128, "bfloat16", (150, 300), False, 256),
         (64, "float32", (100, 100), True, 512)])
-    @pytest.mark.full_only(
-        "a representative case stays in CI: every kernel, layout, mask kind, dtype and head "
-        "dim is covered there",
-        ids=('128-bfloat16-tokens1-False-256',))
+    @pytest.mark.full_only(REPRESENTATIVE, ids=('128-bfloat16-tokens1-False-256',))
     def test_cuda_block_caps_compute_the_same(monkeypatch, d, dtype, tokens, masked, row_bytes):
         """On CUDA each kernel takes its own capped blocks (`GPU_BLOCKS`, so
         shared memory fits; a general mask counts its tiles) inside token
@@ -398,10 +395,7 @@ if BACKEND == "jax":
         forced = ("relu", 197, 128, 128, 0.125, True)  # the caller's blocks are kept
         assert pa._blocks(forced, "triton", "fwd", 512) == (128, 128)
 
-    @pytest.mark.full_only(
-        "a representative case stays in CI: every kernel, layout, mask kind, dtype and head "
-        "dim is covered there",
-        ids=('key', 'None'))
+    @pytest.mark.full_only(REPRESENTATIVE, ids=('key', 'None'))
     @pytest.mark.parametrize("masked", [None, "key", "general"])
     def test_pallas_deterministic_backward_equals_the_fused_one_and_repeats_bitwise(
             monkeypatch, masked):
@@ -571,10 +565,7 @@ if BACKEND == "torch":
         pointwise_attention(q, k, v)
         assert calls == [1]
 
-    @pytest.mark.full_only(
-        "a representative case stays in CI: every kernel, layout, mask kind, dtype and head "
-        "dim is covered there",
-        ids=('key',))
+    @pytest.mark.full_only(REPRESENTATIVE, ids=('key',))
     @pytest.mark.parametrize("masked", [None, "key", "general"])
     def test_triton_deterministic_backward_equals_the_fused_one_and_repeats_bitwise(masked):
         """`torch.use_deterministic_algorithms(True)` takes the two-kernel

@@ -7,6 +7,7 @@ what the probe computes on the model's pre-logits after training."""
 import keras
 import numpy as np
 import pytest
+from conftest import END_TO_END_ON_TORCH
 from sklearn.linear_model import Ridge
 
 import keras_reluvit as kr
@@ -55,13 +56,7 @@ def test_k_images_per_class_are_drawn_per_seed_from_that_class():
         F.FewShot(None, None, shots=(0,))
 
 
-@pytest.mark.full_only(
-    "the fine-tune API, the fine-tune controls, the few-shot and attention-statistics "
-    "callbacks, a Keras image folder through for_model (~10-16 s each on JAX and TensorFlow): "
-    "fit, evaluate, the heads, intermediates and for_model's tf.data are checked per backend "
-    "in test_vit / test_finetune / test_training (the callbacks inside fit, and layer decay "
-    "inside fit on TensorFlow: PyTorch only);",
-    backends=('jax', 'tensorflow'))
+@END_TO_END_ON_TORCH
 def test_the_callback_logs_the_probe_of_the_trained_models_pre_logits(tmp_path):
     """A tiny ViT trained 2 epochs with the probe at each epoch's end: the
     history holds the mean accuracy per k, equal to the probe recomputed

@@ -11,6 +11,7 @@ import os
 import keras
 import numpy as np
 import pytest
+from conftest import END_TO_END_ON_TORCH
 from conftest import backend_name
 
 import keras_reluvit as kr
@@ -408,13 +409,7 @@ def test_fine_tune_a_folder_through_the_cli(photos, tmp_path, capsys):
     assert np.mean(right) >= ACCURACY
 
 
-@pytest.mark.full_only(
-    "the fine-tune API, the fine-tune controls, the few-shot and attention-statistics "
-    "callbacks, a Keras image folder through for_model (~10-16 s each on JAX and TensorFlow): "
-    "fit, evaluate, the heads, intermediates and for_model's tf.data are checked per backend "
-    "in test_vit / test_finetune / test_training (the callbacks inside fit, and layer decay "
-    "inside fit on TensorFlow: PyTorch only);",
-    backends=('jax', 'tensorflow'))
+@END_TO_END_ON_TORCH
 def test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_chance(photos, tmp_path,
                                                                              capsys):
     """The controls of the fine-tune above: with lr 0 the run keeps the
@@ -451,13 +446,7 @@ def test_fine_tune_controls_the_checkpoint_is_used_and_no_training_is_chance(pho
         np.testing.assert_array_equal(kept[path], value, err_msg=path)
 
 
-@pytest.mark.full_only(
-    "the fine-tune API, the fine-tune controls, the few-shot and attention-statistics "
-    "callbacks, a Keras image folder through for_model (~10-16 s each on JAX and TensorFlow): "
-    "fit, evaluate, the heads, intermediates and for_model's tf.data are checked per backend "
-    "in test_vit / test_finetune / test_training (the callbacks inside fit, and layer decay "
-    "inside fit on TensorFlow: PyTorch only);",
-    backends=('jax', 'tensorflow'))
+@END_TO_END_ON_TORCH
 def test_fine_tune_a_folder_through_the_api(photos):
     """The Python path: `kr.data.load(DIR)` -> `kr.load_checkpoint(...,
     num_classes=3)` (a fresh head) -> `recipes.compile` (big_vision's

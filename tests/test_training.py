@@ -7,6 +7,7 @@ import os
 import keras
 import numpy as np
 import pytest
+from conftest import END_TO_END_ON_TORCH
 from helpers.id_data import id_image
 from helpers.id_data import write_class_files_tfds
 
@@ -684,13 +685,7 @@ def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
     np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)
 
 
-@pytest.mark.full_only(
-    "the fine-tune API, the fine-tune controls, the few-shot and attention-statistics "
-    "callbacks, a Keras image folder through for_model (~10-16 s each on JAX and TensorFlow): "
-    "fit, evaluate, the heads, intermediates and for_model's tf.data are checked per backend "
-    "in test_vit / test_finetune / test_training (the callbacks inside fit, and layer decay "
-    "inside fit on TensorFlow: PyTorch only);",
-    backends=('jax', 'tensorflow'))
+@END_TO_END_ON_TORCH
 def test_attention_stats_callback_logs_per_layer_statistics(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32")

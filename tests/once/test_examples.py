@@ -11,6 +11,11 @@ import sys
 import pytest
 from conftest import subprocess_env
 
+# A research / ImageNet example's whole run: full runs only.
+EXAMPLE_RUN = pytest.mark.full_only("A research / ImageNet example's run: its pieces are "
+                                    "covered by test_training, test_distribution and the other "
+                                    "examples.")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
 
@@ -52,8 +57,7 @@ def run_example(args, backend="jax", extra_env=None, timeout=900):
     return proc.stdout
 
 
-@pytest.mark.full_only("A research / ImageNet example's run: its pieces are covered by "
-                       "test_training, test_distribution and the other examples.")
+@EXAMPLE_RUN
 def test_alpha_sweep_writes_csv_and_plot_and_resumes(tmp_path):
     args = [os.path.join(EXAMPLES, "alpha_sweep.py"), "--out", str(tmp_path),
             "--activations", "relu", "--alphas", "0,1", "--epochs", "2",
@@ -78,8 +82,7 @@ def test_alpha_sweep_writes_csv_and_plot_and_resumes(tmp_path):
     assert proc.returncode != 0 and "tanh" in proc.stderr
 
 
-@pytest.mark.full_only("A research / ImageNet example's run: its pieces are covered by "
-                       "test_training, test_distribution and the other examples.")
+@EXAMPLE_RUN
 def test_train_imagenet_example_with_a_mesh(tmp_path, imagenet_manual):
     out_dir = tmp_path / "run"
     stdout = run_example(
@@ -98,8 +101,7 @@ def test_train_imagenet_example_with_a_mesh(tmp_path, imagenet_manual):
     assert "steps per epoch, backend jax" in stdout
 
 
-@pytest.mark.full_only("A research / ImageNet example's run: its pieces are covered by "
-                       "test_training, test_distribution and the other examples.")
+@EXAMPLE_RUN
 def test_train_imagenet_example_runs_a_deit_recipe(tmp_path, imagenet_manual):
     """DeiT's recipe through the example: its own variant (the recipe's, no
     --model), the weights' EMA scored each epoch and saved."""
@@ -158,8 +160,7 @@ def test_cli_train_from_a_checkpoint_with_relu_from_softmax(tmp_path):
     assert config["init"] == str(tmp_path / "soft") and config["model"]["width"] == 32
 
 
-@pytest.mark.full_only("A research / ImageNet example's run: its pieces are covered by "
-                       "test_training, test_distribution and the other examples.")
+@EXAMPLE_RUN
 def test_length_study_and_attention_scale_on_a_tiny_grid(tmp_path):
     study = tmp_path / "study"
     args = [os.path.join(EXAMPLES, "length_study.py"), "--out", str(study),
