@@ -22,6 +22,11 @@ mkdir -p "$KRV_REFERENCE_CACHE"
 # resumes, the notebook) compile each program once (test_resume: 68 s -> 57 s).
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$LOGS/jax-cache}"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0.2}"
+# KRV_JAX_FAST_COMPILE (default 1): the JAX suite's process, and the JAX child
+# processes that tests start for a few steps, compile with most of XLA's
+# optimisations off (tests/conftest.py subprocess_env); 0 keeps them
+# (docs/development.md).
+export KRV_JAX_FAST_COMPILE="${KRV_JAX_FAST_COMPILE:-1}"
 # Every pytest run keeps each test's seconds (tests/helpers/durations.py):
 # per-file totals at the end of its output, and the per-test numbers in
 # KRV_DURATIONS_DIR (default: the run's temporary folder), from which
@@ -63,11 +68,8 @@ once() { suite "backend-independent (torch)" once env KERAS_BACKEND=torch \
 backends() {
   local start=$SECONDS
   for backend in jax tensorflow torch; do
-    # KRV_JAX_FAST_COMPILE (default 1): the JAX suite's own process compiles
-    # with most of XLA's optimisations off (its subprocesses keep them:
-    # tests/conftest.py subprocess_env); 0 keeps them (docs/development.md).
     local fast=()
-    if [ "$backend" = jax ] && [ "${KRV_JAX_FAST_COMPILE:-1}" = 1 ]; then
+    if [ "$backend" = jax ] && [ "$KRV_JAX_FAST_COMPILE" = 1 ]; then
       fast=(JAX_DISABLE_MOST_OPTIMIZATIONS=1)
     fi
     suite "$backend" "$backend" env KERAS_BACKEND="$backend" KRV_BACKEND_INDEPENDENT=skip \

@@ -232,14 +232,20 @@ def digits_val_loss(model, data_dir):
     return total / count
 
 
-def subprocess_env(backend):
+def subprocess_env(backend, optimized=False):
+    """The environment of a child process on `backend`, importing this tree.
+
+    A JAX child compiles with most of XLA's optimisations off when
+    KRV_JAX_FAST_COMPILE=1 (scripts/test.sh's default): a check script or a
+    run of a few steps spends its time compiling (tests/helpers/sp_check.py:
+    65 -> 43 s). `optimized=True` keeps them, for runs of many steps, where
+    they pay (docs/development.md)."""
     env = dict(os.environ)
     env["KERAS_BACKEND"] = backend
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    # KRV_JAX_FAST_COMPILE (scripts/test.sh, on by default) turns XLA's optimisations off in
-    # the JAX suite's own process (tiny models: compiling dominates); a
-    # subprocess trains a run of many steps, where they pay (docs/development.md).
     env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+    if backend == "jax" and not optimized and os.environ.get("KRV_JAX_FAST_COMPILE") == "1":
+        env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])

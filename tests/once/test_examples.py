@@ -33,7 +33,7 @@ def test_quickstart_notebook_is_saved_without_outputs_and_runs_on_jax(tmp_path, 
                  "tf.saved_model.load", "served.serve(",
                  "kr.data.imagenet("):
         assert step in source, step
-    for key, value in subprocess_env("jax").items():
+    for key, value in subprocess_env("jax", optimized=True).items():
         monkeypatch.setenv(key, value)
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
