@@ -50,10 +50,7 @@ class SignalAt(keras.callbacks.Callback):
     "cluster test of test_engines; test_signals stops it before the first step and while the "
     "artefacts are written; a single process restores the metrics' running means mid-epoch "
     "(compat.build_metrics) in test_a_write_killed_midway_leaves_the_previous_backup (a tiny "
-    "model). - a SIGTERM mid-epoch and the exact rerun in-process on JAX (~25 s): the CLI's "
-    "JAX run is killed and preempted mid-epoch and resumes exactly in test_resume (the digits "
-    "recipe: the EMA's and drop path's state resumed exactly on PyTorch only).",
-    backends=('jax', 'tensorflow'))
+    "model).", backends=('tensorflow',))
 def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp_path,
                                                                               digits_dir,
                                                                               capsys):
@@ -83,7 +80,7 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp
     # The whole run's record: the history and every step's loss, as uninterrupted.
     assert len(resumed["step_loss"]) == 22 and len(resumed["history"]["loss"]) == 2
     # Bit for bit on every backend (on this CPU; the same holds across processes:
-    # tests/once/test_resume.py).
+    # tests/once/test_resume.py, tests/once/test_multihost.py).
     np.testing.assert_array_equal(resumed["step_loss"], full["step_loss"])
     for key in ("loss", "accuracy", "val_loss", "val_accuracy", "ema_val_loss",
                 "ema_val_accuracy"):

@@ -53,8 +53,8 @@ class SignalInValidation(keras.callbacks.Callback):
 @pytest.mark.full_only(
     "A SIGTERM during validation on JAX and TensorFlow (~30-60 s each case): the stop is "
     "StepBackup's backend-free callback code (Keras' public stop_evaluating), run on PyTorch; "
-    "TensorFlow's and JAX's clusters and CLI runs stop and resume in test_engines, test_resume "
-    "and test_multihost.", backends=("jax", "tensorflow"))
+    "TensorFlow's cluster stops mid-epoch and resumes in test_engines, JAX's mid-epoch in "
+    "test_backup and its cluster in test_multihost.", backends=("jax", "tensorflow"))
 @pytest.mark.parametrize("cut, ema", [(1, None), (0, 0.9)])
 def test_sigterm_in_a_validation_stops_at_the_next_batch_and_the_rerun_finishes(
         cut, ema, tmp_path, digits_dir):

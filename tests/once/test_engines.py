@@ -258,7 +258,7 @@ def reference(tmp_path_factory, script, data_dir):
     "AdamW run each): the same clusters stopped by SIGTERM, trained with SGD (where a "
     "gradient summed over the processes shows), resume mid-epoch in "
     "test_a_cluster_sent_sigterm_stops_at_one_step_and_resumes_there, a SIGKILLed JAX (FSDP) "
-    "cluster in test_multihost, a SIGKILLed run with step backups in test_resume.",
+    "cluster in test_multihost.",
     ids=('torch', 'tensorflow'))
 @pytest.mark.parametrize("backend", ["torch", "tensorflow"])
 def test_killed_cluster_trains_like_one_process_and_resumes(backend, tmp_path, script,
@@ -420,10 +420,12 @@ def check_saved_model(out, ref, data_dir, backend):
 @pytest.mark.parametrize("backend,broken", [("torch", "NO_ALL_REDUCE"), ("torch", "SAME_SHARD"),
                                             ("tensorflow", "NO_ALL_REDUCE")])
 @pytest.mark.full_only(
-    "The torch cluster reading one shard twice (~22 s): the training read's shards are "
-    "checked disjoint and covering in test_training (tfds and folders, 2 and 3 processes); "
-    "that the cluster check fails on a broken cluster, by the NO_ALL_REDUCE controls.",
-    ids=('torch-SAME_SHARD',))
+    "The torch cluster reading one shard twice (~22 s) and the TensorFlow cluster without its "
+    "all-reduce (~45 s): the training read's shards are checked disjoint and covering in "
+    "test_training (tfds and folders, 2 and 3 processes); that the cluster check (the same "
+    "code on both backends) fails on a broken cluster, by the torch NO_ALL_REDUCE control; "
+    "TensorFlow's cluster equals one process step for step in the SIGTERM cluster test.",
+    ids=('torch-SAME_SHARD', 'tensorflow-NO_ALL_REDUCE'))
 def test_broken_clusters_are_caught(tmp_path, script, data_dir, reference, backend, broken):
     """The first-epoch check above can fail: with the gradients' all-reduce
     switched off (DDP's sync on torch, the optimizer's all-reduce on
