@@ -299,7 +299,10 @@ def signalled_while_parsing(name, then):
             "from keras_reluvit import cli\n"
             "parser = cli.parser\n"
             "def sending():\n"
-            f"    os.kill(os.getpid(), signal.{name})\n"
+            # raise_signal: sent to this (the main) thread and handled before it returns;
+            # with os.kill the Python handler ran after parsing ended once in a loaded run
+            # (the other command then ran as if no signal had come).
+            f"    signal.raise_signal(signal.{name})\n"
             "    return parser()\n"
             "cli.parser = sending\n" + then)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
