@@ -367,9 +367,9 @@ def parser():
                    "--layer-decay, e.g. 0.75); default: the recipe's")
     t.add_argument("--lr", type=float, help="peak learning rate (default: the recipe's, "
                    "scaled to the batch size)")
-    t.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
-                   help="a folder without val/: the seeded share of each class held out for "
-                   f"validation (default {VAL_FRACTION})")
+    t.add_argument("--val-fraction", type=float,
+                   help="a folder without train/ + val/: the seeded share of each class held "
+                   f"out for validation (default {VAL_FRACTION}; refused for other data sets)")
     t.add_argument("--output", default="runs/default", help="run directory (default "
                    "runs/default); rerunning into a folder that holds a backup continues that "
                    "run, with the same settings only (see --restart, --override)")

@@ -63,6 +63,8 @@ pytestmark = pytest.mark.backend_independent
                                                 "be fewer than the run's 3 epochs"),
     (["--batch-size", "10", "--accum-steps", "3"], "accum_steps (train --accum-steps) 3 must "
                                                    "divide the batch size 10"),
+    (["--val-fraction", "0.2"], "val_fraction (train --val-fraction) 0.2 holds out a share of an "
+                                "image folder's classes; 'sklearn_digits' is a tfds"),
 ])
 def test_a_bad_number_is_an_error_naming_its_flag_before_anything_is_written(
         flags, named, tmp_path, capsys):
@@ -89,6 +91,29 @@ def test_settings_are_checked_when_made():
     with pytest.raises(ValueError, match=r"dataset \(train --dataset\) must be a string"):
         RunSettings(dataset=3)
     RunSettings(epochs=1, lr=0.0, val_fraction=0.0, layer_decay=1.0, ema=0.0)  # bounds
+
+
+def test_val_fraction_holds_out_only_where_a_folder_has_no_split_folders(tmp_path):
+    """Was: --val-fraction was ignored, unsaid, on a tfds set and on a
+    folder with train/ + val/ (their own splits); it holds out a share of
+    each class of a folder without them (default 0.1)."""
+    def folder(root, classes=("a", "b")):
+        for c in classes:
+            (root / c).mkdir(parents=True)
+            for i in range(4):
+                (root / c / f"{i}.jpg").write_bytes(b"")
+        return root
+
+    flat = folder(tmp_path / "flat")
+    assert T.build_config("digits", dataset=str(flat), batch_size=2).val_fraction == 0.1
+    assert T.build_config("digits", dataset=str(flat), batch_size=2,
+                          val_fraction=0.25).val_fraction == 0.25
+    split = tmp_path / "split"
+    folder(split / "train"), folder(split / "val")
+    assert T.build_config("digits", dataset=str(split), batch_size=2).val_fraction == 0.1
+    with pytest.raises(ValueError, match=r"val_fraction \(train --val-fraction\) 0.25 holds out "
+                       r"a share of a folder without split folders; .*split has train/, val/"):
+        T.build_config("digits", dataset=str(split), batch_size=2, val_fraction=0.25)
 
 
 def _loss_smoothing(recipe):

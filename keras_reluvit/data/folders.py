@@ -82,6 +82,16 @@ def is_image_folder(path):
     return isinstance(path, (str, os.PathLike)) and os.path.isdir(os.path.expanduser(path))
 
 
+def split_folders(root):
+    """{split: its sub-folder's name} of the split folders (`SPLIT_DIRS`)
+    `root` holds; {} where it holds none (its validation split is then drawn
+    by `val_fraction`)."""
+    root = os.path.expanduser(os.fspath(root))
+    subdirs = {d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))}
+    return {split: next(d for d in names if d in subdirs)
+            for split, names in SPLIT_DIRS.items() if any(d in subdirs for d in names)}
+
+
 def _skipped(name):
     return name.startswith(".") or name.lower() in _SYSTEM_FILES
 
@@ -173,9 +183,7 @@ class ImageFolder:
         if not 0.0 <= val_fraction < 1.0:
             raise ImageFolderError(f"val_fraction must be in [0, 1), got {val_fraction}.")
         self.val_fraction, self.seed = val_fraction, int(seed)
-        subdirs = {d for d in os.listdir(self.root) if os.path.isdir(os.path.join(self.root, d))}
-        found = {split: next(d for d in names if d in subdirs)
-                 for split, names in SPLIT_DIRS.items() if any(d in subdirs for d in names)}
+        found = split_folders(self.root)
         skipped = 0
         self.drawn = "train" not in found  # the validation split drawn by the seed
         if "train" in found:

@@ -33,6 +33,7 @@ import keras
 
 from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
+from keras_reluvit._defaults import VAL_FRACTION
 from keras_reluvit.data import folders as image_folder
 from keras_reluvit.data.pipeline import check_repeats
 from keras_reluvit.data.pipeline import split_batches
@@ -125,16 +126,18 @@ def build_config(settings=None, **kwargs):
         raise ValueError(f"warmup_epochs (train --warmup-epochs) {warmup} must be fewer than "
                          f"the run's {epochs} epochs (--epochs, else the recipe's): the warmup "
                          "must end before the run does.")
+    dataset = s.dataset or r["dataset"]
+    val_fraction = _val_fraction(s.val_fraction, dataset)
     batch_size = s.batch_size
     if batch_size is None:
-        batch_size = _recipe_batch_size(recipe, r["batch_size"], s.dataset or r["dataset"],
-                                        s.val_fraction, s.seed, s.data_shards)
+        batch_size = _recipe_batch_size(recipe, r["batch_size"], dataset, val_fraction, s.seed,
+                                        s.data_shards)
     return RunConfig(
         resolved_recipe=r,
         resolved_with=dict(s.recipe_overrides),
         recipe=recipe,
         init=os.fspath(init) if init else None,
-        dataset=s.dataset or r["dataset"],
+        dataset=dataset,
         data_dir=s.data_dir,
         epochs=epochs,
         batch_size=batch_size,
@@ -148,7 +151,7 @@ def build_config(settings=None, **kwargs):
         lora_rank=int(s.lora_rank),
         layer_decay=s.layer_decay,
         lr=s.lr,
-        val_fraction=float(s.val_fraction),
+        val_fraction=val_fraction,
         checkpoint_every=(r["checkpoint_every"] if s.checkpoint_every is None
                           else int(s.checkpoint_every) or None),
         keep_checkpoints=int(s.keep_checkpoints),
@@ -197,6 +200,26 @@ def _augment(augment, repeats, loss, auto_augment=None, three_augment_flag=None)
         check_repeats(repeats, "aug_repeats (train --aug-repeats)")
         augment["aug_repeats"] = repeats
     return augment
+
+
+def _val_fraction(val_fraction, dataset):
+    """The share of each class a run holds out: `val_fraction` (default
+    `VAL_FRACTION`) where the data set is a folder without split folders;
+    given for any other data set (whose validation split is its own), an
+    error naming it."""
+    if val_fraction is None:
+        return VAL_FRACTION
+    if not image_folder.is_image_folder(dataset):
+        raise ValueError(f"val_fraction (train --val-fraction) {val_fraction:g} holds out a share "
+                         f"of an image folder's classes; {dataset!r} is a tfds data set, which "
+                         "validates on its own split: leave --val-fraction out.")
+    found = image_folder.split_folders(dataset)
+    if found:
+        raise ValueError(f"val_fraction (train --val-fraction) {val_fraction:g} holds out a share "
+                         f"of a folder without split folders; {dataset} has "
+                         f"{', '.join(sorted(d + '/' for d in found.values()))}, which decide "
+                         "its splits: leave --val-fraction out.")
+    return float(val_fraction)
 
 
 def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_shards):

@@ -82,7 +82,8 @@ class RunSettings:
     lora_rank: int = LORA_RANK
     layer_decay: float = None
     lr: float = None
-    val_fraction: float = VAL_FRACTION
+    # A folder without split folders: the share of each class held out; None: VAL_FRACTION
+    val_fraction: float = None
     checkpoint_every: int = None  # steps between backups; 0: each epoch only; None: the recipe's
     keep_checkpoints: int = KEEP_CHECKPOINTS
     accum_steps: int = None  # None: the recipe's (1)
@@ -162,8 +163,7 @@ def check_settings(s):
     are checked as `build_config` applies them: `training.flags.apply`)."""
     for field, spec in NUMBERS.items():
         value = getattr(s, field)
-        if value is not None or field in ("seed", "lora_rank", "val_fraction",
-                                          "keep_checkpoints"):
+        if value is not None or field in ("seed", "lora_rank", "keep_checkpoints"):
             check_number(field, value, spec)
     for field in STRINGS:
         value = getattr(s, field)
