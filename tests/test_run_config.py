@@ -63,6 +63,8 @@ pytestmark = pytest.mark.backend_independent
                                                 "be fewer than the run's 3 epochs"),
     (["--batch-size", "10", "--accum-steps", "3"], "accum_steps (train --accum-steps) 3 must "
                                                    "divide the batch size 10"),
+    (["--image-size", "30"], "The run's model (Ti/8, train --model / --image-size 30 / the model "
+                             "flags): image_size (30, 30) is not divisible by the patch size 8"),
     (["--val-fraction", "0.2"], "val_fraction (train --val-fraction) 0.2 holds out a share of an "
                                 "image folder's classes; 'sklearn_digits' is a tfds"),
 ])
@@ -72,7 +74,9 @@ def test_a_bad_number_is_an_error_naming_its_flag_before_anything_is_written(
     1e5, --epochs -1 wrote a model having trained nothing, --batch-size 0 a
     ZeroDivisionError, --image-size 0 the recipe's, --val-fraction 1.5 was
     ignored on a tfds set, --smoothing 1.0 accepted, --layer-decay -1 refused
-    after config.json was written, --warmup-epochs past the run capped."""
+    after config.json was written, --warmup-epochs past the run capped,
+    --image-size 30 (patches of 8) refused by the model after the data set
+    was read."""
     out = tmp_path / "run"
     assert cli.main(["train", "--output", str(out), "--no-export", *flags]) == 2
     err = capsys.readouterr().err

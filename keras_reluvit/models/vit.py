@@ -7,6 +7,7 @@ variants and initialisation, and intermediates one call away
 (`model.intermediates(images)`).
 """
 
+import inspect
 import re
 
 import keras
@@ -385,6 +386,21 @@ class ViT(keras.Model):
         if mode is not None:  # a quantized model's saved variables are the quantized ones
             model.quantize(mode)
         return model
+
+
+def check_arguments(**kwargs):
+    """`ViT(**kwargs)`'s arguments checked as it checks them, without
+    building it: a ValueError naming the bad one (the training run checks
+    its model before it reads any data)."""
+    accepted = accepted_keywords()
+    check_keywords("keras_reluvit.ViT", {k: v for k, v in kwargs.items() if k not in accepted},
+                   accepted)
+    bound = inspect.signature(ViT.__init__).bind_partial(
+        None, **{k: v for k, v in kwargs.items() if k != "trainable"})
+    bound.apply_defaults()
+    arguments = {k: v for k, v in bound.arguments.items()
+                 if k not in ("self", "name", "kwargs")}
+    _checked_config(**arguments)
 
 
 def accepted_keywords():

@@ -40,6 +40,7 @@ from keras_reluvit.data.pipeline import split_batches
 from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.models.variants import variant_with_patch
 from keras_reluvit.models.vit import ViT
+from keras_reluvit.models.vit import check_arguments
 from keras_reluvit.training import backup as kr_backup
 from keras_reluvit.training import callbacks as kr_callbacks
 from keras_reluvit.training import flags
@@ -120,6 +121,13 @@ def build_config(settings=None, **kwargs):
         check_number("drop_path", model_overrides["drop_path"],
                      (float, 0, 1, True, False, "a rate"))
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
+    image_size = r["image_size"] if s.image_size is None else s.image_size
+    if not init:  # the model checked now, before any data is read (its classes: any number)
+        try:
+            check_arguments(**model_cfg, image_size=image_size, num_classes=2)
+        except ValueError as e:
+            raise ValueError(f"The run's model ({model_cfg.get('variant')}, train --model / "
+                             f"--image-size {image_size} / the model flags): {e}") from None
     epochs = r["epochs"] if s.epochs is None else s.epochs
     warmup = s.recipe_overrides.get("warmup_epochs")
     if warmup is not None and warmup >= epochs:
@@ -141,7 +149,7 @@ def build_config(settings=None, **kwargs):
         data_dir=s.data_dir,
         epochs=epochs,
         batch_size=batch_size,
-        image_size=r["image_size"] if s.image_size is None else s.image_size,
+        image_size=image_size,
         augment=_augment(r.get("augment", {}), 1 if s.aug_repeats == 0 else s.aug_repeats,
                          r["loss"], s.auto_augment,  # timm's --aug-repeats 0: off
                          (s.recipe_overrides or {}).get("augment.three_augment")),
