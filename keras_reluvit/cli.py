@@ -27,7 +27,7 @@ import signal
 import sys
 
 from keras_reluvit.training import flags
-from keras_reluvit.training import runs
+from keras_reluvit.training import run as kr_run
 from keras_reluvit.training import signals
 from keras_reluvit.training.settings import KEEP_CHECKPOINTS
 from keras_reluvit.training.settings import LORA_RANK
@@ -107,7 +107,7 @@ def _eval(args):
     from keras_reluvit.data import folders as image_folder
     from keras_reluvit.training import recipes
 
-    directory, run = runs.run_of(args.model)
+    directory, run = kr_run.run_of(args.model)
     source = args.model
     if directory is not None and os.path.isdir(args.model):
         source = os.path.join(directory, "model.keras")
@@ -119,13 +119,13 @@ def _eval(args):
     if dataset is None:
         raise ValueError(f"{args.model} is not in a run directory (no config.json of "
                          "`keras-reluvit train` beside it): pass --dataset.")
-    same = run.get("dataset") is not None and runs.same_dataset(dataset, run["dataset"])
+    same = run.get("dataset") is not None and kr_run.same_dataset(dataset, run["dataset"])
     defaults = run if same else {}
     seed = args.seed if args.seed is not None else defaults.get("seed", 0)
     val_fraction = (args.val_fraction if args.val_fraction is not None
                     else defaults.get("val_fraction", VAL_FRACTION))
     data_dir = args.data_dir or defaults.get("data_dir")
-    recipe = args.recipe or runs.run_recipe(run) or RECIPE  # its loss, overrides included
+    recipe = args.recipe or kr_run.run_recipe(run) or RECIPE  # its loss, overrides included
     model = _load_any(source)
     _prepared(dataset, data_dir, args.manual_dir)
     d = kr_data.load(dataset, args.batch_size, image_size=model.image_size,
@@ -146,7 +146,7 @@ def _eval(args):
               + ("" if same else " (no training run of this folder given: pass the run "
                  "directory to evaluate on the split it held out)"), file=sys.stderr)
         if same:
-            runs.check_held_out(folder, split, directory, run)
+            kr_run.check_held_out(folder, split, directory, run)
     loss, metrics = recipes.loss_and_metrics(model, recipe)
     model.compile(loss=loss, metrics=metrics)
     with image_folder.naming_unreadable(folder):
@@ -253,7 +253,7 @@ def _export(args):
         with open(config) as f:
             run = json.load(f)
         label_names = run.get("label_names")
-        activation = recipes_probability(runs.run_recipe(run))
+        activation = recipes_probability(kr_run.run_recipe(run))
     if args.format == "onnx":
         print(kr_export.onnx(model, args.path))
         return

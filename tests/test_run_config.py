@@ -13,8 +13,8 @@ import pytest
 
 from keras_reluvit import cli
 from keras_reluvit.training import recipes
-from keras_reluvit.training import rerun
 from keras_reluvit.training import run as T
+from keras_reluvit.training import run as rerun
 from keras_reluvit.training.settings import RunSettings
 
 pytestmark = pytest.mark.backend_independent
