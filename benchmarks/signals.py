@@ -33,7 +33,7 @@ def child(moment, marker, output, data_dir):
     import keras
 
     from keras_reluvit import cli
-    from keras_reluvit import train as T
+    from keras_reluvit.training import run as T
 
     def mark(steps):
         with open(marker + ".tmp", "w") as f:

@@ -10,7 +10,8 @@ __all__ = [
     "ImagePreprocessor", "MAPHead", "MLPBlock", "PointwiseAttention", "PositionEmbedding",
     "VARIANTS", "ViT", "ViT_B8", "ViT_B16", "ViT_B32", "ViT_H14", "ViT_L8", "ViT_L16",
     "ViT_L32", "ViT_S8", "ViT_S16", "ViT_S32", "ViT_Ti8", "ViT_Ti16", "ViT_Ti32",
-    "attention_kinds", "attention_presets", "backup", "callbacks", "data", "decode_predictions",
+    "attention_kinds", "attention_presets", "backup", "build_config", "callbacks", "data",
+    "decode_predictions",
     "distribution", "export", "fewshot", "finetune", "get_kernel", "image_folder",
     "imagenet1k_labels", "load_checkpoint",
     "load_image", "load_model", "load_weights", "pointwise_attention", "preprocess",
@@ -75,5 +76,6 @@ from keras_reluvit.training import callbacks
 from keras_reluvit.training import fewshot
 from keras_reluvit.training import finetune
 from keras_reluvit.training import recipes  # registers its optimizers, losses, schedule
-from keras_reluvit.training import run as train
 from keras_reluvit.training import settings
+from keras_reluvit.training.run import build_config
+from keras_reluvit.training.run import train

@@ -47,7 +47,6 @@ def _train(args):
 def _train_noted(args):
     from keras_reluvit import distribution as kr_distribution
     from keras_reluvit.distribution.engine import Engine
-    from keras_reluvit.training import run as kr_train
 
     engine = Engine()
     engine.check(mesh=args.mesh, sequence_axis=args.sequence_axis, sharding=args.sharding,
@@ -68,14 +67,14 @@ def _train_noted(args):
         keep_checkpoints=args.keep_checkpoints, accum_steps=args.accum_steps, ema=ema,
         aug_repeats=args.aug_repeats, auto_augment=args.aa,
         recipe_overrides=flags.overrides(args))
-    config = kr_train.build_config(settings, pool=args.pool, posemb=args.posemb,
+    config = kr_run.build_config(settings, pool=args.pool, posemb=args.posemb,
                                    remat=args.remat, drop_path=args.drop_path)
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
         _prepared(config.dataset, config.data_dir, args.manual_dir)
     kr_distribution.barrier("data prepared")
     engine.layout(args.mesh, args.sharding, args.sequence_axis, in_cluster)
     rerun = "restart" if args.restart else "override" if args.override else "error"
-    _, metrics = kr_train.train(config, args.output, export=not args.no_export,
+    _, metrics = kr_run.train(config, args.output, export=not args.no_export,
                                 verbose=2 if args.quiet else 1, rerun=rerun)
     final = metrics["final"]
     print(json.dumps({"output": args.output, "backend": engine.backend,

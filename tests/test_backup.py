@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import keras_reluvit as kr
 from keras_reluvit import backup as B
-from keras_reluvit import train as T
+from keras_reluvit.training import run as T
 
 
 def small_config(digits_dir, epochs, **kwargs):

@@ -696,11 +696,11 @@ def test_cli_convert_writes_keras_preset_and_timm(tmp_path):
 
 
 def test_relu_from_softmax_recipe_needs_a_checkpoint():
-    from keras_reluvit import train
+    import keras_reluvit as kr
 
     with pytest.raises(ValueError, match="--init"):
-        train.build_config(recipe="relu_from_softmax")
-    cfg = train.build_config(recipe="relu_from_softmax", init="x.safetensors")
+        kr.build_config(recipe="relu_from_softmax")
+    cfg = kr.build_config(recipe="relu_from_softmax", init="x.safetensors")
     assert cfg["init"] == "x.safetensors" and cfg["model"] == {"attention": "relu"}
 
 
@@ -793,10 +793,10 @@ def test_rectangular_posemb_resampled_from_a_random_grid(tmp_path):
 def test_a_changed_architecture_is_said_in_one_line_and_init_keeps_the_attention(tmp_path,
                                                                                  capsys):
     """`load_checkpoint(..., attention="relu")` on a softmax checkpoint says
-    what changed, from what to what; `kr.train.build_config(init=...)` (what
+    what changed, from what to what; `kr.build_config(init=...)` (what
     `keras-reluvit train --init` runs) keeps the checkpoint's attention unless
     one is given (the README's fine-tune once swapped in ReLU/L unseen)."""
-    from keras_reluvit import train as T
+    from keras_reluvit.training import run as T
 
     kr.ViT("Ti/16", image_size=32, depth=1, num_classes=4,
            attention="softmax").save(tmp_path / "soft.keras")

@@ -13,7 +13,7 @@ import pytest
 import keras_reluvit as kr
 from keras_reluvit import _keras_compat as compat
 from keras_reluvit import recipes
-from keras_reluvit import train as T
+from keras_reluvit.training import run as T
 
 
 class WeightsRecorder(keras.callbacks.Callback):

@@ -12,7 +12,7 @@ import pytest
 
 import keras_reluvit as kr
 from keras_reluvit import recipes
-from keras_reluvit import train as T
+from keras_reluvit.training import run as T
 
 
 def lamb_reference(params, grads_seq, lr, wd, decayed, clip, b1=0.9, b2=0.999, eps=1e-6):

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from keras_reluvit import settings
-from keras_reluvit import train as T
+from keras_reluvit.training import run as T
 from keras_reluvit.training.settings import RunSettings
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_reluvit")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from keras_reluvit import backup as B
-from keras_reluvit import train as T
+from keras_reluvit.training import run as T
 from keras_reluvit.training import signals
 
 

@@ -183,7 +183,7 @@ def test_timm_head_initialisation_for_deit_and_deit3_recipes():
     truncated = stats.truncnorm(-2, 2, scale=0.02).rvs(len(k), random_state=0)
     assert stats.kstest(truncated, stats.norm(0, 0.02).cdf).pvalue < 1e-6
     assert kr.ViT.from_config(model.get_config()).get_config()["head_init"] == "trunc_normal"
-    from keras_reluvit import train as T
+    from keras_reluvit.training import run as T
 
     for name in ("deit_s16_300ep", "deit3_s16_400ep", "deit3_b16_400ep"):
         assert recipes.get(name).model["head_init"] == "trunc_normal", name

@@ -1,10 +1,10 @@
 """Training: a run of `keras-reluvit train` and the parts it is made of.
 
 - `run`: the run (`build_config`, `train`: data, model, recipe, backups,
-  artefacts; `kr.train`); `settings`: its typed settings, the resolved
-  `RunConfig` and the defaults written once; `flags`: recipe fields from the
-  command line (timm's and DeiT's names too); `runs`: a finished run's folder
-  as later commands read it;
+  artefacts, reruns, the run folder; `kr.build_config`, `kr.train`);
+  `settings`: its typed settings, the resolved `RunConfig` and the defaults
+  written once; `flags`: recipe fields from the command line (timm's and
+  DeiT's names too);
 - `recipes`: the recipe catalogue, `compile` and the learning-rate schedule;
   `optimizers`: the recipe optimizers (EMA, LAMB, layer decay);
   `losses`: the sigmoid and binarized cross-entropies;

@@ -4,7 +4,7 @@ and under timm's (`train.py`) and DeiT's (`main.py`), for users who know those.
 Each `Flag` sets one recipe field (`grad_clip`, `augment.erase`,
 `augment.timm_mix.mixup_alpha`, ...). `keras-reluvit train` adds them all
 (`add_to`), turns the ones given into `RunSettings.recipe_overrides`
-(`overrides`: field -> value) and `kr.train.build_config` applies those to
+(`overrides`: field -> value) and `kr.build_config` applies those to
 the recipe it resolves (`apply`), saying each in one line; `config.json`
 records them (the run's `recipe_overrides`). docs/training.md's alias table
 is `table()`. Flags whose meaning is the same as an option we already have

@@ -454,7 +454,7 @@ def _recipe_of(config, variant):
         if config.resolved_with != config.recipe_overrides:
             raise ValueError("recipe_overrides changed after build_config resolved the recipe "
                              f"({config.resolved_with} -> {config.recipe_overrides}): call "
-                             "kr.train.build_config again.")
+                             "kr.build_config again.")
         return r
     r = recipes.get(config.recipe, variant)
     flags.apply(r, config.recipe_overrides)

@@ -1,8 +1,8 @@
 """A training run's settings and configuration, typed, each default written once.
 
-`RunSettings` is what `keras-reluvit train` and `kr.train.build_config`
+`RunSettings` is what `keras-reluvit train` and `kr.build_config`
 take (None: the recipe's value); `build_config` resolves it with the recipe,
-once, into the run's `RunConfig`: every value decided, what `kr.train.train`
+once, into the run's `RunConfig`: every value decided, what `kr.train`
 reads and `config.json` records (`settings`). The defaults that other parts repeat -- a folder's held-out share,
 the LoRA rank, the backups kept, the recipe, what a fine-tune trains -- are
 written once in `keras_reluvit/_defaults.py` (the lowest floor: the data
@@ -65,7 +65,7 @@ class FieldMapping(Fields, collections.abc.MutableMapping):
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """One run's settings. None: the recipe's value (or, with `init`, the
-    checkpoint's). See `kr.train.build_config` for what each does."""
+    checkpoint's). See `kr.build_config` for what each does."""
 
     recipe: str = RECIPE
     dataset: str = None
@@ -189,8 +189,8 @@ def check_settings(s):
 @dataclasses.dataclass(eq=False, frozen=True)
 class RunConfig(Fields):
     """One run's configuration, every value decided and frozen:
-    `kr.train.build_config` resolves a `RunSettings` with its recipe (once)
-    into it, `kr.train.train` reads it, `config.json` records it
+    `kr.build_config` resolves a `RunSettings` with its recipe (once)
+    into it, `kr.train` reads it, `config.json` records it
     (`settings`, `RunConfig.to_dict`). The same names as `RunSettings` (and
     the recipe's fields), plus `model` (the model's config before the data
     set's classes) and `augment` (`kr.data.Augment`'s keywords). Also a
@@ -238,14 +238,14 @@ class RunConfig(Fields):
         unknown = sorted(set(config) - set(cls.fields()))
         if unknown:
             raise ValueError(f"Not run settings: {', '.join(unknown)}; a run config holds "
-                             f"{', '.join(cls.fields())} (kr.train.build_config makes one).")
+                             f"{', '.join(cls.fields())} (kr.build_config makes one).")
         config = dict(config)
         config["augment"] = current_names(config.get("augment"))
         return cls(**config)
 
     def __setitem__(self, key, value):
         raise TypeError(f"A RunConfig is frozen: dataclasses.replace(config, {key}=...) makes "
-                        "another (or kr.train.build_config again, to resolve the recipe anew).")
+                        "another (or kr.build_config again, to resolve the recipe anew).")
 
     def to_dict(self):
         """A JSON-able dict of the fields (tuples as lists)."""

@@ -37,7 +37,8 @@ from keras_reluvit.training.backup import StepBackup
 RUN = r"""
 import json, os, sys
 import keras
-from keras_reluvit import cli, train as T
+from keras_reluvit import cli
+from keras_reluvit.training import run as T
 kill_at = json.loads(os.environ.get("KILL_AT", "null"))
 """ + KILL_CALLBACK + r"""
 class KillTogether(Kill):

@@ -262,13 +262,13 @@ def test_a_compiled_model_loads_after_importing_the_package(tmp_path):
 
 
 def test_the_documented_modules_are_attributes_of_the_package():
-    """`import keras_reluvit as kr; kr.train.build_config(...)` as the docs
+    """`import keras_reluvit as kr; kr.build_config(...)` as the docs
     write it, in a fresh process (in this one other tests imported them)."""
     import subprocess
     import sys
 
     code = ("import keras_reluvit as kr; "
-            "print(kr.train.build_config, kr.settings.RunSettings, kr.remat.check, "
+            "print(kr.build_config, kr.train, kr.settings.RunSettings, kr.remat.check, "
             "kr.recipes.compile, kr.backup.fit, kr.data.Augment)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, KERAS_BACKEND="jax"))

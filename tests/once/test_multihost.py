@@ -22,7 +22,8 @@ from keras_reluvit.training.backup import StepBackup
 # The CLI, optionally with a callback that SIGKILLs the process at (epoch, batch).
 RUN = r"""
 import json, os, sys
-from keras_reluvit import cli, train as T
+from keras_reluvit import cli
+from keras_reluvit.training import run as T
 kill_at = json.loads(os.environ.get("KILL_AT", "null"))
 """ + KILL_CALLBACK + r"""
 class KillTogether(Kill):  # both processes reach the step, then both die

@@ -25,7 +25,8 @@ from keras_reluvit.training.backup import StepBackup
 CHILD = r"""
 import json, os, sys, time
 import keras
-from keras_reluvit import callbacks as C, cli, train as T
+from keras_reluvit import callbacks as C, cli
+from keras_reluvit.training import run as T
 
 out, kill_at, data_dir, every = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 """ + KILL_CALLBACK + r"""
