@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 
 from keras_reluvit.training import flags
 from keras_reluvit.training import run as kr_run
@@ -578,6 +579,19 @@ def main(argv=None, noted=()):
     return _run(args)
 
 
+PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _raised_here(error):
+    """Whether `error` was raised by keras-reluvit's own code (a message
+    written for the user), not inside Keras, a backend or another library."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(
+        PACKAGE + os.sep)
+
+
 def _run(args):
     try:
         args.func(args)
@@ -585,6 +599,10 @@ def _run(args):
         print(f"keras-reluvit: {e}", flush=True)
         return 0
     except (ValueError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
+        # Ours: the message alone. Raised inside Keras, a backend or a library: its
+        # traceback first (where it came from), then the same one line.
+        if not _raised_here(e):
+            traceback.print_exception(e, file=sys.stderr)
         print(f"keras-reluvit: error: {e}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as e:

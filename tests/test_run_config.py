@@ -303,3 +303,25 @@ def test_timms_weight_decay_with_sgd_says_it_is_decoupled(capsys):
     assert "--weight-decay with SGD: decoupled here" in capsys.readouterr().out
     T.build_config(RunSettings(batch_size=8, recipe_overrides={"weight_decay": 0.05}))
     assert "SGD" not in capsys.readouterr().out  # AdamW: decoupled in both
+
+
+def test_the_cli_prints_a_traceback_only_for_errors_raised_outside_the_package(capsys):
+    """Was: any ValueError / RuntimeError became one line and exit 2, a bug
+    inside Keras or a backend losing where it came from. Ours stay one line;
+    one raised elsewhere (here: this test file) prints its traceback first."""
+    import argparse
+
+    from keras_reluvit.training.settings import check_number
+
+    def ours(args):
+        check_number("epochs", 0, (int, 1, None, True, None, "epochs"))
+
+    def foreign(args):
+        raise RuntimeError("raised outside keras_reluvit")
+
+    for func, traceback_shown in ((ours, False), (foreign, True)):
+        assert cli._run(argparse.Namespace(func=func, command="train")) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1].startswith("keras-reluvit: error: ")
+        assert ("Traceback (most recent call last)" in err) == traceback_shown, err
+        assert ('in foreign' in err) == traceback_shown, err
