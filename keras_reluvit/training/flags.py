@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import inspect
 
+from keras_reluvit.training.settings import NUMBERS
 from keras_reluvit.training.settings import check_number
 
 # timm's Mixup as train.py builds it when a run turns it on (its argument defaults):
@@ -26,20 +27,7 @@ TIMM_MIX_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, prob=1.0, switch_pro
 # timm's --opt names -> the recipe's (optimizer, nesterov); timm's sgd is Nesterov's.
 OPTIMIZERS = {"adamw": ("adamw", None), "momentum": ("sgd", False), "sgd": ("sgd", True),
               "nesterov": ("sgd", True), "lamb": ("lamb", None), "fusedlamb": ("lamb", None)}
-# The range each number must be in, as settings.NUMBERS: (kind, low, high, low included,
-# high included, meaning).
-RANGES = {"opt_eps": (float, 0, None, False, None, "an epsilon"),
-          "grad_clip": (float, 0, None, False, None, "a norm"),
-          "wd": (float, 0, None, True, None, "a decay"),
-          "weight_decay": (float, 0, None, True, None, "a decay"),
-          "warmup_epochs": (float, 0, None, True, None, "epochs"),
-          "smoothing": (float, 0, 1, True, False, "a smoothing"),
-          "augment.timm_mix.mixup_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
-          "augment.timm_mix.cutmix_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
-          "augment.timm_mix.prob": (float, 0, 1, True, True, "a probability"),
-          "augment.timm_mix.switch_prob": (float, 0, 1, True, True, "a probability"),
-          "augment.erase": (float, 0, 1, True, True, "a probability"),
-          "augment.color_jitter": (float, 0, None, True, None, "a strength")}
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,13 +209,13 @@ def _fields():
 
 def check_ranges(fields):
     """Each number of `fields` ({recipe field: value}) in its range
-    (`RANGES`), and each field a string: a ValueError naming the flag. Light
-    (no Keras)."""
+    (`settings.NUMBERS`), and each field a string: a ValueError naming the
+    flag. Light (no Keras)."""
     for field, value in fields.items():
         if not isinstance(field, str):
             raise ValueError(f"recipe_overrides' keys are recipe fields, got {field!r}.")
-        if field in RANGES:
-            check_number(field, value, RANGES[field], flag=flag_name(field))
+        if field in NUMBERS:
+            check_number(field, value, NUMBERS[field], flag=flag_name(field))
 
 
 def flag_name(field):

@@ -52,6 +52,7 @@ from keras_reluvit.training import backup as kr_backup
 from keras_reluvit.training import callbacks as kr_callbacks
 from keras_reluvit.training import flags
 from keras_reluvit.training import recipes
+from keras_reluvit.training.settings import NUMBERS
 from keras_reluvit.training.settings import RunConfig
 from keras_reluvit.training.settings import RunSettings
 from keras_reluvit.training.settings import check_accum
@@ -122,8 +123,7 @@ def build_config(settings=None, **kwargs):
                          f"settings: {', '.join(RunSettings.fields())}; a recipe field goes "
                          "in recipe_overrides={...}).")
     if model_overrides.get("drop_path") is not None:  # train --drop-path
-        check_number("drop_path", model_overrides["drop_path"],
-                     (float, 0, 1, True, False, "a rate"))
+        check_number("drop_path", model_overrides["drop_path"], NUMBERS["drop_path"])
     model_cfg.update({k: v for k, v in model_overrides.items() if v is not None})
     image_size = r["image_size"] if s.image_size is None else s.image_size
     if not init:  # the model checked now, before any data is read (its classes: any number)

@@ -102,8 +102,10 @@ class RunSettings:
         return [f.name for f in dataclasses.fields(cls)]
 
 
-# Each number of `RunSettings`: (kind, low, high, low included, high included, meaning);
-# None: no bound. Checked when a RunSettings is made, before anything runs or is written.
+# The range of each number of a run: (kind, low, high, low included, high included,
+# meaning); None: no bound. `RunSettings`' fields are checked when one is made, the recipe
+# fields a run sets (`recipe_overrides`) as build_config applies them (flags.check_ranges),
+# ViT's drop_path (a model flag) in build_config: before anything runs or is written.
 NUMBERS = {
     "epochs": (int, 1, None, True, None, "epochs"),
     "batch_size": (int, 1, None, True, None, "the global batch"),
@@ -120,6 +122,21 @@ NUMBERS = {
     "accum_steps": (int, 1, None, True, None, "micro-batches per update; 1: off"),
     "ema": (float, 0, 1, True, False, "a decay (DeiT's 0.99996; 0: off)"),
     "aug_repeats": (int, 0, None, True, None, "repeats; 0 or 1: off"),
+    # recipe fields
+    "opt_eps": (float, 0, None, False, None, "an epsilon"),
+    "grad_clip": (float, 0, None, False, None, "a norm"),
+    "wd": (float, 0, None, True, None, "a decay"),
+    "weight_decay": (float, 0, None, True, None, "a decay"),
+    "warmup_epochs": (float, 0, None, True, None, "epochs"),
+    "smoothing": (float, 0, 1, True, False, "a smoothing"),
+    "augment.timm_mix.mixup_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
+    "augment.timm_mix.cutmix_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
+    "augment.timm_mix.prob": (float, 0, 1, True, True, "a probability"),
+    "augment.timm_mix.switch_prob": (float, 0, 1, True, True, "a probability"),
+    "augment.erase": (float, 0, 1, True, True, "a probability"),
+    "augment.color_jitter": (float, 0, None, True, None, "a strength"),
+    # the model's
+    "drop_path": (float, 0, 1, True, False, "a rate"),
 }
 STRINGS = ("recipe", "dataset", "model", "data_dir", "init", "auto_augment")
 
@@ -161,8 +178,10 @@ def check_settings(s):
     """Every field of a `RunSettings` `s`: its type, its range, the
     combinations that cannot run (the recipe fields of `recipe_overrides`
     are checked as `build_config` applies them: `training.flags.apply`)."""
-    for field, spec in NUMBERS.items():
-        value = getattr(s, field)
+    for field in RunSettings.fields():
+        if field not in NUMBERS:
+            continue
+        spec, value = NUMBERS[field], getattr(s, field)
         if value is not None or field in ("seed", "lora_rank", "keep_checkpoints"):
             check_number(field, value, spec)
     for field in STRINGS:
