@@ -39,7 +39,8 @@ PRIVATE = {
     "Equalization._custom_histogram_fixed_width": (
         "Equalization's histogram (bound per instance)", "data.augment"),
     "SeedGenerator.next": (
-        "the draw Keras' random layers ask a seed generator for", "data.augment._keyed"),
+        "the draw Keras' random layers ask a seed generator for (overridden)",
+        "data.augment.KeyedSeedGenerator"),
     "Optimizer._model_variables_moving_average / _iterations": (
         "the EMA of the weights an optimizer built with `use_ema` keeps; its step count in "
         "micro-steps (`iterations` counts updates under gradient accumulation)",

@@ -7,6 +7,8 @@ one op at a time with keyed draws, and MixUp. timm's augmentations live in
 
 import dataclasses
 
+import keras
+
 from keras_reluvit import _keras_compat as compat
 from keras_reluvit.data import pillow_ops
 from keras_reluvit.data.pillow_ops import INTERPOLATIONS
@@ -148,27 +150,22 @@ def resize_small_central_crop(image, size):
     return tf_preprocess(image, size, normalize=False)
 
 
-class _KeyedSeed:
-    """Stands in for a `keras.random.SeedGenerator` inside tf.data: each
-    `next()` is a stateless seed derived from a key tensor, so the draws of
-    Keras' augmentation layers depend on (seed, epoch, example) only, never
-    on the order in which parallel map calls advance a shared state."""
+class KeyedSeedGenerator(keras.random.SeedGenerator):
+    """A `keras.random.SeedGenerator` for Keras' augmentation layers inside
+    tf.data: each `next()` (what Keras' random ops ask a generator for) is a
+    stateless seed derived from a key tensor, so the layers' draws depend on
+    (seed, epoch, example) only, never on the order in which parallel map
+    calls advance a shared state. It holds no state variable (SeedGenerator's
+    own `__init__` makes one, a backend variable a tf.data graph cannot
+    hold): its `next` is all Keras' random ops call."""
 
-    def __init__(self, key):
+    def __init__(self, key):  # (SeedGenerator.__init__ left out: see above)
         self.key, self.count = key, 0
 
     def next(self, ordered=True):
         tf = _tf()
         self.count += 1
         return tf.random.experimental.stateless_fold_in(self.key, self.count)
-
-
-def _keyed(key):
-    from keras.random import SeedGenerator
-
-    seed = object.__new__(type("KeyedSeedGenerator", (_KeyedSeed, SeedGenerator), {}))
-    _KeyedSeed.__init__(seed, key)
-    return seed
 
 
 def _histogram_by_bincount(sub):
@@ -226,7 +223,7 @@ def switch_randaugment(layer, image, key=None):
                 transformation = t["transforms"][name]
             else:
                 transformation = sub.get_random_transformation(
-                    current[None], training=True, seed=_keyed(op_key))
+                    current[None], training=True, seed=KeyedSeedGenerator(op_key))
             return tf.cast(sub.transform_images(current[None], transformation)[0], tf.float32)
 
         image = tf.switch_case(tf.cast(index, tf.int32),
