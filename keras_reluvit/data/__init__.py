@@ -1,7 +1,8 @@
 """Input pipelines: any tfds image-classification dataset into `model.fit`.
 
-tf.data end to end (parallel decode and augmentation with AUTOTUNE, no
-Python per image), big_vision's preprocessing:
+tf.data end to end (parallel decode and augmentation with AUTOTUNE; the
+Pillow operations of timm's and DeiT's chains run per image in Python
+through `tf.numpy_function`, `pillow_ops`), big_vision's preprocessing:
 
 - train: the encoded examples shuffled (tfds read with `SkipDecoding`, or
   file names) | inception crop (area 5-100 %, aspect 3/4-4/3), only the

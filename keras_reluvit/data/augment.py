@@ -10,9 +10,9 @@ import dataclasses
 import keras
 
 from keras_reluvit import _keras_compat as compat
+from keras_reluvit.data import lazy
 from keras_reluvit.data import pillow_ops
 from keras_reluvit.data.pillow_ops import INTERPOLATIONS
-from keras_reluvit.data.tfds import _tf
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import tf_preprocess
 
@@ -79,7 +79,7 @@ Augment.repeats = property(lambda self: self.aug_repeats,
 def crop_window(shape, area, aspect, seed):
     """big_vision's inception crop window of an image of `shape` ([H, W, C]):
     (offset, size), each `[y, x]`, drawn statelessly from `seed`."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
         shape,
         bounding_boxes=tf.zeros([1, 0, 4]),
@@ -94,7 +94,7 @@ def crop_window(shape, area, aspect, seed):
 
 def random_crop(image, area, aspect, seed):
     """The inception crop window of decoded pixels `image` (`[H, W, C]`)."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     begin, crop = crop_window(tf.shape(image), area, aspect, seed)
     return tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([crop, [-1]], 0))
 
@@ -105,7 +105,7 @@ def decode_random_crop(data, area, aspect, seed, dct_method="", alpha="drop"):
     `decode_jpeg_and_inception_crop`), other formats are decoded whole and
     cropped. The window equals `random_crop`'s on the decoded image for the
     same `seed`."""
-    tf = _tf()
+    tf = lazy.tensorflow()
 
     def jpeg():
         begin, crop = crop_window(tf.image.extract_jpeg_shape(data), area, aspect, seed)
@@ -125,7 +125,7 @@ def resize_crop(image, size, interpolation="bilinear"):
     images: DeiT's `--train-interpolation bicubic`)."""
     if interpolation == "bicubic":
         return pillow_ops.resize(image, size, "bicubic")
-    return _tf().image.resize(image, size, method="bilinear")
+    return lazy.tensorflow().image.resize(image, size, method="bilinear")
 
 
 def inception_crop(image, size, area, aspect, seed, interpolation="bilinear"):
@@ -163,7 +163,7 @@ class KeyedSeedGenerator(keras.random.SeedGenerator):
         self.key, self.count = key, 0
 
     def next(self, ordered=True):
-        tf = _tf()
+        tf = lazy.tensorflow()
         self.count += 1
         return tf.random.experimental.stateless_fold_in(self.key, self.count)
 
@@ -202,7 +202,7 @@ def switch_randaugment(layer, image, key=None):
     seed, shape (2,)) makes every draw a function of it; without it the
     layer's seed generator is used.
     """
-    tf = _tf()
+    tf = lazy.tensorflow()
     shape = tuple(image.shape[:2]) + (3,)
     image = tf.ensure_shape(image, shape)
     names = compat.randaugment_layers(layer)
@@ -236,7 +236,7 @@ def switch_randaugment(layer, image, key=None):
 # aspect ratio drawn log-uniformly, and the attempts at a box that fits.
 def beta_draws(shape, alpha, key1, key2):
     """Beta(alpha, alpha) draws as the ratio of two Gamma(alpha) draws."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     g1 = tf.random.stateless_gamma(shape, key1, alpha=alpha)
     g2 = tf.random.stateless_gamma(shape, key2, alpha=alpha)
     return g1 / (g1 + g2)
@@ -245,7 +245,7 @@ def beta_draws(shape, alpha, key1, key2):
 def mixup(images, labels, p, seed):
     """big_vision MixUp: a ~ Beta(p, p), a = max(a, 1 - a), one a per batch,
     every example mixed with the batch rolled by one (images and labels)."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     s1, s2 = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     a = beta_draws([], p, s1, s2)
     a = tf.maximum(a, 1.0 - a)

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from keras_reluvit.data.tfds import _tf
+from keras_reluvit.data import lazy
 
 FILL = (124, 116, 104)  # timm's img_mean fill: round(255 * ImageNet mean), as DeiT runs it
 BLUR_TAPS = 6  # each side of the Gaussian: 3 sigma at DeiT's largest sigma, 2
@@ -29,21 +29,21 @@ BLUR_TAPS = 6  # each side of the Gaussian: 3 sigma at DeiT's largest sigma, 2
 def pillow_levels(image):
     """A float image as the uint8 levels Pillow's resampling writes: clipped
     to 0-255, rounded half up."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     return tf.floor(tf.clip_by_value(image, 0.0, 255.0) + 0.5)
 
 
 def truncated_levels(image):
     """A float image as NumPy's `astype(uint8)` after `np.clip(0, 255)`
     writes it (timm's AugMix mix): truncated levels."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     return tf.floor(tf.clip_by_value(image, 0.0, 255.0))
 
 
 def blend(degenerate, image, factor):
     """Pillow's `Image.blend(degenerate, image, factor)`: in float32,
     `degenerate + factor * (image - degenerate)`, truncated to a level."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     factor = tf.cast(factor, image.dtype)
     return tf.clip_by_value(tf.floor(degenerate + factor * (image - degenerate)), 0.0, 255.0)
 
@@ -51,19 +51,19 @@ def blend(degenerate, image, factor):
 def _gray(image):
     """Pillow's `convert("L")` of levels: `(R 19595 + G 38470 + B 7471 +
     2^15) >> 16` (ITU-R 601-2 in 16-bit fixed point; exact in float32)."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     weights = tf.constant([19595.0, 38470.0, 7471.0], image.dtype)
     return tf.floor((tf.tensordot(image, weights, 1) + 32768.0) / 65536.0)[..., None]
 
 
 def grayscale(image):
     """Pillow's `convert("L")` as three equal channels (`[H, W, 3]`)."""
-    return _tf().tile(_gray(image), [1, 1, 3])
+    return lazy.tensorflow().tile(_gray(image), [1, 1, 3])
 
 
 def solarize(image, threshold=128.0):
     """`ImageOps.solarize`: `255 - x` where `x >= threshold`."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     return tf.where(image < tf.cast(threshold, image.dtype), image, 255.0 - image)
 
 
@@ -75,7 +75,7 @@ def color(image, factor):
 def contrast(image, factor):
     """`ImageEnhance.Contrast`: a blend with the mean of `convert("L")`,
     rounded (Pillow's `int(mean + 0.5)`)."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     mean = tf.floor(tf.reduce_mean(tf.cast(_gray(image), tf.float64)) + 0.5)
     mean = tf.cast(mean, image.dtype)
     return blend(mean, image, factor)
@@ -99,7 +99,7 @@ def through_pillow(image, call, *args, size=None):
     (default: the input's height and width). A pipeline holding it runs in
     this Python process (not in tf.data service or a SavedModel); at the
     process's exit, its calls still in flight are let finish first (`_drain`)."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     shape = tf.shape(image)[:2] if size is None else tf.cast(tf.stack(size), tf.int32)
 
     def run(pixels, *values):
@@ -158,7 +158,7 @@ atexit.register(_drain)  # returns at once in a process that made no call
 def as_double(v):
     """`v` in doubles, as timm computes its arguments: a Python float exactly
     (not through float32: 0.3 stays 0.3), a tensor cast."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     return tf.cast(v, tf.float64) if tf.is_tensor(v) else tf.constant(v, tf.float64)
 
 
@@ -249,7 +249,7 @@ def chain(image, kinds, arguments, applied, interpolation="bilinear", first=None
     `first=(size, flip)`: before them, in the same call, the crop's resize
     to `size` `(h, w)` (Pillow's, `interpolation`: `resize`) and, where the
     bool `flip`, its mirror image (`FLIP_LEFT_RIGHT`). float32 levels out."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     resample = _resample(interpolation)
 
     def call(im, kinds, arguments, applied, *first):
@@ -297,7 +297,7 @@ rotate, shear_x, shear_y, translate_x_rel, translate_y_rel = map(_one, (
 def gaussian_blur(image, sigma):
     """A Gaussian blur of standard deviation `sigma` (Pillow's radius), the
     edges repeated; separable, `2 * BLUR_TAPS + 1` taps; written as levels."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     x = tf.range(-BLUR_TAPS, BLUR_TAPS + 1, dtype=image.dtype)
     taps = tf.exp(-0.5 * tf.square(x / tf.cast(sigma, image.dtype)))
     taps = taps / tf.reduce_sum(taps)

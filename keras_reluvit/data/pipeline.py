@@ -1,6 +1,7 @@
 """The tf.data pipeline from examples to `model.fit` batches: decode late,
 crop first, augment, normalise by the model's recipe, batch, MixUp."""
 
+from keras_reluvit.data import lazy
 from keras_reluvit.data.augment import CROPS
 from keras_reluvit.data.augment import Augment
 from keras_reluvit.data.augment import decode_inception_crop
@@ -10,7 +11,6 @@ from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.augment import random_crop
 from keras_reluvit.data.augment import switch_randaugment
 from keras_reluvit.data.pillow_ops import pillow_levels
-from keras_reluvit.data.tfds import _tf
 from keras_reluvit.data.three_augment import color_jitter
 from keras_reluvit.data.three_augment import simple_random_crop
 from keras_reluvit.data.three_augment import three_augment
@@ -57,7 +57,7 @@ def pipeline(
     epoch is as long and holds a new random 1/r of the examples, each r times
     in a row (`repeated`). Eval: one pass, deterministic, the last partial batch kept.
     """
-    tf = _tf()
+    tf = lazy.tensorflow()
     import keras
 
     recipe = check_preprocessing(preprocessing)
@@ -177,7 +177,7 @@ def _plain(fn):
     Keras' layers use no Python control flow on tensors, and AutoGraph's
     source-to-source conversion of the ~120 functions they call cost each
     process 3-5 s before its first batch (DeiT's chain: 9.8 -> 4.5 s)."""
-    return _tf().autograph.experimental.do_not_convert(fn)
+    return lazy.tensorflow().autograph.experimental.do_not_convert(fn)
 
 
 def train_examples(ds, repeats=1, seed=0, shuffle_buffer=10_000):
@@ -227,7 +227,7 @@ def epoch_subset(ds, repeats, seed=0, shuffle_buffer=None):
     draw would not advance when `kr.backup.fit` fast-forwards the epochs
     before a resume by creating their iterators unread: the resumed run
     would see other images than the uninterrupted one.)"""
-    tf = _tf()
+    tf = lazy.tensorflow()
     n = _known_size(ds)
     k = -(-n // repeats)
     keys = tf.data.Dataset.random(seed=seed + 7, rerandomize_each_iteration=True).take(1)
@@ -257,7 +257,7 @@ def repeated(ds, repeats, n=None):
 
     In a cluster each process repeats the images of its own shard: the
     global batch holds the same mix of copies as DeiT's."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     check_repeats(repeats)
     if repeats == 1:
         return ds
@@ -290,7 +290,7 @@ def for_model(ds, model, train=False, batch_size=None, augment=None, seed=0,
     model.fit(kr.data.for_model(ds, model, train=True), epochs=5)
     ```
     """
-    tf = _tf()
+    tf = lazy.tensorflow()
     files = getattr(ds, "file_paths", None)  # image_dataset_from_directory's: its size
     spec = ds.element_spec
     if isinstance(spec, dict):
@@ -348,7 +348,7 @@ def split_batches(dataset, parts):
     size (the batch size must be a multiple of `parts`): gradient
     accumulation over them is the update of the whole batch, on the same
     images, augmentation draws and MixUp pairs."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     parts = int(parts)
     if parts == 1:
         return dataset

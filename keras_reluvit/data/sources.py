@@ -4,10 +4,9 @@ and `load`, which turns either into train / validation pipelines."""
 
 from keras_reluvit._defaults import VAL_FRACTION
 from keras_reluvit.data import folders as image_folder
+from keras_reluvit.data import lazy
 from keras_reluvit.data.pipeline import pipeline
 from keras_reluvit.data.tfds import SPLITS
-from keras_reluvit.data.tfds import _tf
-from keras_reluvit.data.tfds import _tfds
 from keras_reluvit.data.tfds import builder
 
 
@@ -51,7 +50,7 @@ class _TfdsSource:
     def shards(self, split, count):
         if count == 1:
             return [split]
-        return _tfds().even_splits(split, n=count, drop_remainder=True)
+        return lazy.tensorflow_datasets().even_splits(split, n=count, drop_remainder=True)
 
     def num_examples(self, shard):
         return self.info.splits[shard].num_examples
@@ -62,7 +61,7 @@ class _TfdsSource:
     def read(self, shard, train, seed):
         # Images stay encoded (a tenth of the memory in the shuffle buffer);
         # `pipeline` decodes them, only the crop window of a training JPEG.
-        tfds = _tfds()
+        tfds = lazy.tensorflow_datasets()
         decoders = None
         if isinstance(self.info.features["image"], tfds.features.Image):
             decoders = {"image": tfds.decode.SkipDecoding()}
@@ -195,7 +194,7 @@ def load(
         if len(indices) == 1:
             train = shard_pipeline(indices[0])
         else:  # several shards' batches side by side (the whole cluster's: global batches)
-            tf = _tf()
+            tf = lazy.tensorflow()
             train = tf.data.Dataset.zip(tuple(shard_pipeline(i) for i in indices))
             train = train.map(lambda *batches: tuple(
                 tf.concat([bt[k] for bt in batches], 0) for k in range(2)))

@@ -4,6 +4,7 @@ builders, and big_vision's split conventions."""
 import os
 
 from keras_reluvit.data import folders as image_folder
+from keras_reluvit.data import lazy
 
 ILSVRC_HELP = """ImageNet (imagenet2012) is not prepared in {data_dir}.
 tfds cannot download it. Put the two official archives in a manual directory:
@@ -32,26 +33,11 @@ SPLITS = {
 }
 
 
-def _tf():
-    import tensorflow as tf
-
-    return tf
-
-
-def _tfds():
-    # Registers the embedded data set too.
-    import tensorflow_datasets as tfds
-
-    from keras_reluvit.data import embedded  # noqa: F401
-
-    return tfds
-
-
 def prepare(name, data_dir=None, manual_dir=None):
     """Builds a tfds dataset into `data_dir` (tfds' progress bars): from the
     archives in `manual_dir` (default: tfds' `DATA_DIR/downloads/manual`)
     where the builder needs them, else by tfds' own download."""
-    tfds = _tfds()
+    tfds = lazy.tensorflow_datasets()
     builder = tfds.builder(name, data_dir=_expand(data_dir))
     manual_dir = _expand(manual_dir) or default_manual_dir(builder)
     missing = [f for f in MANUAL_FILES.get(name.split("/")[0], ())
@@ -91,7 +77,7 @@ def builder(name, data_dir=None, manual_dir=None):
     if image_folder.is_image_folder(name):
         raise ValueError(f"{name} is a folder of images, not a tfds data set: read it with "
                          "keras_reluvit.data.load (or image_folder.ImageFolder).")
-    tfds = _tfds()
+    tfds = lazy.tensorflow_datasets()
     data_dir = _expand(data_dir)
     b = tfds.builder(name, data_dir=data_dir)
     if not b.is_prepared():

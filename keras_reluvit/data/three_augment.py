@@ -15,6 +15,7 @@ around each channel's own mean, a fixed order of the jitter's operations and
 a 3-tap blur by default; hence Pillow's operations here.
 """
 
+from keras_reluvit.data import lazy
 from keras_reluvit.data.augment import resize_crop
 from keras_reluvit.data.pillow_ops import brightness
 from keras_reluvit.data.pillow_ops import color
@@ -22,7 +23,6 @@ from keras_reluvit.data.pillow_ops import contrast
 from keras_reluvit.data.pillow_ops import gaussian_blur
 from keras_reluvit.data.pillow_ops import grayscale
 from keras_reluvit.data.pillow_ops import solarize
-from keras_reluvit.data.tfds import _tf
 
 BLUR_SIGMA = (0.1, 2.0)  # deit augment.GaussianBlur: radius uniform in it
 
@@ -32,7 +32,7 @@ def color_jitter(image, strength, key):
     0-255 image: brightness, contrast and saturation factors each uniform in
     `[max(0, 1 - strength), 1 + strength]`, applied in a uniformly random
     order. Stateless, drawn from `key`."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     k_factors, k_order = tf.unstack(tf.random.experimental.stateless_split(key, 2))
     factors = tf.random.stateless_uniform([3], k_factors, max(0.0, 1.0 - strength),
                                           1.0 + strength)
@@ -50,7 +50,7 @@ def three_augment(image, key):
     """DeiT III's 3-Augment of one float 0-255 image `[H, W, 3]`: grayscale,
     solarization or a Gaussian blur (sigma uniform in `BLUR_SIGMA`), one of
     the three uniformly. Stateless, drawn from `key`."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     k_choice, k_sigma = tf.unstack(tf.random.experimental.stateless_split(key, 2))
     choice = tf.random.stateless_uniform([], k_choice, 0, 3, dtype=tf.int32)
     sigma = tf.random.stateless_uniform([], k_sigma, *BLUR_SIGMA)
@@ -69,7 +69,7 @@ def simple_random_crop(image, size, seed, interpolation="bilinear"):
     `interpolation` as `augment.resize_crop` (DeiT III's: Pillow's bicubic),
     `SIMPLE_CROP_PADDING` pixels of reflection padding, a uniformly placed
     crop of `size`; float32 out."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     hw = tf.shape(image)[:2]
     if size[0] == size[1]:  # torchvision: short = size, long = int(size * long / short)
         short = tf.reduce_min(hw)

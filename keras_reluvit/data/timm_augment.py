@@ -19,11 +19,11 @@ magnitude noise, every chosen op applied), hence these operations.
 import math
 import re
 
+from keras_reluvit.data import lazy
 from keras_reluvit.data.augment import beta_draws
 from keras_reluvit.data.pillow_ops import KINDS
 from keras_reluvit.data.pillow_ops import as_double
 from keras_reluvit.data.pillow_ops import chain as pillow_chain
-from keras_reluvit.data.tfds import _tf
 
 LEVEL_MAX = 10.0  # timm's _LEVEL_DENOM: M10 is the strongest
 
@@ -38,15 +38,15 @@ def _enhance(m, s):
 
 
 def _enhance_increasing(m, s):
-    return _tf().maximum(as_double(0.1), 1.0 + as_double(s) * as_double(m) / LEVEL_MAX * 0.9)
+    return lazy.tensorflow().maximum(as_double(0.1), 1.0 + as_double(s) * as_double(m) / LEVEL_MAX * 0.9)
 
 
 def _posterize_bits(m):
-    return _tf().cast(m / LEVEL_MAX * 4.0, _tf().int32)  # int(): truncation
+    return lazy.tensorflow().cast(m / LEVEL_MAX * 4.0, lazy.tensorflow().int32)  # int(): truncation
 
 
 def _solarize_threshold(m):
-    return _tf().floor(m / LEVEL_MAX * 256.0)
+    return lazy.tensorflow().floor(m / LEVEL_MAX * 256.0)
 
 
 _OPS = {
@@ -59,7 +59,7 @@ _OPS = {
     "PosterizeOriginal": ("posterize", lambda m, s: _posterize_bits(m) + 4),  # the paper's 4-8 bits
     "Solarize": ("solarize", lambda m, s: _solarize_threshold(m)),
     "SolarizeIncreasing": ("solarize", lambda m, s: 256.0 - _solarize_threshold(m)),
-    "SolarizeAdd": ("solarize_add", lambda m, s: _tf().floor(m / LEVEL_MAX * 110.0)),
+    "SolarizeAdd": ("solarize_add", lambda m, s: lazy.tensorflow().floor(m / LEVEL_MAX * 110.0)),
     "Color": ("color", _enhance),
     "ColorIncreasing": ("color", _enhance_increasing),
     "Contrast": ("contrast", _enhance),
@@ -172,7 +172,7 @@ def plan(ops, index, magnitude, sign):
     """Operation `ops[index]` (a tensor index) at `magnitude` and `sign`, as
     `(kind, argument)`: its Pillow operation's number in `pillow_ops.KINDS`
     and its argument (`argument`), for `run`."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     if len(ops) == 1:
         return tf.constant(KINDS.index(_OPS[ops[0]][0]), tf.int32), argument(ops[0], magnitude, sign)
     kinds = tf.constant([KINDS.index(_OPS[n][0]) for n in ops], tf.int32)
@@ -200,7 +200,7 @@ def apply_op(name, image, magnitude, sign, interpolation="bilinear"):
 def _draw_magnitude(magnitude, mstd, mmax, key):
     """timm's `AugmentOp` magnitude: `N(m, mstd)` (uniform in [0, m] for an
     infinite `mstd`), clipped to [0, mmax]."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     m = tf.constant(float(magnitude))
     if mstd == float("inf"):
         m = tf.random.stateless_uniform([], key, 0.0, float(magnitude))
@@ -222,7 +222,7 @@ def rand_augment(image, key, num_layers=2, magnitude=10, mstd=0.0, mmax=None,
     at a magnitude drawn per operation (`_draw_magnitude`). Stateless, from `key`.
     `first=(size, flip)`: the crop's resize and flip, in the same Pillow call
     (`pillow_ops.chain`; `image` is then the uncropped window)."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     ops = RAND_INCREASING_OPS if increasing else RAND_OPS
     kinds, arguments, applied = [], [], []
     for layer in range(int(num_layers)):
@@ -244,7 +244,7 @@ def auto_augment(image, key, policy="v0", mstd=0.0, interpolation="bilinear", fi
     order, each applied with its probability at its magnitude (with `mstd`,
     drawn per operation as `_draw_magnitude`). Stateless, from `key`;
     `first` as `rand_augment`'s."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     subs = AUTO_AUGMENT[policy]
     k_choice, k_ops = tf.unstack(tf.random.experimental.stateless_split(key, 2))
     index = tf.random.stateless_uniform([], k_choice, 0, len(subs), dtype=tf.int32)
@@ -276,7 +276,7 @@ def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("in
     from keras_reluvit.data.pillow_ops import blend
     from keras_reluvit.data.pillow_ops import truncated_levels
 
-    tf = _tf()
+    tf = lazy.tensorflow()
     keys = tf.random.experimental.stateless_split(key, 3)
     gammas = tf.random.stateless_gamma([width], keys[0], alpha=alpha)
     weights = gammas / tf.reduce_sum(gammas)  # Dirichlet(alpha, ..., alpha)
@@ -380,7 +380,7 @@ def random_erasing(image, probability, seed):
     ratio in `ERASE_ASPECT` (log-uniform) is filled with per-pixel standard
     normal noise; of `ERASE_ATTEMPTS` draws the first box that fits is used
     (none fits: the image is kept). Stateless, drawn from `seed`."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     keys = tf.random.experimental.stateless_split(seed, 5)
     h, w = tf.shape(image)[0], tf.shape(image)[1]
     hf, wf = tf.cast(h, tf.float32), tf.cast(w, tf.float32)
@@ -413,7 +413,7 @@ def _normal_rows(shape, key, first, rows, dtype):
     op's layout: element e of the draw is value e % 4 of group e // 4), so a
     box's noise costs its rows, not the image (2.4 ms per 224 px image on
     one thread); equal to the whole draw's rows value for value (tested)."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     from tensorflow.python.ops import gen_stateless_random_ops_v2
     from tensorflow.python.ops import random_ops_util
 
@@ -440,7 +440,7 @@ def cutmix_box(lam, centre, h, w):
     `cy + (cut_h + 1) // 2` (so an unclipped box is exactly `cut_h` high; timm
     0.3.2, DeiT's pin, ended at `cy + cut_h // 2`), clipped to the image.
     Returns `(y1, y2, x1, x2)`, the ends exclusive."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     cut = tf.sqrt(1.0 - lam)
     cut_h = tf.cast(tf.cast(h, tf.float32) * cut, tf.int32)
     cut_w = tf.cast(tf.cast(w, tf.float32) * cut, tf.int32)
@@ -465,7 +465,7 @@ def timm_mix(images, labels, seed, mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0,
     corrected to the share not pasted (timm's `correct_lam`). Labels are
     smoothed first (`1 - s + s / K` on the class, `s / K` elsewhere) and
     mixed with the same `lam`. Stateless, drawn from `seed`."""
-    tf = _tf()
+    tf = lazy.tensorflow()
     if mode not in TIMM_MIX_MODES:
         raise ValueError(f"Unknown timm_mix mode {mode!r}; valid: {TIMM_MIX_MODES}.")
     if not (mixup_alpha > 0 or cutmix_alpha > 0):
