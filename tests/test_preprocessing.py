@@ -23,7 +23,7 @@ from test_checkpoints import timm_state_dict
 import keras_reluvit as kr
 from keras_reluvit import preprocessing as P
 from keras_reluvit.checkpoints import CheckpointError
-from keras_reluvit.preprocessing.keras_path import generic as keras_path_generic
+from keras_reluvit.preprocessing.keras_ops import generic as keras_ops_generic
 
 
 def photographs():
@@ -203,7 +203,7 @@ def test_pillow_pass_order_and_rounding():
     def both_paths(recipe, img):
         recipe = P.check_preprocessing(recipe)
         graph = tf.function(lambda x: P.tf_preprocess(x, (224, 224), recipe))
-        return to_np(keras_path_generic(img[None], (224, 224), recipe))[0], graph(tf.constant(img)).numpy()
+        return to_np(keras_ops_generic(img[None], (224, 224), recipe))[0], graph(tf.constant(img)).numpy()
 
     for recipe, img, want in cases:
         for got in both_paths(recipe, img):
@@ -222,7 +222,7 @@ def test_pillow_pass_order_and_rounding():
     half_up = pillow.round_half_up
     try:
         pillow.round_half_up = lambda x, ops: ops.clip(ops.round(x), 0.0, 255.0)
-        got = to_np(keras_path_generic(img[None], (224, 224), P.check_preprocessing(recipe)))[0]
+        got = to_np(keras_ops_generic(img[None], (224, 224), P.check_preprocessing(recipe)))[0]
     finally:
         pillow.round_half_up = half_up
     assert (in_levels(got - want, 0.5) > 0.5).mean() > 0.05
@@ -241,12 +241,12 @@ def test_pillows_other_filters(name):
     want = pil_timm(img, 224, 0.9, resample, 0.5, 0.5)
     recipe = P.check_preprocessing(dict(TIMM, interpolation=name))
     graph = tf.function(lambda x: P.tf_preprocess(x, (224, 224), recipe))
-    for got in (to_np(keras_path_generic(img[None], (224, 224), recipe))[0],
+    for got in (to_np(keras_ops_generic(img[None], (224, 224), recipe))[0],
                 graph(tf.constant(img)).numpy()):
         steps = in_levels(got - want, 0.5)
         assert steps.max() <= 1.01 and (steps > 0.5).mean() < 0.005, (
             steps.max(), (steps > 0.5).mean())
-    bicubic = to_np(keras_path_generic(img[None], (224, 224), P.check_preprocessing(TIMM)))[0]
+    bicubic = to_np(keras_ops_generic(img[None], (224, 224), P.check_preprocessing(TIMM)))[0]
     assert (in_levels(bicubic - want, 0.5) > 0.5).mean() > 0.1
 
 
@@ -283,12 +283,12 @@ def test_timm_border_crop_mode():
     graph = tf.function(lambda x: P.tf_preprocess(x, (224, 224), recipe))
     for img in (varied_photographs()["portrait"], photographs()["rocket"]):
         want = pil_timm_border(img, 224, 0.9, Image.BICUBIC, *imagenet)
-        for got in (to_np(keras_path_generic(img[None], (224, 224), recipe))[0],
+        for got in (to_np(keras_ops_generic(img[None], (224, 224), recipe))[0],
                     graph(tf.constant(img)).numpy()):
             steps = in_levels(got - want, imagenet[1])
             assert steps.max() <= 1.01 and (steps > 0.5).mean() < 0.02, (
                 steps.max(), (steps > 0.5).mean())
-        centre = to_np(keras_path_generic(img[None], (224, 224), dict(recipe, resize="shorter")))[0]
+        centre = to_np(keras_ops_generic(img[None], (224, 224), dict(recipe, resize="shorter")))[0]
         assert (in_levels(centre - want, imagenet[1]) > 2).mean() > 0.2
 
 
@@ -356,7 +356,7 @@ def test_tensorflow_graph_path_equals_the_keras_ops_path(recipe):
     recipe = P.check_preprocessing(recipe)
     for img in photographs().values():
         for size in ((224, 224), (96, 64)):
-            generic = to_np(keras_path_generic(img[None], size, recipe))
+            generic = to_np(keras_ops_generic(img[None], size, recipe))
             graph = tf.function(lambda x: P.tf_preprocess(x, size, recipe),
                                 input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
             in_graph = graph(tf.constant(img)).numpy()[None]

@@ -69,7 +69,7 @@ The default is our own (and big_vision's) evaluation recipe: `"shorter"`,
 
 Modules: `recipe` (the keys and their check), `geometry` (resize targets,
 crop boxes, pass order), `pillow` (Pillow's weights, passes, rounding and
-compositing), `color` (RGB and normalisation), `keras_path` and `tf_path`
+compositing), `color` (RGB and normalisation), `keras_ops` and `tf_ops`
 (the recipe in `keras.ops` and in TensorFlow graphs), `layer`
 (`ImagePreprocessor`), `images` (decoding files) and `labels`.
 """
@@ -103,9 +103,9 @@ from keras_reluvit.preprocessing.recipe import PASS_ORDERS
 from keras_reluvit.preprocessing.recipe import PILLOW_FILTERS
 from keras_reluvit.preprocessing.recipe import RESIZE_MODES
 from keras_reluvit.preprocessing.recipe import check_preprocessing
-from keras_reluvit.preprocessing.tf_path import pillow_resize
-from keras_reluvit.preprocessing.tf_path import tf_preprocess
-from keras_reluvit.preprocessing.tf_path import tf_to_rgb
+from keras_reluvit.preprocessing.tf_ops import pillow_resize
+from keras_reluvit.preprocessing.tf_ops import tf_preprocess
+from keras_reluvit.preprocessing.tf_ops import tf_to_rgb
 
 __all__ = ["ALPHA_RULES", "CROP_OFFSETS", "DEFAULT", "IMAGENET_MEAN", "IMAGENET_STD",
            "INTERPOLATIONS", "ImagePreprocessor", "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD",

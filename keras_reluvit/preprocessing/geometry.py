@@ -9,7 +9,7 @@ import keras
 
 class Static:
     """The names the shared algorithms use, on static shapes: Python ints
-    for the arithmetic and `keras.ops` for the tensors (`tf_path.TF` has
+    for the arithmetic and `keras.ops` for the tensors (`tf_ops.TF` has
     the same names in TensorFlow)."""
     minimum, maximum = staticmethod(min), staticmethod(max)
 
@@ -60,7 +60,7 @@ def plan(h, w, size, p, xp=Static):
     """Where the recipe `p` takes an `h` x `w` image for a model of `size`:
     `(crop_before, resize_to, crop_after)`, boxes as `(top, left, height,
     width)`, `crop_before` None except for `"crop_resize"`. Integer
-    arithmetic on ints or (with `xp=tf_path.TF`) TensorFlow scalars."""
+    arithmetic on ints or (with `xp=tf_ops.TF`) TensorFlow scalars."""
     th, tw = size
     if p["resize"] == "crop_resize":  # keras' Resizing(crop_to_aspect_ratio=True)
         ch = xp.maximum(xp.minimum(h, w * th // tw), 1)

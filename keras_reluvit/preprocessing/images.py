@@ -5,7 +5,7 @@ import numpy as np
 
 from keras_reluvit.preprocessing.pillow import composite_on_white
 from keras_reluvit.preprocessing.recipe import ALPHA_RULES
-from keras_reluvit.preprocessing.tf_path import TF
+from keras_reluvit.preprocessing.tf_ops import TF
 
 
 def decode_image(data, dct_method="INTEGER_ACCURATE", alpha="drop"):

@@ -4,10 +4,10 @@ inside TensorFlow graphs."""
 import keras
 import numpy as np
 
-from keras_reluvit.preprocessing.keras_path import generic
+from keras_reluvit.preprocessing.keras_ops import generic
 from keras_reluvit.preprocessing.recipe import check_preprocessing
-from keras_reluvit.preprocessing.tf_path import in_tf_graph
-from keras_reluvit.preprocessing.tf_path import tf_preprocess
+from keras_reluvit.preprocessing.tf_ops import in_tf_graph
+from keras_reluvit.preprocessing.tf_ops import tf_preprocess
 
 
 @keras.saving.register_keras_serializable(package="keras_reluvit")

@@ -74,7 +74,7 @@ def pillow_weights(n_in, n_out, name, xp=None):
     filter `name` (`"nearest"`: the source pixel `floor((i + 0.5) * scale)`,
     as its affine nearest sampling), each row normalised and rounded to its
     22-bit fixed point as on 8-bit images. `n_in`, `n_out`: ints (numpy), or
-    with `xp=tf_path.TF` int32 scalars."""
+    with `xp=tf_ops.TF` int32 scalars."""
     xp = xp or _NumPy
     f64 = xp.float64
     scale = xp.cast(n_in, f64) / xp.cast(n_out, f64)
@@ -100,7 +100,7 @@ def pillow_weights(n_in, n_out, name, xp=None):
 
 
 class _NumPy:
-    """The array names `pillow_weights` uses, in numpy (`tf_path.TF` has them in
+    """The array names `pillow_weights` uses, in numpy (`tf_ops.TF` has them in
     TensorFlow, for dynamic sizes)."""
     float64 = np.float64
     abs, where, sin, cos, floor, trunc = np.abs, np.where, np.sin, np.cos, np.floor, np.trunc

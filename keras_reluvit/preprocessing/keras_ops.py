@@ -1,5 +1,5 @@
 """The recipe in `keras.ops` on static shapes: the preprocessor's path on
-the JAX and PyTorch backends (the TensorFlow path, `tf_path`, computes the
+the JAX and PyTorch backends (the TensorFlow path, `tf_ops`, computes the
 same thing)."""
 
 import keras
