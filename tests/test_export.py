@@ -62,6 +62,13 @@ def png_bytes(image):
     return buf.getvalue()
 
 
+# Off TensorFlow, a TensorFlow child process writes the export from the .keras file.
+CHILD_ON_TORCH = pytest.mark.full_only(
+    "An export through the TensorFlow child process on JAX (~10-40 s each): the child is the "
+    "same from PyTorch, where CI runs it; JAX's .keras files load on TensorFlow with the same "
+    "logits in test_cross_backend.", backends=("jax",))
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
@@ -86,6 +93,7 @@ def exported(tmp_path_factory):
     return model, path, uint8, pre, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@CHILD_ON_TORCH
 def test_probabilities_match_predict_on_the_same_preprocessed_images(exported):
     import tensorflow as tf
 
@@ -107,6 +115,7 @@ def test_probabilities_match_predict_on_the_same_preprocessed_images(exported):
     np.testing.assert_allclose(out["preprocessed_xla"], out["preprocessed"], atol=1e-5)
 
 
+@CHILD_ON_TORCH
 def test_top_k_outputs_and_labels(exported):
     _, _, _, _, out = exported
     r = out["uint8_7"]
@@ -118,11 +127,13 @@ def test_top_k_outputs_and_labels(exported):
     assert [[LABELS[c] for c in row] for row in classes] == r["top_k_labels"]
 
 
+@CHILD_ON_TORCH
 def test_bytes_path_equals_uint8_path(exported):
     _, _, _, _, out = exported
     np.testing.assert_allclose(out["bytes"], out["uint8_7"]["probabilities"], atol=1e-6)
 
 
+@CHILD_ON_TORCH
 def test_bad_serving_inputs_raise_clear_errors(exported):
     errors = exported[4]["errors"]
     assert errors["channels"] is not None and "3" in errors["channels"]
@@ -155,6 +166,7 @@ def test_export_rejects_a_feature_model(tmp_path):
 # The ONNX graph is written by TensorFlow on every backend (a child process
 # from the .keras file under JAX / PyTorch): exact GELU's rewrite is checked
 # in the TensorFlow suite, the per-backend export with gelu_tanh everywhere.
+@CHILD_ON_TORCH
 @pytest.mark.parametrize("mlp_activation", [
     "gelu_tanh", pytest.param("gelu", marks=pytest.mark.backend_independent)])
 def test_onnx_matches_predict_with_dynamic_batch(tmp_path, mlp_activation):
@@ -179,6 +191,7 @@ def test_onnx_matches_predict_with_dynamic_batch(tmp_path, mlp_activation):
         np.testing.assert_allclose(got, model.predict(x, verbose=0), atol=1e-4)
 
 
+@CHILD_ON_TORCH
 def test_export_of_a_model_with_a_custom_activation(tmp_path):
     """The TensorFlow child (from JAX / PyTorch) imports the module that
     registered the activation; one defined in __main__ gets a clear error."""
@@ -219,6 +232,7 @@ KERAS_CALL = textwrap.dedent("""
 """)
 
 
+@CHILD_ON_TORCH
 def test_keras_export_call_works_on_every_backend(tmp_path, capsys):
     """`model.export(path, format="tf_saved_model")` as users write it (Keras
     3.15's own writer fails on PyTorch): the archive loads with plain
