@@ -100,6 +100,7 @@ def through_pillow(image, call, *args, size=None):
     this Python process (not in tf.data service or a SavedModel); at the
     process's exit, its calls still in flight are let finish first (`_drain`)."""
     tf = lazy.tensorflow()
+    _install_hooks()
     shape = tf.shape(image)[:2] if size is None else tf.cast(tf.stack(size), tf.int32)
 
     def run(pixels, *values):
@@ -121,16 +122,13 @@ def through_pillow(image, call, *args, size=None):
     return tf.cast(tf.reshape(out, tf.concat([shape, [3]], 0)), tf.float32)
 
 
-_CALLS = dict(lock=threading.Lock(), in_flight=0, last=0.0, closing=False)
+_CALLS = dict(lock=threading.Lock(), in_flight=0, last=0.0, closing=False, hooked=False)
 CLOSED = ("keras-reluvit: this process is exiting, so its tf.data pipelines no longer call "
           "Pillow (pillow_ops._drain, an atexit hook): read the data before the exit begins.")
 
 
 def _forked():  # a forked child holds none of its parent's calls, nor a lock a thread held
     _CALLS.update(lock=threading.Lock(), in_flight=0)
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 def _drain(quiet=0.5, limit=10.0):
@@ -152,7 +150,16 @@ def _drain(quiet=0.5, limit=10.0):
         time.sleep(0.02)
 
 
-atexit.register(_drain)  # returns at once in a process that made no call
+def _install_hooks():
+    """The process hooks of Pillow's calls (`_drain` at exit, `_forked` in a
+    forked child), installed once, by the first pipeline op that calls
+    Pillow (`through_pillow`): importing the package installs nothing."""
+    with _CALLS["lock"]:
+        if _CALLS["hooked"]:
+            return
+        _CALLS["hooked"] = True
+    os.register_at_fork(after_in_child=_forked)
+    atexit.register(_drain)
 
 
 def as_double(v):

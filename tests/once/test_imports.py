@@ -201,16 +201,24 @@ def test_the_tree_is_small_at_the_top():
 
 def test_importing_the_package_installs_nothing_and_reads_no_command_line():
     """`import keras_reluvit` under the command line of `keras-reluvit train`
-    leaves SIGTERM and SIGINT as they were, adds no import finder, and keeps
-    none of the modules' old names (was: a SIGTERM handler installed at
-    import when sys.argv looked like `train`; a finder for 21 old names)."""
+    leaves SIGTERM and SIGINT as they were, adds no import finder and no
+    exit or fork hook, and keeps none of the modules' old names (was: a
+    SIGTERM handler installed at import when sys.argv looked like `train`; a
+    finder for 21 old names; Pillow's exit drain registered at import)."""
     import subprocess
     import sys
 
-    code = ("import signal, sys; sys.argv = ['keras-reluvit', 'train']\n"
+    code = ("import atexit, os, signal, sys; sys.argv = ['keras-reluvit', 'train']\n"
             "before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT),"
             " list(sys.meta_path))\n"
+            # exit and fork hooks, noted as they are registered
+            "hooks, register, at_fork = [], atexit.register, os.register_at_fork\n"
+            "atexit.register = lambda f, *a, **k: (hooks.append(f), register(f, *a, **k))[1]\n"
+            "os.register_at_fork = lambda **k: (hooks.extend(k.values()), at_fork(**k))[1]\n"
             "import importlib, keras_reluvit as kr\n"
+            "assert 'keras_reluvit.data.pillow_ops' in sys.modules\n"
+            "assert not [f for f in hooks if (getattr(f, '__module__', None) or '').startswith("
+            "'keras_reluvit')], hooks\n"
             "after = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT),"
             " list(sys.meta_path))\n"
             "assert after[:2] == before[:2], after\n"
