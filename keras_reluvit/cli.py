@@ -59,15 +59,10 @@ def _train_noted(args):
     ema = args.ema
     if args.model_ema:  # timm's / DeiT's switch: a decay, said
         ema = flags.model_ema_decay(args.recipe, args.ema)
-    settings = RunSettings(
-        recipe=args.recipe, dataset=args.dataset, model=args.model, attention=args.attention,
-        epochs=args.epochs, batch_size=args.batch_size, image_size=args.image_size,
-        data_dir=args.data_dir, seed=args.seed, init=args.init, data_shards=args.data_shards,
-        trainable=args.trainable, lora_rank=args.lora_rank, layer_decay=args.layer_decay,
-        lr=args.lr, val_fraction=args.val_fraction, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints, accum_steps=args.accum_steps, ema=ema,
-        aug_repeats=args.aug_repeats, auto_augment=args.aa,
-        recipe_overrides=flags.overrides(args))
+    # (each RunSettings field is the dest of its flag)
+    settings = RunSettings(**{f: getattr(args, f) for f in RunSettings.fields()
+                              if f not in ("ema", "recipe_overrides")},
+                           ema=ema, recipe_overrides=flags.overrides(args))
     config = kr_run.build_config(settings, pool=args.pool, posemb=args.posemb,
                                    remat=args.remat, drop_path=args.drop_path)
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
@@ -434,7 +429,7 @@ def parser():
                    help="keep timm's EMA of the weights with this decay (DeiT: 0.99996), "
                    "evaluated beside the trained weights each epoch; model.keras and the export "
                    "then hold the EMA (default the recipe's: off; 0: off)")
-    t.add_argument("--auto-augment", *flags.also("--auto-augment"), dest="aa", metavar="NAME",
+    t.add_argument("--auto-augment", *flags.also("--auto-augment"), metavar="NAME",
                    help="timm's automatic augmentation by name, e.g. rand-m9-mstd0.5-inc1 "
                    "(DeiT's RandAugment), augmix-m3-w3-d-1 or original-mstd0.5 (AutoAugment), "
                    "instead of the recipe's (none: off)")

@@ -205,10 +205,10 @@ def test_timms_flag_names_set_the_recipe_fields_and_say_so(capsys):
             "--src --color-jitter 0.2 --ThreeAugment --train-interpolation bilinear "
             "--model-ema-decay 0.999 --input-size 64 --aa none").split()
     args = parse_train(argv)
-    assert (args.ema, args.image_size, args.aa) == (0.999, 64, "none")
+    assert (args.ema, args.image_size, args.auto_augment) == (0.999, 64, "none")
     fields = flags.overrides(args)
     config = T.build_config(RunSettings(recipe="deit_s16_300ep", batch_size=8,
-                                        auto_augment=args.aa, recipe_overrides=fields))
+                                        auto_augment=args.auto_augment, recipe_overrides=fields))
     said = [line for line in capsys.readouterr().out.splitlines() if "the recipe's" in line]
     assert len(said) == len(fields) + 2, said  # and 3-Augment's and --aa's lines
     r, was = config.resolved_recipe, recipes.get("deit_s16_300ep")
