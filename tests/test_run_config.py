@@ -325,3 +325,11 @@ def test_the_cli_prints_a_traceback_only_for_errors_raised_outside_the_package(c
         assert err.strip().splitlines()[-1].startswith("keras-reluvit: error: ")
         assert ("Traceback (most recent call last)" in err) == traceback_shown, err
         assert ('in foreign' in err) == traceback_shown, err
+
+
+def test_every_run_setting_is_a_flag_of_train():
+    """The CLI makes RunSettings from the flags by field name: each field
+    has its flag's dest (recipe_overrides: the recipe-field flags)."""
+    args = cli.parser().parse_args(["train"])
+    missing = [f for f in RunSettings.fields() if f != "recipe_overrides" and not hasattr(args, f)]
+    assert not missing, missing
