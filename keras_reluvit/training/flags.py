@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 
 from keras_reluvit.training.settings import NUMBERS
+from keras_reluvit.training.settings import RunSettings
 from keras_reluvit.training.settings import check_number
 
 # timm's Mixup as train.py builds it when a run turns it on (its argument defaults):
@@ -27,7 +28,6 @@ TIMM_MIX_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, prob=1.0, switch_pro
 # timm's --opt names -> the recipe's (optimizer, nesterov); timm's sgd is Nesterov's.
 OPTIMIZERS = {"adamw": ("adamw", None), "momentum": ("sgd", False), "sgd": ("sgd", True),
               "nesterov": ("sgd", True), "lamb": ("lamb", None), "fusedlamb": ("lamb", None)}
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,13 +208,14 @@ def _fields():
 
 
 def check_ranges(fields):
-    """Each number of `fields` ({recipe field: value}) in its range
-    (`settings.NUMBERS`), and each field a string: a ValueError naming the
-    flag. Light (no Keras)."""
+    """Each number of `fields` ({recipe field: value}) in its range (the
+    recipe fields of `settings.NUMBERS`: a name that is also a run setting's
+    is the run setting's to check), and each field a string: a ValueError
+    naming the flag. Light (no Keras)."""
     for field, value in fields.items():
         if not isinstance(field, str):
             raise ValueError(f"recipe_overrides' keys are recipe fields, got {field!r}.")
-        if field in NUMBERS:
+        if field in NUMBERS and field not in RunSettings.fields() and field != "drop_path":
             check_number(field, value, NUMBERS[field], flag=flag_name(field))
 
 
