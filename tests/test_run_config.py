@@ -14,7 +14,6 @@ import pytest
 from keras_reluvit import cli
 from keras_reluvit.training import recipes
 from keras_reluvit.training import run as T
-from keras_reluvit.training import run as rerun
 from keras_reluvit.training.settings import RunSettings
 
 pytestmark = pytest.mark.backend_independent
@@ -63,8 +62,11 @@ pytestmark = pytest.mark.backend_independent
                                                 "be fewer than the run's 3 epochs"),
     (["--batch-size", "10", "--accum-steps", "3"], "accum_steps (train --accum-steps) 3 must "
                                                    "divide the batch size 10"),
-    (["--image-size", "30"], "The run's model (Ti/8, train --model / --image-size 30 / the model "
-                             "flags): image_size (30, 30) is not divisible by the patch size 8"),
+    (["--image-size", "30"], "The run's model (Ti/8 at 30 px; train --model, --image-size or the "
+                             "model flags): image_size (30, 30) is not divisible by the patch size 8"),
+    (["--model", "vit_s16", "--image-size", "40"], "The run's model (S/16 at 40 px; train --model, "
+                                                   "--image-size or the model flags): image_size "
+                                                   "(40, 40) is not divisible by the patch size 16"),
     (["--val-fraction", "0.2"], "val_fraction (train --val-fraction) 0.2 holds out a share of an "
                                 "image folder's classes; 'sklearn_digits' is a tfds"),
 ])
@@ -112,6 +114,12 @@ def test_val_fraction_holds_out_only_where_a_folder_has_no_split_folders(tmp_pat
     assert T.build_config("digits", dataset=str(flat), batch_size=2).val_fraction == 0.1
     assert T.build_config("digits", dataset=str(flat), batch_size=2,
                           val_fraction=0.25).val_fraction == 0.25
+    train_only = folder(tmp_path / "train_only" / "train").parent  # no validation at all
+    with pytest.raises(ValueError, match=r"a folder without split folders; .*train_only has "
+                       r"train/"):
+        T.build_config("digits", dataset=str(train_only), batch_size=2, val_fraction=0.25)
+    with pytest.raises(ValueError, match=r"0.25 holds out .* not a folder"):
+        T.build_config("digits", dataset=str(tmp_path / "typo"), batch_size=2, val_fraction=0.25)
     split = tmp_path / "split"
     folder(split / "train"), folder(split / "val")
     assert T.build_config("digits", dataset=str(split), batch_size=2).val_fraction == 0.1
@@ -195,14 +203,14 @@ def test_a_rerun_compares_every_key_of_either_side():
               "recipe_overrides": {}, "recipe_resolved": {"grad_clip": 1.0, "lr": 2e-3}}
     now = {"epochs": 1, "model": {"variant": "Ti/8"}, "recipe_overrides": {"grad_clip": 1.0},
            "recipe_resolved": {"grad_clip": 1.0, "lr": 2e-3}}
-    assert rerun.settings_changed(before, now) == {"model.depth": [4, None],
+    assert T.settings_changed(before, now) == {"model.depth": [4, None],
                                                    "model.width": [96, None]}
-    assert rerun.settings_changed(before, dict(before, epochs=2, extra=1)) == {
+    assert T.settings_changed(before, dict(before, epochs=2, extra=1)) == {
         "epochs": [1, 2], "extra": [None, 1]}
     later = dict(before, recipe_resolved={"grad_clip": 0.5, "lr": 2e-3})
-    assert rerun.settings_changed(before, later) == {"recipe_resolved.grad_clip": [1.0, 0.5]}
+    assert T.settings_changed(before, later) == {"recipe_resolved.grad_clip": [1.0, 0.5]}
     old = {k: v for k, v in before.items() if k != "recipe_resolved"}  # a run of before
-    assert rerun.settings_changed(old, now)["recipe_overrides.grad_clip"] == [None, 1.0]
+    assert T.settings_changed(old, now)["recipe_overrides.grad_clip"] == [None, 1.0]
 
 
 def test_a_rerun_with_another_model_is_refused_before_any_file_is_touched(tmp_path,

@@ -316,13 +316,11 @@ def test_eval_and_export_read_the_runs_recipe_overrides():
     """A run trained with --loss sigmoid_xent: `keras-reluvit eval` scores its
     loss, the export its sigmoid (config.json's recipe_overrides)."""
     from keras_reluvit import recipes
-    from keras_reluvit.training import run as runs
-
     run = dict(recipe="digits", settings=dict(recipe_overrides={"loss": "sigmoid_xent"}))
-    assert runs.run_recipe(run).loss == "sigmoid_xent"
-    assert recipes.probability(runs.run_recipe(run)) == "sigmoid"
-    assert runs.run_recipe(dict(recipe="digits")).loss == "softmax_xent"
-    assert runs.run_recipe(dict(recipe="my_own")) == "my_own"
+    assert T.run_recipe(run).loss == "sigmoid_xent"
+    assert recipes.probability(T.run_recipe(run)) == "sigmoid"
+    assert T.run_recipe(dict(recipe="digits")).loss == "softmax_xent"
+    assert T.run_recipe(dict(recipe="my_own")) == "my_own"
 
 
 @pytest.mark.backend_independent

@@ -47,6 +47,7 @@ from keras_reluvit.data.pipeline import split_batches
 from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.models.variants import variant_with_patch
 from keras_reluvit.models.vit import ViT
+from keras_reluvit.models.vit import accepted_keywords
 from keras_reluvit.models.vit import check_arguments
 from keras_reluvit.training import backup as kr_backup
 from keras_reluvit.training import callbacks as kr_callbacks
@@ -73,7 +74,8 @@ def build_config(settings=None, **kwargs):
     `posemb=`, ...). The recipe is resolved here, once.
 
     `dataset` is a tfds name or a folder of images (one sub-folder per
-    class; `val_fraction` of each class is held out where it has no `val/`).
+    class; `val_fraction` of each class is held out where it has no split
+    folders `train/` + `val/`: given for any other data set, an error).
     `init` is a pretrained checkpoint (anything `keras_reluvit.load_checkpoint`
     reads) to start from: its architecture, attention and weights (an
     `attention` given is swapped in, said in one printed line) and a new
@@ -115,8 +117,6 @@ def build_config(settings=None, **kwargs):
         model_cfg.update(attention=attention)
     if not init:
         model_cfg.update(head_bias_init=r["head_bias_init"])
-    from keras_reluvit.models.vit import accepted_keywords
-
     unknown = sorted(set(model_overrides) - set(accepted_keywords()))
     if unknown:
         raise ValueError(f"Neither run settings nor ViT arguments: {', '.join(unknown)} (the "
@@ -130,8 +130,9 @@ def build_config(settings=None, **kwargs):
         try:
             check_arguments(**model_cfg, image_size=image_size, num_classes=2)
         except ValueError as e:
-            raise ValueError(f"The run's model ({model_cfg.get('variant')}, train --model / "
-                             f"--image-size {image_size} / the model flags): {e}") from None
+            raise ValueError(f"The run's model ({model_cfg.get('variant') or 'its variant'} at "
+                             f"{image_size} px; train --model, --image-size or the model "
+                             f"flags): {e}") from None
     epochs = r["epochs"] if s.epochs is None else s.epochs
     warmup = s.recipe_overrides.get("warmup_epochs")
     if warmup is not None and warmup >= epochs:
@@ -222,9 +223,11 @@ def _val_fraction(val_fraction, dataset):
     if val_fraction is None:
         return VAL_FRACTION
     if not image_folder.is_image_folder(dataset):
+        what = (f"{dataset} is not a folder" if os.sep in str(dataset) or
+                str(dataset).startswith((".", "~")) else
+                f"{dataset!r} is a tfds data set, which validates on its own split")
         raise ValueError(f"val_fraction (train --val-fraction) {val_fraction:g} holds out a share "
-                         f"of an image folder's classes; {dataset!r} is a tfds data set, which "
-                         "validates on its own split: leave --val-fraction out.")
+                         f"of an image folder's classes; {what}: leave --val-fraction out.")
     found = image_folder.split_folders(dataset)
     if found:
         raise ValueError(f"val_fraction (train --val-fraction) {val_fraction:g} holds out a share "
@@ -527,6 +530,9 @@ def _json(value):
     return json.loads(json.dumps(value, default=list))
 
 
+RECIPE_KEY = "recipe_resolved"  # config.json: the recipe as the run resolved it
+
+
 def _flat(value, prefix=""):
     """{"a.b.c": leaf} of nested dicts (a model's, the augmentation's, the
     recipe's keys), JSON's values (tuples as lists)."""
@@ -556,9 +562,6 @@ def settings_changed(before, now):
         now.pop(RECIPE_KEY, None)
     a, b = _flat(before), _flat(now)
     return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-
-
-RECIPE_KEY = "recipe_resolved"  # config.json: the recipe as the run resolved it
 
 
 def _say(changed):
