@@ -157,10 +157,14 @@ class KeyedSeedGenerator(keras.random.SeedGenerator):
     (seed, epoch, example) only, never on the order in which parallel map
     calls advance a shared state. It holds no state variable (SeedGenerator's
     own `__init__` makes one, a backend variable a tf.data graph cannot
-    hold): its `next` is all Keras' random ops call."""
+    hold): its `next` is all Keras' random ops call; `state` and
+    `get_config` are not available."""
 
     def __init__(self, key):  # (SeedGenerator.__init__ left out: see above)
         self.key, self.count = key, 0
+
+    def __repr__(self):  # (SeedGenerator's reads its state variable, which this lacks)
+        return f"KeyedSeedGenerator(key={self.key!r}, count={self.count})"
 
     def next(self, ordered=True):
         tf = lazy.tensorflow()

@@ -155,11 +155,10 @@ def _install_hooks():
     forked child), installed once, by the first pipeline op that calls
     Pillow (`through_pillow`): importing the package installs nothing."""
     with _CALLS["lock"]:
-        if _CALLS["hooked"]:
-            return
-        _CALLS["hooked"] = True
-    os.register_at_fork(after_in_child=_forked)
-    atexit.register(_drain)
+        if not _CALLS["hooked"]:
+            os.register_at_fork(after_in_child=_forked)
+            atexit.register(_drain)
+            _CALLS["hooked"] = True
 
 
 def as_double(v):
