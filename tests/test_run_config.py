@@ -341,3 +341,12 @@ def test_every_run_setting_is_a_flag_of_train():
     args = cli.parser().parse_args(["train"])
     missing = [f for f in RunSettings.fields() if f != "recipe_overrides" and not hasattr(args, f)]
     assert not missing, missing
+
+
+def test_a_recipe_field_named_as_a_run_setting_keeps_the_recipes_checks():
+    """recipe_overrides' fields are checked by the recipe fields' ranges; a
+    field also named as a run setting (ema: None, the recipe's "off") is
+    the run setting's to check, not refused with RunSettings' range."""
+    assert T.build_config("digits", batch_size=8, recipe_overrides={"ema": None}).ema is None
+    with pytest.raises(ValueError, match=r"grad_clip \(train --grad-clip\) must be a number"):
+        T.build_config("digits", batch_size=8, recipe_overrides={"grad_clip": 0})
