@@ -578,8 +578,10 @@ PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _raised_here(error):
-    """Whether `error` was raised by keras-reluvit's own code (a message
-    written for the user), not inside Keras, a backend or another library."""
+    """Whether `error` was raised in keras-reluvit's own code (its innermost
+    Python frame is in the package: our checks' messages, but also a
+    built-in's error there, e.g. int() of a bad string), not inside Keras,
+    a backend or another library."""
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
