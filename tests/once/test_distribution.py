@@ -129,9 +129,9 @@ def test_tensorflow_mirrored_strategy_recipe_matches_one_device():
 @pytest.mark.full_only(
     "The CLI's 2-D mesh on 8 devices in one process (~45 s): the 2-D meshes' shardings, "
     "losses and checkpoints run through the API in test_jax_mesh_shardings_losses_and_checkpoint; "
-    "the CLI's --mesh / --sharding fsdp trains, records its distribution in config.json and "
-    "resumes in test_multihost's killed FSDP cluster; --mesh's parsing errors in "
-    "test_bad_strategy_and_mesh_names.")
+    "the CLI's --sharding fsdp trains, records its distribution in config.json and resumes in "
+    "test_multihost's killed FSDP cluster, whose one-process reference passes a 1-D --mesh; "
+    "the CLI's 2-D --mesh is parsed only in full runs.")
 def test_cli_train_with_a_mesh_on_eight_jax_devices(tmp_path, digits_built):
     env = subprocess_env("jax")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
