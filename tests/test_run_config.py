@@ -335,12 +335,16 @@ def test_the_cli_prints_a_traceback_only_for_errors_raised_outside_the_package(c
         assert ('in foreign' in err) == traceback_shown, err
 
 
-def test_every_run_setting_is_a_flag_of_train():
+def test_every_run_setting_is_a_flag_of_train_with_the_same_default():
     """The CLI makes RunSettings from the flags by field name: each field
-    has its flag's dest (recipe_overrides: the recipe-field flags)."""
+    has its flag's dest (recipe_overrides: the recipe-field flags), and a
+    command line without the flag means what RunSettings' default means."""
     args = cli.parser().parse_args(["train"])
-    missing = [f for f in RunSettings.fields() if f != "recipe_overrides" and not hasattr(args, f)]
+    fields = [f for f in RunSettings.fields() if f != "recipe_overrides"]
+    missing = [f for f in fields if not hasattr(args, f)]
     assert not missing, missing
+    default = RunSettings()
+    assert {f: getattr(args, f) for f in fields} == {f: getattr(default, f) for f in fields}
 
 
 def test_a_recipe_field_named_as_a_run_setting_keeps_the_recipes_checks():
