@@ -17,8 +17,7 @@ import copy
 import dataclasses
 import inspect
 
-from keras_reluvit.training.settings import NUMBERS
-from keras_reluvit.training.settings import RunSettings
+from keras_reluvit.training.settings import RECIPE_NUMBERS
 from keras_reluvit.training.settings import check_number
 
 # timm's Mixup as train.py builds it when a run turns it on (its argument defaults):
@@ -208,15 +207,15 @@ def _fields():
 
 
 def check_ranges(fields):
-    """Each number of `fields` ({recipe field: value}) in its range (the
-    recipe fields of `settings.NUMBERS`: a name that is also a run setting's
-    is the run setting's to check), and each field a string: a ValueError
-    naming the flag. Light (no Keras)."""
+    """Each number of `fields` ({recipe field: value}) in its range
+    (`settings.RECIPE_NUMBERS`; a field named as a run setting is the run
+    setting's to check), and each field a string: a ValueError naming the
+    flag. Light (no Keras)."""
     for field, value in fields.items():
         if not isinstance(field, str):
             raise ValueError(f"recipe_overrides' keys are recipe fields, got {field!r}.")
-        if field in NUMBERS and field not in RunSettings.fields() and field != "drop_path":
-            check_number(field, value, NUMBERS[field], flag=flag_name(field))
+        if field in RECIPE_NUMBERS:
+            check_number(field, value, RECIPE_NUMBERS[field], flag=flag_name(field))
 
 
 def flag_name(field):

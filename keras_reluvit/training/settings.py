@@ -103,9 +103,24 @@ class RunSettings:
 
 
 # The range of each number of a run: (kind, low, high, low included, high included,
-# meaning); None: no bound. `RunSettings`' fields are checked when one is made, the recipe
-# fields a run sets (`recipe_overrides`) as build_config applies them (flags.check_ranges),
-# ViT's drop_path (a model flag) in build_config: before anything runs or is written.
+# meaning); None: no bound. The recipe fields a run sets (`recipe_overrides`) are checked
+# as build_config applies them (flags.check_ranges); `NUMBERS` holds every range:
+# RunSettings' fields (checked when one is made), those recipe fields and ViT's drop_path
+# (a model flag, checked in build_config): before anything runs or is written.
+RECIPE_NUMBERS = {
+    "opt_eps": (float, 0, None, False, None, "an epsilon"),
+    "grad_clip": (float, 0, None, False, None, "a norm"),
+    "wd": (float, 0, None, True, None, "a decay"),
+    "weight_decay": (float, 0, None, True, None, "a decay"),
+    "warmup_epochs": (float, 0, None, True, None, "epochs"),
+    "smoothing": (float, 0, 1, True, False, "a smoothing"),
+    "augment.timm_mix.mixup_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
+    "augment.timm_mix.cutmix_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
+    "augment.timm_mix.prob": (float, 0, 1, True, True, "a probability"),
+    "augment.timm_mix.switch_prob": (float, 0, 1, True, True, "a probability"),
+    "augment.erase": (float, 0, 1, True, True, "a probability"),
+    "augment.color_jitter": (float, 0, None, True, None, "a strength"),
+}
 NUMBERS = {
     "epochs": (int, 1, None, True, None, "epochs"),
     "batch_size": (int, 1, None, True, None, "the global batch"),
@@ -122,20 +137,7 @@ NUMBERS = {
     "accum_steps": (int, 1, None, True, None, "micro-batches per update; 1: off"),
     "ema": (float, 0, 1, True, False, "a decay (DeiT's 0.99996; 0: off)"),
     "aug_repeats": (int, 0, None, True, None, "repeats; 0 or 1: off"),
-    # recipe fields
-    "opt_eps": (float, 0, None, False, None, "an epsilon"),
-    "grad_clip": (float, 0, None, False, None, "a norm"),
-    "wd": (float, 0, None, True, None, "a decay"),
-    "weight_decay": (float, 0, None, True, None, "a decay"),
-    "warmup_epochs": (float, 0, None, True, None, "epochs"),
-    "smoothing": (float, 0, 1, True, False, "a smoothing"),
-    "augment.timm_mix.mixup_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
-    "augment.timm_mix.cutmix_alpha": (float, 0, None, True, None, "an alpha; 0: off"),
-    "augment.timm_mix.prob": (float, 0, 1, True, True, "a probability"),
-    "augment.timm_mix.switch_prob": (float, 0, 1, True, True, "a probability"),
-    "augment.erase": (float, 0, 1, True, True, "a probability"),
-    "augment.color_jitter": (float, 0, None, True, None, "a strength"),
-    # the model's
+    **RECIPE_NUMBERS,
     "drop_path": (float, 0, 1, True, False, "a rate"),
 }
 STRINGS = ("recipe", "dataset", "model", "data_dir", "init", "auto_augment")
