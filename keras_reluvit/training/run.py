@@ -464,12 +464,16 @@ def _recipe_of(config, variant):
     return r
 
 
+def _json(value):
+    """`value` as JSON reads it back (tuples as lists)."""
+    return json.loads(json.dumps(value, default=list))
+
+
 def _recipe_record(recipe):
     """The resolved recipe as config.json records it (JSON's values; its
     description and per-variant table left out: not what the run trains with)."""
-    return json.loads(json.dumps({k: v for k, v in dict(recipe).items()
-                                  if k not in ("description", "augment_by_variant")},
-                                 default=list))
+    return _json({k: v for k, v in dict(recipe).items()
+                  if k not in ("description", "augment_by_variant")})
 
 
 def _checkpoint(config, d):
@@ -524,10 +528,6 @@ def plot_curves(history, path):
 RERUN = ("error", "restart", "override")  # train(rerun=): a rerun with other settings
 # How a run is saved or where its files are, not what it trains: a rerun may change them.
 RERUN_FREE = ("checkpoint_every", "keep_checkpoints", "data_dir")
-
-
-def _json(value):
-    return json.loads(json.dumps(value, default=list))
 
 
 RECIPE_KEY = "recipe_resolved"  # config.json: the recipe as the run resolved it
