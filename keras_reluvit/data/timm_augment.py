@@ -42,7 +42,8 @@ def _enhance_increasing(m, s):
 
 
 def _posterize_bits(m):
-    return lazy.tensorflow().cast(m / LEVEL_MAX * 4.0, lazy.tensorflow().int32)  # int(): truncation
+    tf = lazy.tensorflow()
+    return tf.cast(m / LEVEL_MAX * 4.0, tf.int32)  # int(): truncation
 
 
 def _solarize_threshold(m):
