@@ -8,3 +8,7 @@ LORA_RANK = 8
 KEEP_CHECKPOINTS = 2  # the newest backups a run keeps
 TRAINABLE = ("all", "head", "lora")  # what a fine-tune trains: every weight, the head, LoRA
 TRAINABLE_DEFAULT = "all"
+# A compact copy (keras-reluvit prepare --out): each image's shorter side at most this, and
+# the quality of the JPEGs it encodes.
+COPY_SHORT_SIDE = 288
+COPY_JPEG_QUALITY = 90

@@ -27,6 +27,8 @@ import signal
 import sys
 import traceback
 
+from keras_reluvit._defaults import COPY_JPEG_QUALITY
+from keras_reluvit._defaults import COPY_SHORT_SIDE
 from keras_reluvit.training import flags
 from keras_reluvit.training import run as kr_run
 from keras_reluvit.training import signals
@@ -91,7 +93,24 @@ def _prepared(dataset, data_dir, manual_dir):
 
 def _prepare(args):
     from keras_reluvit import data as kr_data
+    from keras_reluvit.data import folders as image_folder
 
+    if args.out is not None:
+        manifest = kr_data.compact_copy(
+            args.name, args.out,
+            short_side=COPY_SHORT_SIDE if args.short_side is None else args.short_side,
+            jpeg_quality=COPY_JPEG_QUALITY if args.jpeg_quality is None else args.jpeg_quality,
+            data_dir=args.data_dir,
+                                        manual_dir=args.manual_dir, workers=args.workers,
+                                        progress=not args.quiet)
+        print(json.dumps({"dataset": args.name, "out": os.path.abspath(args.out),
+                          "splits": manifest["splits"], "bytes": manifest["bytes"]}))
+        return
+    compact = [f for f, v in (("--short-side", args.short_side), ("--jpeg-quality",
+               args.jpeg_quality), ("--workers", args.workers)) if v is not None]
+    if image_folder.is_image_folder(args.name) or compact:
+        raise ValueError(f"{args.name}: {' '.join(compact) or 'a folder'} needs --out: "
+                         "the folder the compact copy is written into.")
     b = kr_data.prepare(args.name, args.data_dir, args.manual_dir)
     splits = {k: v.num_examples for k, v in b.info.splits.items()}
     print(json.dumps({"dataset": args.name, "data_dir": b.data_dir, "splits": splits}))
@@ -521,10 +540,22 @@ def parser():
                    help="what a directory OUT becomes (default: a keras_reluvit preset)")
     c.set_defaults(func=_convert)
 
-    pr = sub.add_parser("prepare", help="build a tfds data set (ImageNet from its archives)")
-    pr.add_argument("name", help="tfds name, e.g. imagenet2012")
+    pr = sub.add_parser("prepare", help="build a tfds data set (ImageNet from its archives); "
+                        "with --out, write a compact copy of it or of a folder of images")
+    pr.add_argument("name", help="tfds name, e.g. imagenet2012 (or, with --out, a folder of "
+                    "images)")
     pr.add_argument("--data-dir", help="tfds data_dir (default ~/tensorflow_datasets)")
     pr.add_argument("--manual-dir", help="the archives (default: DATA_DIR/downloads/manual)")
+    pr.add_argument("--out", help="write a compact copy there (a folder of JPEGs that `train "
+                    "--dataset OUT` reads; rerun the same command to resume it)")
+    pr.add_argument("--short-side", type=int, help="the copy's bound on each image's shorter "
+                    f"side, in px (default {COPY_SHORT_SIDE}; larger images are "
+                    "resized, smaller ones kept)")
+    pr.add_argument("--jpeg-quality", type=int, help="the quality of the JPEGs the copy "
+                    f"encodes, 1-100 (default {COPY_JPEG_QUALITY})")
+    pr.add_argument("--workers", type=int, help="threads decoding and encoding (default: the "
+                    "cores)")
+    pr.add_argument("--quiet", action="store_true", help="no progress bar")
     pr.set_defaults(func=_prepare)
 
     r = sub.add_parser("recipes", help="print the training recipes")

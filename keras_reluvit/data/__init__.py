@@ -31,7 +31,8 @@ clipped to factor 1.0 (Keras caps the strength of each op at its maximum).
 
 Modules: `tfds` (preparing tfds data sets, their builders and splits),
 `embedded` (the digits data set), `folders` (a folder of images as a data
-set: classes, splits, the split record); the augmentations, one home per
+set: classes, splits, the split record), `compact` (a compact copy of
+either: JPEGs of a bounded size, fewer bytes to decode); the augmentations, one home per
 source (docs/training.md's table): `augment` (the `Augment` vocabulary, the
 crops, big_vision's RandAugment and MixUp), `timm_augment` (timm's:
 RandAugment and AugMix by name, random erasing, MixUp / CutMix),
@@ -55,6 +56,7 @@ from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.augment import random_crop
 from keras_reluvit.data.augment import resize_small_central_crop
 from keras_reluvit.data.augment import switch_randaugment
+from keras_reluvit.data.compact import compact_copy
 from keras_reluvit.data.pipeline import for_model
 from keras_reluvit.data.pipeline import pipeline
 from keras_reluvit.data.sources import Data
@@ -72,7 +74,7 @@ from keras_reluvit.data.timm_augment import random_erasing
 from keras_reluvit.data.timm_augment import timm_mix
 
 __all__ = ["Augment", "Data", "ILSVRC_HELP", "Info", "MANUAL_FILES", "SPLITS", "builder",
-           "crop_window", "decode_inception_crop", "decode_random_crop", "default_manual_dir",
+           "compact_copy", "crop_window", "decode_inception_crop", "decode_random_crop", "default_manual_dir",
            "for_model", "imagenet", "inception_crop", "load", "mixup", "pipeline", "prepare",
            "random_crop", "random_erasing", "resize_small_central_crop", "simple_random_crop",
            "switch_randaugment", "pillow_ops", "three_augment", "timm_augment", "timm_mix", "folders"]

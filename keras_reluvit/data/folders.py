@@ -51,6 +51,9 @@ _SYSTEM_FILES = {"thumbs.db", "desktop.ini"}
 
 # The file a training run on a folder writes into its directory: the split it used.
 SPLIT_FILE = "split.json"
+# The manifest of a compact copy (`keras_reluvit.data.compact`): its settings, its
+# class order, whether it is complete.
+COPY_MANIFEST = ".compact-copy.json"
 
 
 def _split_name(split):
@@ -185,10 +188,11 @@ class ImageFolder:
         self.val_fraction, self.seed = val_fraction, int(seed)
         found = split_folders(self.root)
         skipped = 0
+        self.copy = _copy_manifest(self.root)
         self.drawn = "train" not in found  # the validation split drawn by the seed
         if "train" in found:
             classes, files, skipped = _scan(os.path.join(self.root, found["train"]), "train")
-            self.class_names = classes
+            classes = self.class_names = self._ordered(classes)
             self.splits = {"train": self._labelled(files)}
             for split, d in found.items():
                 if split == "train":
@@ -206,7 +210,7 @@ class ImageFolder:
                 raise ImageFolderError(
                     f"{self.root} has {', '.join(sorted(found.values()))}/ but no train/ folder.")
             classes, files, skipped = _scan(self.root, os.path.basename(self.root) or "root")
-            self.class_names = classes
+            self.class_names = self._ordered(classes)
             train, val = {}, {}
             rng = np.random.default_rng(self.seed)
             for c in classes:
@@ -227,6 +231,18 @@ class ImageFolder:
         if skipped:
             print(f"keras_reluvit: {self.root}: skipped {skipped} hidden / system file(s) "
                   "(.DS_Store, Thumbs.db, ...).", flush=True)
+
+    def _ordered(self, classes):
+        """The class names: the folders' (sorted), or a compact copy's (its
+        source's order, `COPY_MANIFEST`), of which the folders are a part."""
+        if self.copy is None:
+            return classes
+        names = list(self.copy["class_names"])
+        stray = sorted(set(classes) - set(names))
+        if stray:
+            raise ImageFolderError(f"{self.root} is a compact copy whose manifest "
+                                   f"({COPY_MANIFEST}) lacks the class folders {stray[:5]}.")
+        return names
 
     def _labelled(self, files):
         paths, labels = [], []
@@ -302,6 +318,23 @@ class ImageFolder:
     def __repr__(self):
         sizes = ", ".join(f"{k}: {len(v[0])}" for k, v in self.splits.items())
         return f"ImageFolder({self.root!r}, classes={self.class_names}, {sizes})"
+
+
+def _copy_manifest(root):
+    """The manifest of the compact copy `root` is (None where it is none);
+    an unfinished copy is an error saying how to finish it."""
+    import json
+
+    path = os.path.join(root, COPY_MANIFEST)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        manifest = json.load(f)
+    if not manifest.get("complete"):
+        raise ImageFolderError(
+            f"{root} is an unfinished compact copy (its `keras-reluvit prepare --out` was "
+            "stopped): run the same command again to finish it.")
+    return manifest
 
 
 def unreadable(paths):
