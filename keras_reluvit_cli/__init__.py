@@ -1,7 +1,7 @@
 """The `keras-reluvit` command's door: SIGTERM and SIGINT are noted from the
 process's first line, before `keras_reluvit` imports Keras and a backend
-(seconds; on JAX a KeyboardInterrupt raised then is mostly swallowed by
-JAX's garbage-collection callback, and the run went on), then
+(seconds; on JAX a KeyboardInterrupt raised then would mostly be
+swallowed by JAX's garbage-collection callback), then
 `keras_reluvit.cli.main` runs with the signals noted: `train` stops cleanly
 (exit 0, said), any other command gets them back as they came.
 

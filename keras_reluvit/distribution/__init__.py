@@ -56,7 +56,6 @@ from keras_reluvit.distribution.cluster import initialize
 from keras_reluvit.distribution.cluster import process_count
 from keras_reluvit.distribution.cluster import process_index
 from keras_reluvit.distribution.cluster import shard
-from keras_reluvit.distribution.cluster import strategy
 from keras_reluvit.distribution.cluster import tf_strategy
 from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.distribution.layouts import RULES
@@ -75,5 +74,5 @@ from keras_reluvit.distribution.torch_ddp import ddp
 __all__ = ["DataParallelModel", "Engine", "RULES", "STRATEGIES", "ViTModelParallel",
            "any_process", "barrier", "check_mesh", "chief_writes", "data_parallel", "ddp",
            "describe", "initialize", "layout_map", "mesh_from_spec", "model_parallel",
-           "multi_worker", "process_count", "process_index", "shard", "strategy",
+           "multi_worker", "process_count", "process_index", "shard",
            "tf_strategy"]

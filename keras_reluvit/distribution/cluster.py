@@ -34,7 +34,7 @@ def initialize(coordinator=None, num_processes=None, process_id=None, timeout=12
       `ddp(model)` trains data parallel with `DistributedDataParallel`.
     - **TensorFlow**: a `tf.distribute.MultiWorkerMirroredStrategy` for the
       cluster in `TF_CONFIG` (no arguments; each worker's own task index);
-      `strategy()` returns it, build and compile the model in its scope.
+      `tf_strategy()` returns it, build and compile the model in its scope.
       TensorFlow blocks until every worker is up, uninterruptibly: a worker
       that is not reachable within `timeout` seconds ends the process with
       status 2 (from a watchdog process; SIGKILL where libc's `_exit` cannot
@@ -235,8 +235,6 @@ def tf_strategy():
     TensorFlow (None outside a cluster)."""
     return _TF_STRATEGY
 
-
-strategy = tf_strategy  # its first name, kept
 
 
 def _wait_for(host, port, timeout, who):

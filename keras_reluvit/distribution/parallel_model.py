@@ -264,7 +264,7 @@ class DataParallelModel(compat.SymbolicBuildOnce, keras.Model):
         if not tf.distribute.has_strategy() or \
                 not strategy.extended.variable_created_in_scope(model.variables[0].value):
             raise ValueError("Create, compile and wrap the model inside the strategy's scope "
-                             "(`with kr.distribution.strategy().scope():`, or a "
+                             "(`with kr.distribution.tf_strategy().scope():`, or a "
                              "MirroredStrategy's): its variables must be the strategy's.")
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         if optimizer.gradient_accumulation_steps and strategy.num_replicas_in_sync > 1:

@@ -55,7 +55,7 @@ def multi_worker(parallel, train, val=None):
                         f"{type(parallel).__name__}.")
     if not s.extended.variable_created_in_scope(parallel.variables[0].value):
         raise ValueError("Create (and compile) the model inside "
-                         "`kr.distribution.strategy().scope()`: its variables must be the "
+                         "`kr.distribution.tf_strategy().scope()`: its variables must be the "
                          "strategy's.")
     with s.scope():
         compat.symbolic_build(parallel, train.element_spec)

@@ -92,19 +92,6 @@ class EMAEvaluation(keras.callbacks.Callback):
             logs.update({f"ema_val_{k}": float(v) for k, v in result.items()})
 
 
-class StepLosses(keras.callbacks.Callback):
-    """Records the training loss Keras reports after every step (the running
-    mean of the epoch so far) in `losses`, one list over the whole run."""
-
-    def __init__(self):
-        super().__init__()
-        self.losses = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        if logs and "loss" in logs:
-            self.losses.append(float(logs["loss"]))
-
-
 class ResumeDataStream(keras.callbacks.Callback):
     """Makes a resumed run read the data stream of the epoch it resumes.
 

@@ -278,7 +278,7 @@ class Recipe(FieldMapping):
     """One training recipe, typed: the fields of the `RECIPES` data (a key
     that is not a field is an error), each default written once -- the value
     the recipe means when its data leave the key out. Also a mapping
-    (`recipe["lr"]`, `dict(recipe, lr=...)`), as recipes were dicts."""
+    (`recipe["lr"]`, `dict(recipe, lr=...)`)."""
 
     name: str = None
     description: str = ""

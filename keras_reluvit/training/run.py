@@ -332,7 +332,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     # stream must not depend on what ran before in the process (a run resumed
     # in the notebook that was interrupted, a second run) -- only on `seed`.
     # The constant is TensorFlow's DEFAULT_GRAPH_SEED, the global part a fresh
-    # process pairs with explicit seeds: the streams are those of before.
+    # process pairs with explicit seeds.
     import tensorflow as tf
 
     tf.random.set_seed(TF_PIPELINE_SEED)
