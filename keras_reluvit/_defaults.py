@@ -10,5 +10,5 @@ TRAINABLE = ("all", "head", "lora")  # what a fine-tune trains: every weight, th
 TRAINABLE_DEFAULT = "all"
 # A compact copy (keras-reluvit prepare --out): each image's shorter side at most this, and
 # the quality of the JPEGs it encodes.
-COPY_SHORT_SIDE = 288
+COPY_SHORT_SIDE = 256
 COPY_JPEG_QUALITY = 90

@@ -36,9 +36,9 @@ with other settings or another source is an error naming each difference.
 Example:
 
 ```python
-kr.data.compact_copy("imagenet2012", "~/imagenet-288", short_side=288,
+kr.data.compact_copy("imagenet2012", "~/imagenet-256", short_side=256,
                      data_dir="~/tensorflow_datasets")
-# keras-reluvit train --dataset ~/imagenet-288 ...
+# keras-reluvit train --dataset ~/imagenet-256 ...
 ```
 """
 
