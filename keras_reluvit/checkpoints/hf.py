@@ -251,7 +251,8 @@ def preprocessing_from_processor(directory, family):
     `do_convert_rgb` composites transparent images onto white
     (`alpha="white"`); `do_rescale=False` makes the preprocessor take
     [0, 1] floats (`input_scale=1`), what that flag has the caller hand
-    transformers."""
+    transformers, resized as floats (no uint8 rounding, no clipping) as
+    transformers' default backend (torchvision's) resizes them."""
     path, pc = _processor(directory, family)
     resample = pc.get("resample", 2)
     if resample not in _RESAMPLE:
@@ -287,7 +288,8 @@ def preprocessing_from_processor(directory, family):
         std = [float(s) / unit for s in (std if isinstance(std, list) else [std] * 3)]
         return check_preprocessing(dict(
             resize=resize, crop_pct=min(pct, 1.0), interpolation=_RESAMPLE[resample],
-            antialias=True, round_uint8=True, crop_offset="floor", resize_rounding="floor",
+            antialias=True, round_uint8=rescale, clip=rescale, crop_offset="floor",
+            resize_rounding="floor",
             alpha="white" if pc.get("do_convert_rgb") else "drop",
             input_scale=255 if rescale else 1, mean=mean, std=std))
     except (TypeError, ValueError, ZeroDivisionError) as e:

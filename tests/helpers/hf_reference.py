@@ -6,6 +6,7 @@ share it with TensorFlow; a child keeps each library in its own process).
     python hf_reference.py logits DIR X.npy OUT.npy   # ViTForImageClassification.from_pretrained(DIR)
     python hf_reference.py readme OUT    # the directories the README's examples name, tiny
     python hf_reference.py photos OUT JPEG...   # classifiers + image processors, on photographs
+    python hf_reference.py float-resize IN.npz OUT.npz   # torch's resize of float images
 
 `make` builds small models of every supported architecture with transformers
 itself, perturbs every parameter (so zero-initialised tokens, unit LayerNorms
@@ -186,6 +187,39 @@ def photos(out, *files):
     np.savez(os.path.join(out, "photos.npz"), **ref)
 
 
+def float_resize(in_path, out_path):
+    """What transformers' default (torchvision) backend does with the [0, 1]
+    float images a `do_rescale=False` processor is handed, in torch's own
+    ops: `interpolate(mode, antialias=True)` of the float image (no
+    rounding, no clipping), to `size` (squash) or the shortest edge to
+    `size` (the other `int(size * long / short)`), centre crop `crop` with
+    offsets (H - h) // 2, normalise. IN holds `image/K` ([H, W, 3] floats)
+    and `spec/K` = (size, crop or 0, shortest edge 0/1, bicubic 0/1, mean x3,
+    std x3); OUT holds `pixels/K` ([h, w, 3])."""
+    data = np.load(in_path)
+    out = {}
+    for key in [k for k in data if k.startswith("image/")]:
+        name = key.split("/", 1)[1]
+        size, crop, shortest, bicubic, *ms = data[f"spec/{name}"].tolist()
+        x = torch.from_numpy(data[key].astype("float32")).permute(2, 0, 1)[None]
+        h, w = x.shape[-2:]
+        if shortest:
+            short, long = min(h, w), max(h, w)
+            other = int(size * long / short)
+            nh, nw = (int(size), other) if h <= w else (other, int(size))
+        else:
+            nh = nw = int(size)
+        y = torch.nn.functional.interpolate(x, (nh, nw), mode="bicubic" if bicubic else "bilinear",
+                                            antialias=True, align_corners=False)
+        if crop:
+            top, left = (nh - int(crop)) // 2, (nw - int(crop)) // 2
+            y = y[..., top:top + int(crop), left:left + int(crop)]
+        mean, std = torch.tensor(ms[:3]).view(3, 1, 1), torch.tensor(ms[3:]).view(3, 1, 1)
+        out[f"pixels/{name}"] = ((y[0] - mean) / std).permute(1, 2, 0).double().numpy()
+    np.savez(out_path, **out)
+
+
 if __name__ == "__main__":
-    {"make": make, "logits": logits, "readme": readme, "photos": photos}[sys.argv[1]](
+    {"make": make, "logits": logits, "readme": readme, "photos": photos,
+     "float-resize": float_resize}[sys.argv[1]](
         *sys.argv[2:])
