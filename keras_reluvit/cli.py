@@ -103,7 +103,8 @@ def _prepare(args):
             data_dir=args.data_dir,
                                         manual_dir=args.manual_dir, workers=args.workers,
                                         progress=not args.quiet)
-        print(json.dumps({"dataset": args.name, "out": os.path.abspath(args.out),
+        print(json.dumps({"dataset": args.name,
+                          "out": os.path.abspath(os.path.expanduser(args.out)),
                           "splits": manifest["splits"], "bytes": manifest["bytes"]}))
         return
     compact = [f for f, v in (("--short-side", args.short_side), ("--jpeg-quality",

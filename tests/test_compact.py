@@ -47,8 +47,14 @@ def odd_folder(root):
     Image.fromarray(cat[::4, ::4]).save(f"{root}/cat/small_prog.jpg", quality=80,
                                         progressive=True)
     Image.fromarray(cat[::3, ::3, 1]).save(f"{root}/cat/gray.png")
+    Image.fromarray(cat.transpose(1, 0, 2)).save(f"{root}/cat/portrait.jpg", quality=95)
+    Image.fromarray(cat[:96, :150]).save(f"{root}/cat/at_bound.jpg", quality=90)  # kept
+    Image.fromarray(cat[::4, ::4, 0]).save(f"{root}/cat/small_gray.jpg", quality=90)  # kept
+    Image.fromarray(cat[::4, ::4]).convert("CMYK").save(f"{root}/cat/small_cmyk.jpg")
     gray16 = (coffee[::3, ::3, 0].astype("uint16") * 257 + rng.integers(0, 257, (134, 200)))
     Image.fromarray(gray16.astype("uint16")).save(f"{root}/coffee/gray16.png")
+    dark16 = (coffee[::5, ::5, 0] // 2).astype("uint16")  # <= 127 of 65,535: nearly black
+    Image.fromarray(dark16).save(f"{root}/coffee/dark16.png")
     rgba = Image.fromarray(coffee).convert("RGBA")
     rgba.putalpha(128)
     rgba.save(f"{root}/coffee/rgba.png")
@@ -69,7 +75,8 @@ def test_each_image_is_a_bounded_jpeg_of_what_tensorflow_decodes(tmp_path):
     out = str(tmp_path / "copy")
     manifest = compact.compact_copy(src, out, short_side=96, jpeg_quality=95, progress=False)
     assert manifest["complete"] and manifest["written"] == dict(
-        resized=7, encoded=2, copied=1, present=0)  # small.bmp, small_prog.jpg encoded
+        resized=8, encoded=4, copied=3, present=0)
+    # kept: small, at_bound, small_gray; encoded: small_prog, small_cmyk, small.bmp, dark16
     assert manifest["class_names"] == ["cat", "coffee"]
     files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out)
                    for f in fs if not f.startswith("."))
@@ -87,10 +94,10 @@ def test_each_image_is_a_bounded_jpeg_of_what_tensorflow_decodes(tmp_path):
             reference = original
         diff = np.abs(copied.astype(float) - reference)
         assert diff.mean() < 6, (name, diff.mean())  # flips, channels, 16-bit: > 20
-    with open(os.path.join(src, "cat/small.jpg"), "rb") as f:
-        kept = f.read()
-    with open(os.path.join(out, "cat/small.jpg"), "rb") as f:
-        assert f.read() == kept
+    for name in ("small.jpg", "at_bound.jpg", "small_gray.jpg"):
+        with open(os.path.join(src, "cat", name), "rb") as a, open(os.path.join(out, "cat", name),
+                                                                     "rb") as b:
+            assert a.read() == b.read(), name
 
 
 def test_a_held_out_split_and_the_pipelines_read_the_copy_as_the_source(tmp_path):
@@ -109,19 +116,22 @@ def test_a_held_out_split_and_the_pipelines_read_the_copy_as_the_source(tmp_path
     assert x.shape == (4, 32, 32, 3) and info.label_names == a.class_names
 
 
-def test_the_class_order_is_the_copy_manifests(tmp_path):
+@pytest.mark.parametrize("split_folders", [False, True])
+def test_the_class_order_is_the_copy_manifests(tmp_path, split_folders):
     """A tfds set's label order need not be its names' sorted order: the
-    manifest's order gives the labels; a class folder it lacks is an error."""
+    manifest's order gives the labels (with split folders too); a class
+    folder it lacks is an error."""
     for c in ("a", "b"):
-        os.makedirs(tmp_path / c)
-        Image.new("RGB", (8, 8), (10, 200, 30)).save(tmp_path / c / "0.jpg")
+        for split in ("train", "val") if split_folders else ("",):
+            os.makedirs(tmp_path / split / c)
+            Image.new("RGB", (8, 8), (10, 200, 30)).save(tmp_path / split / c / "0.jpg")
     record = dict(class_names=["b", "a", "c"], complete=True)
     (tmp_path / compact.MANIFEST).write_text(json.dumps(record))
     folder = ImageFolder(tmp_path, val_fraction=0.0)
     assert folder.class_names == ["b", "a", "c"]
-    paths, labels = folder.splits["train"]
-    assert {os.path.basename(os.path.dirname(p)): int(k) for p, k in zip(paths, labels)} == {
-        "b": 0, "a": 1}
+    for paths, labels in folder.splits.values():
+        assert {os.path.basename(os.path.dirname(p)): int(k) for p, k in zip(paths, labels)} == {
+            "b": 0, "a": 1}
     (tmp_path / compact.MANIFEST).write_text(json.dumps(dict(record, class_names=["b", "c"])))
     with pytest.raises(ImageFolderError, match=r"lacks the class folders \['a'\]"):
         ImageFolder(tmp_path, val_fraction=0.0)
@@ -236,6 +246,11 @@ def test_a_rerun_elsewhere_or_with_other_settings_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=r"other settings \(short_side: 24 there, 32 now; "
                                          r"jpeg_quality: 90 there, 80 now\)"):
         compact.compact_copy(src, out, short_side=32, jpeg_quality=80, progress=False)
+    manifest = json.loads(open(os.path.join(out, compact.MANIFEST)).read())
+    with open(os.path.join(out, compact.MANIFEST), "w") as f:  # as a stopped copy leaves it
+        json.dump(dict(manifest, complete=False), f)
+    with pytest.raises(ValueError, match=r"other settings \(short_side: 24 there, 32 now\)"):
+        compact.compact_copy(src, out, short_side=32, progress=False)
     other = kr.image_folder.sample_folder(str(tmp_path / "other"), per_class=2, size=(20, 30))
     with pytest.raises(ValueError, match="other settings.*source"):
         compact.compact_copy(other, out, short_side=24, progress=False)
@@ -245,12 +260,35 @@ def test_a_rerun_elsewhere_or_with_other_settings_is_an_error(tmp_path):
         compact.compact_copy(src, os.path.join(src, "copy"), progress=False)
 
 
+def test_class_folders_are_folder_names_and_distinct():
+    assert compact.class_folders(["cat", "a/b", " x ", ".hidden", "..", ""]) == [
+        "cat", "a_b", "x", "_.hidden", "_..", "_"]
+    assert compact.class_folders(["a/b", "a_b", "c"]) == ["00000_a_b", "00001_a_b", "00002_c"]
+
+
+def test_a_changed_source_is_an_error_naming_it(tmp_path):
+    """Files added to the source after a copy (complete or not): the rerun
+    names the change instead of calling a stale copy complete."""
+    src = kr.image_folder.sample_folder(str(tmp_path / "src"), per_class=3, size=(20, 30))
+    out = str(tmp_path / "copy")
+    compact.compact_copy(src, out, short_side=24, progress=False)
+    Image.new("RGB", (30, 20)).save(os.path.join(src, "cat", "new.jpg"))
+    with pytest.raises(ValueError, match=r"splits: \{'train': 9\} there, \{'train': 10\} now"):
+        compact.compact_copy(src, out, short_side=24, progress=False)
+    os.remove(os.path.join(src, "cat", "new.jpg"))
+    os.rename(os.path.join(src, "cat", "cat_000.jpg"), os.path.join(src, "cat", "renamed.jpg"))
+    with pytest.raises(ValueError, match="source: .*files"):
+        compact.compact_copy(src, out, short_side=24, progress=False)
+
+
 def test_compact_jpeg_names_an_unreadable_image():
     with pytest.raises(ValueError, match="x.png: cannot be read as an image"):
         compact.compact_jpeg(b"\x89PNG\r\n\x1a\n broken", 64, 90, name="x.png")
     buffer = io.BytesIO()
-    Image.new("RGB", (40, 20)).save(buffer, "JPEG")
+    Image.fromarray(photo("chelsea")[::8, ::8]).save(buffer, "JPEG")
     assert compact.compact_jpeg(buffer.getvalue(), 64, 90) == (buffer.getvalue(), "copied")
+    with pytest.raises(ValueError, match="cut.jpg: cannot be read"):  # its header whole
+        compact.compact_jpeg(buffer.getvalue()[:len(buffer.getvalue()) // 2], 64, 90, "cut.jpg")
 
 
 def test_the_command_line_needs_out_for_a_copy(tmp_path, capsys):
@@ -259,10 +297,17 @@ def test_the_command_line_needs_out_for_a_copy(tmp_path, capsys):
     src = kr.image_folder.sample_folder(str(tmp_path / "src"), per_class=2, size=(20, 30))
     assert cli.main(["prepare", src]) == 2
     assert "a folder needs --out" in capsys.readouterr().err
-    assert cli.main(["prepare", "sklearn_digits", "--short-side", "64"]) == 2
-    assert "--short-side needs --out" in capsys.readouterr().err
-    assert cli.main(["prepare", src, "--out", str(tmp_path / "c"), "--jpeg-quality", "0"]) == 2
-    assert "jpeg_quality (--jpeg-quality) must be in [1, 100], got 0" in capsys.readouterr().err
+    for flag in ("--short-side", "--jpeg-quality", "--workers"):
+        assert cli.main(["prepare", "sklearn_digits", flag, "64"]) == 2
+        assert f"{flag} needs --out" in capsys.readouterr().err
+    for flag, range_ in (("--short-side", "[16, 4096]"), ("--jpeg-quality", "[1, 100]"),
+                         ("--workers", "[1, 1024]")):
+        assert cli.main(["prepare", src, "--out", str(tmp_path / "c"), flag, "0"]) == 2
+        name = flag[2:].replace("-", "_")
+        assert f"{name} ({flag}) must be in {range_}, got 0" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert cli.main(["prepare", src, "--out", str(tmp_path / "file")]) == 2
+    assert "is a file: the copy is written into a folder" in capsys.readouterr().err
     assert cli.main(["prepare", src, "--out", str(tmp_path / "c"), "--quiet"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["splits"] == {"train": 6} and ImageFolder(record["out"]).num_classes == 3

@@ -28,10 +28,13 @@ name keeps `.png` over JPEG bytes: the readers go by content); a tfds data
 set becomes `SPLIT/CLASS/NNNNNNNN.jpg` per split (train/, validation/,
 test/). The class order is the source's, recorded in the copy's manifest
 `.compact-copy.json` (a tfds set's label order need not be its names'
-sorted order), with the settings and whether the copy is complete: an
-incomplete copy is refused by the readers, and the same command resumes it
-(each file is written beside and renamed: present means whole). A rerun
-with other settings or another source is an error naming each difference.
+sorted order), with the settings, the source's files (their digest) and
+whether the copy is complete: an incomplete copy is refused by the readers,
+and the same command resumes it (each file is written beside and renamed:
+present means whole). A rerun with other settings, another source or a
+source whose classes or files changed is an error naming each difference.
+A baseline JPEG kept byte for byte is decoded first: a truncated one is an
+error naming it here, not in training.
 
 Example:
 
@@ -43,6 +46,7 @@ kr.data.compact_copy("imagenet2012", "~/imagenet-256", short_side=256,
 """
 
 import concurrent.futures
+import hashlib
 import io
 import json
 import os
@@ -89,19 +93,19 @@ def compact_copy(source, out, short_side=COPY_SHORT_SIDE, jpeg_quality=COPY_JPEG
         if out == src or out.startswith(src + os.sep):
             raise ValueError(f"The copy's folder {out} is inside its source {src}: the source "
                              "would read the copy as images. Write it elsewhere.")
-        items, class_names, splits = _folder_items(src, out)
-        source_record = {"folder": src}
+        items, class_names, splits, files = _folder_items(src, out)
+        source_record = {"folder": src, "files": files}
     else:
         from keras_reluvit.data.tfds import builder
 
         b = builder(source, data_dir, manual_dir)
-        class_names = list(b.info.features["label"].names)
+        class_names = class_folders(b.info.features["label"].names)
         splits = {name: s.num_examples for name, s in b.info.splits.items()}
         items = _tfds_items(b, out, class_names)
         source_record = {"tfds": source, "version": str(b.info.version)}
     settings = dict(format=FORMAT, source=source_record, short_side=short_side,
-                    jpeg_quality=jpeg_quality)
-    manifest = _start(out, settings, class_names, splits)
+                    jpeg_quality=jpeg_quality, class_names=class_names, splits=splits)
+    manifest = _start(out, settings)
     if not folder:
         manifest["data_dir"] = b.data_dir  # where it was read from (not compared)
     if manifest.get("complete"):
@@ -136,24 +140,27 @@ def _check(short_side, jpeg_quality, workers):
 
 
 def _folder_items(src, out):
-    """(items, class names, {split: count}) of a folder of images: every
-    image (`folders.ImageFolder`'s checks: classes, formats) with its path
-    in the copy."""
+    """(items, class names, {split: count}, the files' digest) of a folder of
+    images: every image (`folders.ImageFolder`'s checks: classes, formats)
+    with its path in the copy; the digest (SHA-256 of the relative paths)
+    tells a rerun whether the source's files are still those of the copy."""
     found = folders.ImageFolder(src, val_fraction=0.0)
     items, splits = [], {}
+    digest = hashlib.sha256()
     for split, (paths, _) in found.splits.items():
         splits[split] = len(paths)
-        items += [(path, os.path.join(out, os.path.relpath(path, src))) for path in paths]
-    return items, list(found.class_names), splits
+        for path in paths:
+            rel = os.path.relpath(path, src)
+            digest.update(rel.encode("utf-8", "surrogateescape") + b"\0")
+            items.append((path, os.path.join(out, rel)))
+    return items, list(found.class_names), splits, "sha256:" + digest.hexdigest()
 
 
-def _tfds_items(b, out, class_names):
+def _tfds_items(b, out, names):
     """(encoded bytes, path in the copy) of every example of every split of
-    the tfds builder `b`, in tfds' order (read lazily)."""
+    the tfds builder `b`, in tfds' order (read lazily); `names`: the class
+    folders (`class_folders`)."""
     tfds = lazy.tensorflow_datasets()
-    names = [_folder_name(n) for n in class_names]
-    if len(set(names)) != len(names):
-        names = [f"{i:05d}_{n}" for i, n in enumerate(names)]
     decoders = None
     if isinstance(b.info.features["image"], tfds.features.Image):
         decoders = {"image": tfds.decode.SkipDecoding()}
@@ -167,24 +174,31 @@ def _tfds_items(b, out, class_names):
                 yield None, path
 
 
-def _folder_name(name):
-    name = str(name).replace(os.sep, "_").replace("\0", "_").strip()
-    return "_" + name if name in ("", ".", "..") or name.startswith(".") else name
+def class_folders(label_names):
+    """The folder of each label of a tfds set, in label order: its name, made
+    a folder name (path separators and NUL as `_`, no surrounding spaces,
+    no leading dot); all prefixed with their label (`00007_name`) where two
+    would be the same folder."""
+    names = []
+    for name in label_names:
+        name = str(name).replace(os.sep, "_").replace("\0", "_").strip()
+        names.append("_" + name if name in ("", ".", "..") or name.startswith(".") else name)
+    if len(set(names)) != len(names):
+        names = [f"{i:05d}_{n}" for i, n in enumerate(names)]
+    return names
 
 
-def _start(out, settings, class_names, splits):
+def _start(out, settings):
     """The copy's manifest: a new one (written before any image), or the one
-    in `out` when it was written with the same settings (resumed); other
-    settings are an error naming each difference."""
+    in `out` when it was written with the same settings (resumed, or
+    complete); other settings, another source, or a source whose classes or
+    files changed are an error naming each difference."""
     path = os.path.join(out, MANIFEST)
     if os.path.exists(path):
         with open(path) as f:
             manifest = json.load(f)
-        before = {k: manifest.get(k) for k in settings}
-        before["class_names"] = manifest.get("class_names")
-        now = dict(settings, class_names=class_names)
-        diffs = [f"{k}: {before[k]!r} there, {now[k]!r} now"
-                 for k in now if json.loads(json.dumps(now[k])) != before[k]]
+        diffs = [f"{k}: {manifest.get(k)!r} there, {v!r} now"
+                 for k, v in settings.items() if json.loads(json.dumps(v)) != manifest.get(k)]
         if diffs:
             raise ValueError(f"{out} holds a compact copy made with other settings ("
                              + "; ".join(d if len(d) < 300 else d[:300] + " ..." for d in diffs)
@@ -192,11 +206,13 @@ def _start(out, settings, class_names, splits):
         if not manifest.get("complete"):
             print(f"keras_reluvit: resuming the compact copy in {out}", flush=True)
         return manifest
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"{out} is a file: the copy is written into a folder.")
     if os.path.isdir(out) and os.listdir(out):
         raise ValueError(f"{out} is not empty and holds no compact copy: write the copy into "
                          "a new folder.")
     os.makedirs(out, exist_ok=True)
-    manifest = dict(settings, class_names=class_names, splits=splits, complete=False)
+    manifest = dict(settings, complete=False)
     _write_json(path, manifest)
     return manifest
 
@@ -282,6 +298,7 @@ def compact_jpeg(data, short_side, quality, name="image"):
         scale = short_side / min(w, h)
         if scale >= 1 and image.format == "JPEG" and image.mode in ("RGB", "L") and not (
                 image.info.get("progressive") or image.info.get("progression")):
+            image.load()  # decodes: a truncated or corrupt body is an error here, not in training
             return data, "copied"
         if scale < 1:
             size = (max(1, round(w * scale)), max(1, round(h * scale)))
@@ -294,7 +311,7 @@ def compact_jpeg(data, short_side, quality, name="image"):
             how = "resized"
         buffer = io.BytesIO()
         image.save(buffer, "JPEG", quality=quality)
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ValueError(f"{name}: cannot be read as an image ({e}).") from None
     return buffer.getvalue(), how
 
