@@ -7,9 +7,10 @@ Each `Flag` sets one recipe field (`grad_clip`, `augment.erase`,
 (`overrides`: field -> value) and `kr.build_config` applies those to
 the recipe it resolves (`apply`), saying each in one line; `config.json`
 records them (the run's `recipe_overrides`). docs/training.md's alias table
-is `table()`. Flags whose meaning is the same as an option we already have
-(`--model-ema-decay` for `--ema`, `--input-size` for `--image-size`, ...)
-are aliases there (`RUN_ALIASES`). Light: it imports no Keras (settings only).
+is `table()`: `FLAGS` (the recipe fields) and `RUN_ALIASES` (timm's and
+DeiT's names for the run's own options: `--model-ema-decay` for `--ema`,
+`--input-size` for `--image-size`, `--epochs` as ours, ...). Light: it
+imports no Keras (settings only).
 """
 
 import argparse
@@ -114,18 +115,19 @@ FLAGS = (
          "the crop's resize and the geometric augmentations' sampling: bicubic "
          "(Pillow's, DeiT's) or bilinear", choices=("bilinear", "bicubic")),
 )
-# timm's / DeiT's names for options `keras-reluvit train` has under another name
-# (same meaning): theirs -> ours.
-RUN_ALIASES = {"--model-ema-decay": "--ema", "--input-size": "--image-size",
-               "--aa": "--auto-augment", "--model-ema": "--ema"}
-# timm's / DeiT's flags that `keras-reluvit train` has under the same name: theirs -> a
-# note where the meaning differs.
-SAME_NAMES = {
-    "--epochs": "", "--drop-path": "", "--aug-repeats": "", "--layer-decay": "", "--seed": "",
-    "--lr": "the peak lr as given; DeiT's main.py scales its --lr by batch / 512 first: "
-            "pass that product (DeiT-S: 5e-4 x 1024 / 512 = 1e-3)",
-    "--batch-size": "the global batch; timm's and DeiT's is per process (DeiT: 8 x 256 = "
-                    "2048)",
+# timm's / DeiT's flags for the run's own options (not recipe fields): theirs ->
+# (ours: None where the name is the same, a note where the meaning differs).
+RUN_ALIASES = {
+    "--model-ema-decay": ("--ema", ""),
+    "--model-ema": ("--ema", "a switch: the recipe's decay, else timm's 0.9998"),
+    "--input-size": ("--image-size", "DeiT's `N` or timm's `3 N N`"),
+    "--aa": ("--auto-augment", ""),
+    "--epochs": (None, ""), "--drop-path": (None, ""), "--aug-repeats": (None, ""),
+    "--layer-decay": (None, ""), "--seed": (None, ""),
+    "--lr": (None, "the peak lr as given; DeiT's main.py scales its --lr by batch / 512 "
+                   "first: pass that product (DeiT-S: 5e-4 x 1024 / 512 = 1e-3)"),
+    "--batch-size": (None, "the global batch; timm's and DeiT's is per process (DeiT: 8 x "
+                           "256 = 2048)"),
 }
 
 
@@ -358,13 +360,9 @@ def table():
             sets = ("accepted: " + ", ".join(f"`{v}`" for v in flag.only) + " (ours computes "
                     "only this)" if flag.only else flag.sets or f"`{flag.field}`")
             rows.append(f"| `{theirs}` | {ours} | {sets} |")
-    notes = {"--input-size": "DeiT's `N` or timm's `3 N N`",
-             "--model-ema": "a switch: the recipe's decay, else timm's 0.9998"}
-    for theirs, ours in RUN_ALIASES.items():
-        note = f"; {notes[theirs]}" if theirs in notes else ""
-        rows.append(f"| `{theirs}` | `{ours}` | the run's setting{note} |")
-    for theirs, note in SAME_NAMES.items():
-        rows.append(f"| `{theirs}` | the same | the run's setting{'; ' + note if note else ''} |")
+    for theirs, (ours, note) in RUN_ALIASES.items():
+        rows.append(f"| `{theirs}` | {f'`{ours}`' if ours else 'the same'} | the run's "
+                    f"setting{'; ' + note if note else ''} |")
     return rows
 
 
@@ -410,5 +408,5 @@ class InputSize(argparse.Action):
 def also(ours):
     """timm's / DeiT's names for one of our train flags (flags.RUN_ALIASES; the
     switch --model-ema and the 1-or-3-number --input-size have their own)."""
-    return [theirs for theirs, name in RUN_ALIASES.items()
+    return [theirs for theirs, (name, _) in RUN_ALIASES.items()
             if name == ours and theirs not in ("--model-ema", "--input-size")]
