@@ -96,13 +96,12 @@ def _prepare(args):
     from keras_reluvit.data import folders as image_folder
 
     if args.out is not None:
-        manifest = kr_data.compact_copy(
-            args.name, args.out,
-            short_side=COPY_SHORT_SIDE if args.short_side is None else args.short_side,
-            jpeg_quality=COPY_JPEG_QUALITY if args.jpeg_quality is None else args.jpeg_quality,
-            data_dir=args.data_dir,
-                                        manual_dir=args.manual_dir, workers=args.workers,
-                                        progress=not args.quiet)
+        try:
+            manifest = _compact_copy(args)
+        except KeyboardInterrupt:  # each image is whole or absent: the same command resumes
+            print(f"keras-reluvit: prepare stopped (Ctrl-C): the copy in {args.out} is "
+                  "unfinished; run the same command again to finish it.", file=sys.stderr)
+            raise SystemExit(130) from None
         print(json.dumps({"dataset": args.name,
                           "out": os.path.abspath(os.path.expanduser(args.out)),
                           "splits": manifest["splits"], "bytes": manifest["bytes"]}))
@@ -115,6 +114,17 @@ def _prepare(args):
     b = kr_data.prepare(args.name, args.data_dir, args.manual_dir)
     splits = {k: v.num_examples for k, v in b.info.splits.items()}
     print(json.dumps({"dataset": args.name, "data_dir": b.data_dir, "splits": splits}))
+
+
+def _compact_copy(args):
+    from keras_reluvit import data as kr_data
+
+    return kr_data.compact_copy(
+        args.name, args.out,
+        short_side=COPY_SHORT_SIDE if args.short_side is None else args.short_side,
+        jpeg_quality=COPY_JPEG_QUALITY if args.jpeg_quality is None else args.jpeg_quality,
+        data_dir=args.data_dir, manual_dir=args.manual_dir, workers=args.workers,
+        progress=not args.quiet)
 
 
 def _eval(args):
@@ -550,12 +560,12 @@ def parser():
     pr.add_argument("--out", help="write a compact copy there (a folder of JPEGs that `train "
                     "--dataset OUT` reads; rerun the same command to resume it)")
     pr.add_argument("--short-side", type=int, help="the copy's bound on each image's shorter "
-                    f"side, in px (default {COPY_SHORT_SIDE}; larger images are "
+                    f"side, 16-4096 px (default {COPY_SHORT_SIDE}; larger images are "
                     "resized, smaller ones kept)")
     pr.add_argument("--jpeg-quality", type=int, help="the quality of the JPEGs the copy "
                     f"encodes, 1-100 (default {COPY_JPEG_QUALITY})")
-    pr.add_argument("--workers", type=int, help="threads decoding and encoding (default: the "
-                    "cores)")
+    pr.add_argument("--workers", type=int, help="threads decoding and encoding, 1-1024 "
+                    "(default: the cores)")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
     pr.set_defaults(func=_prepare)
 

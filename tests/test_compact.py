@@ -187,7 +187,7 @@ def test_a_stopped_copy_is_refused_then_resumed_to_the_same_bytes(tmp_path):
                     assert a.read() == b.read(), rel
 
 
-def test_sigkill_midway_then_the_same_command_finishes(tmp_path):
+def test_ctrl_c_and_sigkill_midway_then_the_same_command_finishes(tmp_path):
     src = str(tmp_path / "src")
     os.makedirs(f"{src}/a"), os.makedirs(f"{src}/b")
     big = np.asarray(Image.fromarray(photo("astronaut")).resize((1024, 1024)))
@@ -198,16 +198,21 @@ def test_sigkill_midway_then_the_same_command_finishes(tmp_path):
     command = [sys.executable, "-m", "keras_reluvit_cli", "prepare", src, "--out", out,
                "--short-side", "64", "--workers", "1", "--quiet"]
     env = dict(os.environ, PYTHONPATH=ROOT)
-    p = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and p.poll() is None:
-        written = sum(len(fs) for d, _, fs in os.walk(out) if d != out)
-        if written >= 10:
-            break
-        time.sleep(0.05)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    assert p.returncode == -signal.SIGKILL, p.stdout.read().decode()[-2000:]
+    for stop, at in ((signal.SIGINT, 5), (signal.SIGKILL, 15)):
+        p = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:
+            written = sum(len(fs) for d, _, fs in os.walk(out) if d != out)
+            if written >= at:
+                break
+            time.sleep(0.05)
+        p.send_signal(stop)
+        output = p.communicate()[0].decode()
+        if stop == signal.SIGINT:  # Ctrl-C: one line saying how to finish, no traceback
+            assert p.returncode == 130, output[-2000:]
+            assert "prepare stopped (Ctrl-C)" in output and "Traceback" not in output, output
+        else:
+            assert p.returncode == -signal.SIGKILL, output[-2000:]
     manifest = json.loads(open(os.path.join(out, compact.MANIFEST)).read())
     assert not manifest["complete"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -252,10 +257,16 @@ def test_a_rerun_elsewhere_or_with_other_settings_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=r"other settings \(short_side: 24 there, 32 now\)"):
         compact.compact_copy(src, out, short_side=32, progress=False)
     other = kr.image_folder.sample_folder(str(tmp_path / "other"), per_class=2, size=(20, 30))
-    with pytest.raises(ValueError, match="other settings.*source"):
+    with pytest.raises(ValueError, match="holds the compact copy of another source"):
         compact.compact_copy(other, out, short_side=24, progress=False)
     with pytest.raises(ValueError, match="is not empty and holds no compact copy"):
         compact.compact_copy(src, str(tmp_path / "other"), progress=False)
+    assert not os.path.exists(tmp_path / "other" / compact.LOCK)  # nothing written there
+    with pytest.raises(ValueError, match="is not a folder of images"):
+        compact.compact_copy(str(tmp_path / "missing"), str(tmp_path / "c2"), progress=False)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="cannot be made a folder"):
+        compact.compact_copy(src, str(tmp_path / "afile" / "x"), progress=False)
     with pytest.raises(ValueError, match="is inside its source"):
         compact.compact_copy(src, os.path.join(src, "copy"), progress=False)
 
@@ -266,19 +277,43 @@ def test_class_folders_are_folder_names_and_distinct():
     assert compact.class_folders(["a/b", "a_b", "c"]) == ["00000_a_b", "00001_a_b", "00002_c"]
 
 
-def test_a_changed_source_is_an_error_naming_it(tmp_path):
-    """Files added to the source after a copy (complete or not): the rerun
-    names the change instead of calling a stale copy complete."""
+def test_the_copy_follows_its_source_as_make_would(tmp_path):
+    """A rerun after the source changed: an added image written, a replaced
+    one written again, a removed one (and its empty class folder) removed, a
+    file deleted from the copy written again; nothing else rewritten."""
     src = kr.image_folder.sample_folder(str(tmp_path / "src"), per_class=3, size=(20, 30))
     out = str(tmp_path / "copy")
     compact.compact_copy(src, out, short_side=24, progress=False)
-    Image.new("RGB", (30, 20)).save(os.path.join(src, "cat", "new.jpg"))
-    with pytest.raises(ValueError, match=r"splits: \{'train': 9\} there, \{'train': 10\} now"):
-        compact.compact_copy(src, out, short_side=24, progress=False)
-    os.remove(os.path.join(src, "cat", "new.jpg"))
-    os.rename(os.path.join(src, "cat", "cat_000.jpg"), os.path.join(src, "cat", "renamed.jpg"))
-    with pytest.raises(ValueError, match="source: .*files"):
-        compact.compact_copy(src, out, short_side=24, progress=False)
+    for name in ("new.jpg", "cat_001.jpg"):
+        Image.new("RGB", (30, 20), (200, 10, 10)).save(os.path.join(src, "cat", name))
+    os.makedirs(os.path.join(src, "zebra"))
+    Image.new("RGB", (30, 20)).save(os.path.join(src, "zebra", "z.jpg"))
+    os.remove(os.path.join(src, "rocket", "rocket_002.jpg"))
+    os.remove(os.path.join(out, "coffee", "coffee_000.jpg"))
+    manifest = compact.compact_copy(src, out, short_side=24, progress=False)
+    assert manifest["complete"] and manifest["written"]["present"] == 6  # 10 - 4 written
+    assert manifest["class_names"] == ["cat", "coffee", "rocket", "zebra"]
+    assert not os.path.exists(os.path.join(out, "rocket", "rocket_002.jpg"))
+    assert tf_decode(os.path.join(out, "cat", "cat_001.jpg"))[10, 10, 0] > 150  # the new red
+    assert ImageFolder(out, val_fraction=0.0).num_examples("train") == 10
+    os.remove(os.path.join(src, "zebra", "z.jpg"))
+    os.rmdir(os.path.join(src, "zebra"))
+    manifest = compact.compact_copy(src, out, short_side=24, progress=False)
+    assert not os.path.exists(os.path.join(out, "zebra"))  # an empty class: an error to readers
+    assert ImageFolder(out, val_fraction=0.0).class_names == ["cat", "coffee", "rocket"]
+
+
+def test_one_writer_at_a_time(tmp_path):
+    import fcntl
+
+    src = kr.image_folder.sample_folder(str(tmp_path / "src"), per_class=2, size=(20, 30))
+    out = tmp_path / "copy"
+    out.mkdir()
+    with open(out / compact.LOCK, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ValueError, match="is being written by another"):
+            compact.compact_copy(src, str(out), progress=False)
+    assert compact.compact_copy(src, str(out), progress=False)["complete"]
 
 
 def test_compact_jpeg_names_an_unreadable_image():

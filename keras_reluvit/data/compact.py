@@ -28,13 +28,15 @@ name keeps `.png` over JPEG bytes: the readers go by content); a tfds data
 set becomes `SPLIT/CLASS/NNNNNNNN.jpg` per split (train/, validation/,
 test/). The class order is the source's, recorded in the copy's manifest
 `.compact-copy.json` (a tfds set's label order need not be its names'
-sorted order), with the settings, the source's files (their digest) and
-whether the copy is complete: an incomplete copy is refused by the readers,
-and the same command resumes it (each file is written beside and renamed:
-present means whole). A rerun with other settings, another source or a
-source whose classes or files changed is an error naming each difference.
-A baseline JPEG kept byte for byte is decoded first: a truncated one is an
-error naming it here, not in training.
+sorted order), with the settings and whether the copy is complete: an
+incomplete copy is refused by the readers, and the same command resumes it
+(each file is written beside and renamed: present means whole). A folder's
+copy follows its source as make would: a rerun writes the images whose copy
+is missing or older than the source file and removes those whose source is
+gone (then the copy is complete again); another source or other settings
+are an error naming each difference. One writer at a time (a lock file in
+the copy). A baseline JPEG kept byte for byte is decoded first: a
+truncated one is an error naming it here, not in training.
 
 Example:
 
@@ -46,7 +48,8 @@ kr.data.compact_copy("imagenet2012", "~/imagenet-256", short_side=256,
 """
 
 import concurrent.futures
-import hashlib
+import contextlib
+import fcntl
 import io
 import json
 import os
@@ -61,6 +64,7 @@ from keras_reluvit.data import folders
 from keras_reluvit.data import lazy
 
 MANIFEST = folders.COPY_MANIFEST
+LOCK = ".compact-copy.lock"
 FORMAT = 1
 _PARTIAL = ".partial"
 
@@ -86,15 +90,21 @@ def compact_copy(source, out, short_side=COPY_SHORT_SIDE, jpeg_quality=COPY_JPEG
         progress: a progress bar (tqdm) on stderr.
     """
     short_side, jpeg_quality = _check(short_side, jpeg_quality, workers)
+    if not os.fspath(out):
+        raise ValueError("The copy's folder (--out) is empty: name a folder.")
     out = os.path.abspath(os.path.expanduser(os.fspath(out)))
     folder = folders.is_image_folder(source)
+    if not folder and (os.path.exists(os.path.expanduser(os.fspath(source)))
+                       or str(source).startswith(("/", ".", "~"))):
+        raise ValueError(f"{source} is not a folder of images (nor a tfds data set's name).")
     if folder:
         src = os.path.abspath(os.path.expanduser(os.fspath(source)))
         if out == src or out.startswith(src + os.sep):
             raise ValueError(f"The copy's folder {out} is inside its source {src}: the source "
                              "would read the copy as images. Write it elsewhere.")
-        items, class_names, splits, files = _folder_items(src, out)
-        source_record = {"folder": src, "files": files}
+        items, class_names, splits = _folder_items(src, out)
+        settings = dict(format=FORMAT, source={"folder": src}, short_side=short_side,
+                        jpeg_quality=jpeg_quality)
     else:
         from keras_reluvit.data.tfds import builder
 
@@ -102,25 +112,42 @@ def compact_copy(source, out, short_side=COPY_SHORT_SIDE, jpeg_quality=COPY_JPEG
         class_names = class_folders(b.info.features["label"].names)
         splits = {name: s.num_examples for name, s in b.info.splits.items()}
         items = _tfds_items(b, out, class_names)
-        source_record = {"tfds": source, "version": str(b.info.version)}
-    settings = dict(format=FORMAT, source=source_record, short_side=short_side,
-                    jpeg_quality=jpeg_quality, class_names=class_names, splits=splits)
-    manifest = _start(out, settings)
-    if not folder:
-        manifest["data_dir"] = b.data_dir  # where it was read from (not compared)
-    if manifest.get("complete"):
-        print(f"keras_reluvit: {out} holds the complete copy already ({sum(splits.values())} "
-              "images): nothing to do.", flush=True)
-        return manifest
-    _remove_partials(out)
+        settings = dict(format=FORMAT, source={"tfds": source, "version": str(b.info.version)},
+                        short_side=short_side, jpeg_quality=jpeg_quality,
+                        class_names=class_names, splits=splits)
     total = sum(splits.values())
-    print(f"keras_reluvit: writing the compact copy of {source} into {out} (shorter side <= "
-          f"{short_side} px, JPEG quality {jpeg_quality}; {total} images)", flush=True)
-    counts = _write_all(items, total, short_side, jpeg_quality, workers or os.cpu_count() or 1,
-                        progress)
-    manifest.update(complete=True, written=counts)
-    manifest["bytes"] = _size(out)
-    _write_json(os.path.join(out, MANIFEST), manifest)
+    with _locked(out):
+        manifest = _start(out, settings)
+        if folder:  # the copy follows its source: what it no longer has goes
+            stale = _stale(out, {path for _, path in items})
+            todo = sum(not _current(src_path, path) for src_path, path in items)
+        else:  # a tfds version does not change: only files gone from the copy
+            manifest["data_dir"] = b.data_dir  # where it was read from (not compared)
+            stale, todo = [], max(0, total - _count(out))
+        if manifest.get("complete") and not stale and not todo:
+            print(f"keras_reluvit: {out} holds the complete copy already ({total} images): "
+                  "nothing to do.", flush=True)
+            return manifest
+        if manifest.get("complete"):
+            print(f"keras_reluvit: {out}: the copy is behind its source ({todo} image(s) to "
+                  f"write, {len(stale)} to remove): updating it", flush=True)
+        manifest.update(complete=False, class_names=class_names, splits=splits)
+        _write_json(os.path.join(out, MANIFEST), manifest)
+        _remove_partials(out)
+        _remove(out, stale)
+        print(f"keras_reluvit: writing the compact copy of {source} into {out} (shorter side "
+              f"<= {short_side} px, JPEG quality {jpeg_quality}; {total} images)", flush=True)
+        from PIL import Image
+
+        limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # data sets are trusted
+        try:
+            counts = _write_all(items, total, short_side, jpeg_quality,
+                                workers or os.cpu_count() or 1, progress)
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
+        manifest.update(complete=True, written=counts)
+        manifest["bytes"] = _size(out)
+        _write_json(os.path.join(out, MANIFEST), manifest)
     print(f"keras_reluvit: {out} is complete: {json.dumps(counts)}, "
           f"{manifest['bytes'] / 1e6:,.1f} MB", flush=True)
     return manifest
@@ -140,20 +167,77 @@ def _check(short_side, jpeg_quality, workers):
 
 
 def _folder_items(src, out):
-    """(items, class names, {split: count}, the files' digest) of a folder of
-    images: every image (`folders.ImageFolder`'s checks: classes, formats)
-    with its path in the copy; the digest (SHA-256 of the relative paths)
-    tells a rerun whether the source's files are still those of the copy."""
+    """(items, class names, {split: count}) of a folder of images: every
+    image (`folders.ImageFolder`'s checks: classes, formats) with its path
+    in the copy."""
     found = folders.ImageFolder(src, val_fraction=0.0)
     items, splits = [], {}
-    digest = hashlib.sha256()
     for split, (paths, _) in found.splits.items():
         splits[split] = len(paths)
-        for path in paths:
-            rel = os.path.relpath(path, src)
-            digest.update(rel.encode("utf-8", "surrogateescape") + b"\0")
-            items.append((path, os.path.join(out, rel)))
-    return items, list(found.class_names), splits, "sha256:" + digest.hexdigest()
+        items += [(path, os.path.join(out, os.path.relpath(path, src))) for path in paths]
+    return items, list(found.class_names), splits
+
+
+def _current(src, path):
+    """Whether the copy's `path` is up to date with its source file `src`
+    (written after the source's last change, as make decides)."""
+    try:
+        return os.stat(path).st_mtime_ns >= os.stat(src).st_mtime_ns
+    except FileNotFoundError:
+        return False
+
+
+def _images_in(out):
+    """The copy's image files (hidden ones, the manifest and the lock, not)."""
+    for dirpath, dirnames, filenames in os.walk(out):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if not name.startswith("."):
+                yield os.path.join(dirpath, name)
+
+
+def _count(out):
+    return sum(1 for _ in _images_in(out))
+
+
+def _stale(out, expected):
+    """The copy's files whose source images are gone."""
+    return [path for path in _images_in(out) if path not in expected]
+
+
+def _remove(out, paths):
+    """Removes `paths`, then the folders left empty (an empty class folder
+    is an error to the readers)."""
+    for path in paths:
+        os.remove(path)
+    if paths:
+        for dirpath, _, _ in sorted(os.walk(out), key=lambda w: -len(w[0])):
+            if dirpath != out and not os.listdir(dirpath):
+                os.rmdir(dirpath)
+
+
+@contextlib.contextmanager
+def _locked(out):
+    """Holds `out/.compact-copy.lock` (one writer at a time: a second is an
+    error naming the folder); creates `out`."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"{out} is a file: the copy is written into a folder.")
+    if os.path.isdir(out) and not os.path.exists(os.path.join(out, MANIFEST)) and [
+            name for name in os.listdir(out) if name != LOCK]:
+        raise ValueError(f"{out} is not empty and holds no compact copy: write the copy into "
+                         "a new folder.")
+    try:
+        os.makedirs(out, exist_ok=True)
+        f = open(os.path.join(out, LOCK), "w")
+    except OSError as e:
+        raise ValueError(f"{out} cannot be made a folder ({e.strerror}).") from None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ValueError(f"{out} is being written by another `keras-reluvit prepare` "
+                             "(it holds the lock): wait for it, or stop it.") from None
+        yield
 
 
 def _tfds_items(b, out, names):
@@ -190,15 +274,18 @@ def class_folders(label_names):
 
 def _start(out, settings):
     """The copy's manifest: a new one (written before any image), or the one
-    in `out` when it was written with the same settings (resumed, or
-    complete); other settings, another source, or a source whose classes or
-    files changed are an error naming each difference."""
+    in `out` when it was written from the same source with the same
+    settings (to resume or bring up to date); another source or other
+    settings are an error naming each difference."""
     path = os.path.join(out, MANIFEST)
     if os.path.exists(path):
         with open(path) as f:
             manifest = json.load(f)
         diffs = [f"{k}: {manifest.get(k)!r} there, {v!r} now"
                  for k, v in settings.items() if json.loads(json.dumps(v)) != manifest.get(k)]
+        if "source" in dict(d.split(":", 1) for d in diffs):
+            raise ValueError(f"{out} holds the compact copy of another source ({diffs[0]}): "
+                             "write this copy into another folder, or remove that one.")
         if diffs:
             raise ValueError(f"{out} holds a compact copy made with other settings ("
                              + "; ".join(d if len(d) < 300 else d[:300] + " ..." for d in diffs)
@@ -206,12 +293,6 @@ def _start(out, settings):
         if not manifest.get("complete"):
             print(f"keras_reluvit: resuming the compact copy in {out}", flush=True)
         return manifest
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"{out} is a file: the copy is written into a folder.")
-    if os.path.isdir(out) and os.listdir(out):
-        raise ValueError(f"{out} is not empty and holds no compact copy: write the copy into "
-                         "a new folder.")
-    os.makedirs(out, exist_ok=True)
     manifest = dict(settings, complete=False)
     _write_json(path, manifest)
     return manifest
@@ -245,7 +326,7 @@ def _write_all(items, total, short_side, quality, workers, progress):
 
     def one(item):
         data, path = item
-        if data is None or (isinstance(data, str) and os.path.exists(path)):
+        if data is None or (isinstance(data, str) and _current(data, path)):
             return "present"
         name = data if isinstance(data, str) else path
         if isinstance(data, str):
@@ -270,7 +351,7 @@ def _write_all(items, total, short_side, quality, workers, progress):
                 if len(pending) >= 4 * workers:
                     pending = _collect(pending, counts, bar, concurrent.futures.FIRST_COMPLETED)
             _collect(pending, counts, bar, concurrent.futures.ALL_COMPLETED)
-        except BaseException:
+        except BaseException:  # Ctrl-C, an unreadable image: what runs ends, the rest not
             for future in pending:
                 future.cancel()
             raise
@@ -326,6 +407,8 @@ def _rgb(image):
         array = np.asarray(image).astype("int64")
         array = array >> 8 if array.max(initial=0) > 255 or image.mode != "I" else array
         image = Image.fromarray(np.clip(array, 0, 255).astype("uint8"), "L")
+    elif image.mode == "LA":
+        image = image.convert("L")
     elif image.mode == "F":
         image = Image.fromarray(np.clip(np.asarray(image), 0, 255).astype("uint8"), "L")
     return image if image.mode == "L" else image.convert("RGB")
