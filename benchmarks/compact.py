@@ -26,7 +26,6 @@ threads).
   to 224, on the originals and on each copy.
 """
 
-import argparse
 import gc
 import os
 import statistics
@@ -38,6 +37,7 @@ from benchmarks import pipeline_deit
 from benchmarks import pipeline_peers
 from benchmarks.pipeline_peers import PHOTOS
 from benchmarks.pipeline_peers import images_per_second
+from benchmarks.pipeline_peers import ms_per_image
 
 
 def copies(args, files):
@@ -158,7 +158,6 @@ def throughput(args, b, files, made):
 
 def stage_costs(b, made, reps=2):
     """ms per image on one thread: the crop window decoded, + resized to 224."""
-    import tensorflow as tf
     import tensorflow_datasets as tfds
 
     from keras_reluvit import data
@@ -169,9 +168,6 @@ def stage_costs(b, made, reps=2):
         sets[f"copy {side}"] = [open(os.path.join(d, f), "rb").read()
                                 for d, _, fs in sorted(os.walk(folder)) for f in sorted(fs)
                                 if not f.startswith(".")]
-    opts = tf.data.Options()
-    opts.threading.private_threadpool_size = 1
-    opts.threading.max_intra_op_parallelism = 1
 
     def window(x, key):
         return data.decode_random_crop(x, (0.08, 1.0), (3 / 4, 4 / 3), key)
@@ -182,20 +178,7 @@ def stage_costs(b, made, reps=2):
     out = {}
     for name, encoded in sets.items():
         for stage, fn in (("decode the crop window", window), ("+ resize to 224", resized)):
-            keys = tf.data.Dataset.range(len(encoded)).map(
-                lambda i: tf.stack([i, tf.constant(7, tf.int64)]))
-            ds = tf.data.Dataset.zip((tf.data.Dataset.from_tensor_slices(encoded), keys))
-            ds = ds.with_options(opts).map(fn).map(
-                lambda y: tf.reduce_sum(tf.cast(y[:1, :1], tf.float32)))
-            for _ in ds.take(8):
-                pass
-            times = []
-            for _ in range(reps):
-                start = time.perf_counter()
-                for _ in ds:
-                    pass
-                times.append((time.perf_counter() - start) / len(encoded) * 1e3)
-            out[f"{name}: {stage}"] = min(times)
+            out[f"{name}: {stage}"] = ms_per_image(encoded, fn, reps)
             print(f"{name}: {stage}: {out[f'{name}: {stage}']:.2f} ms", flush=True)
     return out
 
@@ -249,17 +232,10 @@ def table(args, files, made, diffs, results, stages):
 
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=int, default=600)
+    p = pipeline_peers.jpeg_set_parser(__doc__, steps=10, rounds=3)
     p.add_argument("--short-sides", type=int, nargs="+", default=[256, 320])
     p.add_argument("--jpeg-quality", type=int, default=90)
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--workers", type=int, default=os.cpu_count())
     p.add_argument("--crops", type=int, default=4, help="random crops per image (difference)")
-    p.add_argument("--cache", default=os.path.expanduser("~/.cache/keras-reluvit/bench-jpegs"))
     p.add_argument("--skip", default="", help="comma list of: throughput, stages, difference")
     p.add_argument("--out", help="directory for compact.md / .json")
     return p

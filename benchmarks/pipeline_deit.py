@@ -31,7 +31,6 @@ DeiT chain and of each RandAugment operation at M9, from the encoded images
 in memory.
 """
 
-import argparse
 import gc
 import importlib.util
 import json
@@ -39,13 +38,14 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 from benchmarks.pipeline_peers import NAME
 from benchmarks.pipeline_peers import PHOTOS
 from benchmarks.pipeline_peers import TIMED
 from benchmarks.pipeline_peers import images_per_second
 from benchmarks.pipeline_peers import jpeg_set
+from benchmarks.pipeline_peers import jpeg_set_parser
+from benchmarks.pipeline_peers import ms_per_image
 
 RECIPES = {"DeiT": "deit_s16_300ep", "DeiT III": "deit3_s16_400ep"}
 
@@ -129,7 +129,6 @@ def stage_costs(b, reps=2):
 
     raw = b.as_dataset(split="train", decoders={"image": tfds.decode.SkipDecoding()})
     encoded = [ex["image"] for ex in raw]
-    n = len(encoded)
     crop = dict(area=(0.08, 1.0), aspect=(3 / 4, 4 / 3))
 
     def window(x, k):
@@ -167,25 +166,10 @@ def stage_costs(b, reps=2):
     for name in A.RAND_INCREASING_OPS:
         chains[f"{name} at M9 alone (after the flip)"] = (
             lambda x, k, name=name: A.apply_op(name, flipped(x, k), m, s, "bicubic"))
-    opts = tf.data.Options()
-    opts.threading.private_threadpool_size = 1
-    opts.threading.max_intra_op_parallelism = 1
     out = {}
     base = None
     for name, fn in chains.items():
-        keys = tf.data.Dataset.range(n).map(lambda i: tf.stack([i, tf.constant(7, tf.int64)]))
-        ds = tf.data.Dataset.zip((tf.data.Dataset.from_tensor_slices(encoded), keys))
-        ds = ds.with_options(opts).map(tf.autograph.experimental.do_not_convert(fn))
-        ds = ds.map(lambda y: tf.reduce_sum(tf.cast(y[:1, :1], tf.float32)))
-        for _ in ds.take(8):  # trace and warm up
-            pass
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            for _ in ds:
-                pass
-            times.append((time.perf_counter() - start) / n * 1e3)
-        out[name] = min(times)
+        out[name] = ms_per_image(encoded, fn, reps)
         if name == "+ flip, levels":
             base = out[name]
         shown = out[name] - base if "alone" in name else out[name]
@@ -216,14 +200,7 @@ def table(args, results, stages):
 
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=int, default=600)
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--workers", type=int, default=os.cpu_count())
-    p.add_argument("--cache", default=os.path.expanduser("~/.cache/keras-reluvit/bench-jpegs"))
+    p = jpeg_set_parser(__doc__, steps=10, rounds=3)
     p.add_argument("--skip", default="", help="comma list of: throughput, stages")
     p.add_argument("--out", help="directory for pipeline_deit.md / .json")
     return p

@@ -332,6 +332,30 @@ def throughput(args, b, files):
     return results
 
 
+def ms_per_image(encoded, fn, reps=1):
+    """ms per image of `fn(encoded image, its own stateless key)` on one
+    thread (tf.data with a one-thread pool), from the encoded images in
+    memory; the best of `reps` passes after a warm-up."""
+    import tensorflow as tf
+
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = 1
+    opts.threading.max_intra_op_parallelism = 1
+    keys = tf.data.Dataset.range(len(encoded)).map(lambda i: tf.stack([i, tf.constant(7, tf.int64)]))
+    ds = tf.data.Dataset.zip((tf.data.Dataset.from_tensor_slices(encoded), keys)).with_options(opts)
+    ds = ds.map(tf.autograph.experimental.do_not_convert(fn))
+    ds = ds.map(lambda y: tf.reduce_sum(tf.cast(y[:1, :1], tf.float32)))
+    for _ in ds.take(8):  # trace and warm up
+        pass
+    times = []
+    for _ in range(max(reps, 1)):
+        start = time.perf_counter()
+        for _ in ds:
+            pass
+        times.append((time.perf_counter() - start) / len(encoded) * 1e3)
+    return min(times)
+
+
 def stage_costs(b, reps=1, randaug=None):
     """ms per image of cumulative stage chains on one thread."""
     import tensorflow as tf
@@ -342,7 +366,6 @@ def stage_costs(b, reps=1, randaug=None):
 
     raw = b.as_dataset(split="train", decoders={"image": tfds.decode.SkipDecoding()})
     encoded = [ex["image"] for ex in raw]
-    n = len(encoded)
     recipe = P.check_preprocessing(None)
     layer = __import__("keras").layers.RandAugment(value_range=(0, 255), num_ops=2, factor=1.0,
                                                    interpolation="nearest")  # as kr.data.pipeline
@@ -372,23 +395,9 @@ def stage_costs(b, reps=1, randaug=None):
     }
     if randaug is not None:
         chains["big_vision: + randaug(2, 10) (its own ops)"] = lambda x, k: bv_chain(randaug)(x)
-    opts = tf.data.Options()
-    opts.threading.private_threadpool_size = 1
-    opts.threading.max_intra_op_parallelism = 1
     out = {}
     for name, fn in chains.items():
-        keys = tf.data.Dataset.range(n).map(lambda i: tf.stack([i, tf.constant(7, tf.int64)]))
-        ds = tf.data.Dataset.zip((tf.data.Dataset.from_tensor_slices(encoded), keys)).with_options(opts)
-        ds = ds.map(fn).map(lambda y: tf.reduce_sum(tf.cast(y[:1, :1], tf.float32)))
-        for _ in ds.take(8):  # trace and warm up
-            pass
-        times = []
-        for _ in range(max(reps, 1)):
-            start = time.perf_counter()
-            for _ in ds:
-                pass
-            times.append((time.perf_counter() - start) / n * 1e3)
-        out[name] = min(times)
+        out[name] = ms_per_image(encoded, fn, reps)
         print(f"{name}: {out[name]:.2f} ms", flush=True)
     return out
 
@@ -454,15 +463,21 @@ def table(args, results, stages, rss):
     return "\n".join(lines) + "\n"
 
 
-def parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def jpeg_set_parser(doc, steps, rounds):
+    """The options of every benchmark on the generated JPEG set (`jpeg_set`)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=int, default=600)
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--rounds", type=int, default=rounds)
     p.add_argument("--workers", type=int, default=os.cpu_count())
-    p.add_argument("--big-vision", help="a big_vision checkout, for its own RandAugment")
     p.add_argument("--cache", default=os.path.expanduser("~/.cache/keras-reluvit/bench-jpegs"))
+    return p
+
+
+def parser():
+    p = jpeg_set_parser(__doc__, steps=20, rounds=5)
+    p.add_argument("--big-vision", help="a big_vision checkout, for its own RandAugment")
     p.add_argument("--skip", default="", help="comma list of: throughput, stages, rss, rss-decoded")
     p.add_argument("--out", help="directory for pipeline_peers.md / .json")
     return p
