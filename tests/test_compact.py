@@ -346,3 +346,22 @@ def test_the_command_line_needs_out_for_a_copy(tmp_path, capsys):
     assert cli.main(["prepare", src, "--out", str(tmp_path / "c"), "--quiet"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["splits"] == {"train": 6} and ImageFolder(record["out"]).num_classes == 3
+
+
+def test_each_image_appears_whole_by_a_rename(tmp_path, monkeypatch):
+    """Every image is written to a hidden partial file beside it and renamed:
+    a stop leaves no half-written image under its own name."""
+    src = kr.image_folder.sample_folder(str(tmp_path / "src"), per_class=3, size=(20, 60))
+    renamed, replace = [], os.replace
+
+    def checked(a, b):
+        if not b.endswith(compact.MANIFEST):
+            assert os.path.dirname(a) == os.path.dirname(b) and not os.path.exists(b), (a, b)
+            assert os.path.basename(a).startswith(".") and a.endswith(compact._PARTIAL), a
+            renamed.append(b)
+        return replace(a, b)
+
+    monkeypatch.setattr(os, "replace", checked)
+    manifest = compact.compact_copy(src, str(tmp_path / "copy"), short_side=32, progress=False)
+    assert len(renamed) == 9 == manifest["written"]["resized"] + manifest["written"]["encoded"] + \
+        manifest["written"]["copied"]
