@@ -118,12 +118,16 @@ def compact_copy(source, out, short_side=COPY_SHORT_SIDE, jpeg_quality=COPY_JPEG
     total = sum(splits.values())
     with _locked(out):
         manifest = _start(out, settings)
+        images, partials = _files(out)
         if folder:  # the copy follows its source: what it no longer has goes
-            stale = _stale(out, {path for _, path in items})
-            todo = sum(not _current(src_path, path) for src_path, path in items)
+            expected = {path for _, path in items}
+            stale = [path for path in images if path not in expected]
+            items = [(None if _current(src_path, path) else src_path, path)
+                     for src_path, path in items]  # None: up to date
+            todo = sum(src_path is not None for src_path, _ in items)
         else:  # a tfds version does not change: only files gone from the copy
             manifest["data_dir"] = b.data_dir  # where it was read from (not compared)
-            stale, todo = [], max(0, total - _count(out))
+            stale, todo = [], max(0, total - len(images))
         if manifest.get("complete") and not stale and not todo:
             print(f"keras_reluvit: {out} holds the complete copy already ({total} images): "
                   "nothing to do.", flush=True)
@@ -133,8 +137,7 @@ def compact_copy(source, out, short_side=COPY_SHORT_SIDE, jpeg_quality=COPY_JPEG
                   f"write, {len(stale)} to remove): updating it", flush=True)
         manifest.update(complete=False, class_names=class_names, splits=splits)
         _write_json(os.path.join(out, MANIFEST), manifest)
-        _remove_partials(out)
-        _remove(out, stale)
+        _remove(out, partials + stale)
         print(f"keras_reluvit: writing the compact copy of {source} into {out} (shorter side "
               f"<= {short_side} px, JPEG quality {jpeg_quality}; {total} images)", flush=True)
         from PIL import Image
@@ -187,22 +190,18 @@ def _current(src, path):
         return False
 
 
-def _images_in(out):
-    """The copy's image files (hidden ones, the manifest and the lock, not)."""
+def _files(out):
+    """The copy's image files and the files a killed run left half written
+    (`NAME.partial`), in one walk (the manifest and the lock are neither)."""
+    images, partials = [], []
     for dirpath, dirnames, filenames in os.walk(out):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in filenames:
-            if not name.startswith("."):
-                yield os.path.join(dirpath, name)
-
-
-def _count(out):
-    return sum(1 for _ in _images_in(out))
-
-
-def _stale(out, expected):
-    """The copy's files whose source images are gone."""
-    return [path for path in _images_in(out) if path not in expected]
+            if name.endswith(_PARTIAL):
+                partials.append(os.path.join(dirpath, name))
+            elif not name.startswith("."):
+                images.append(os.path.join(dirpath, name))
+    return images, partials
 
 
 def _remove(out, paths):
@@ -307,16 +306,9 @@ def _write_json(path, record):
     os.replace(partial, path)
 
 
-def _remove_partials(out):
-    """Files a killed run left half written (`NAME.partial`)."""
-    for dirpath, _, filenames in os.walk(out):
-        for name in filenames:
-            if name.endswith(_PARTIAL):
-                os.remove(os.path.join(dirpath, name))
-
-
 def _write_all(items, total, short_side, quality, workers, progress):
-    """Writes every (source, path) of `items` with `workers` threads, at most
+    """Writes every (source, path) of `items` (source: a file, encoded bytes,
+    or None where the copy is up to date) with `workers` threads, at most
     4 x workers images in flight (a source larger than memory streams);
     returns the counts: resized, re-encoded, copied (bytes kept), present
     (written by an earlier run)."""
@@ -326,7 +318,7 @@ def _write_all(items, total, short_side, quality, workers, progress):
 
     def one(item):
         data, path = item
-        if data is None or (isinstance(data, str) and _current(data, path)):
+        if data is None:
             return "present"
         name = data if isinstance(data, str) else path
         if isinstance(data, str):
