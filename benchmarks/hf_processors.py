@@ -58,14 +58,14 @@ def transformers_side(work):
     import transformers as T
     from PIL import Image
 
-    ref, info = {}, {"transformers": T.__version__}
+    ref, info, photos = {}, {"transformers": T.__version__}, photographs()
     for label, (family, cls, kwargs, floats) in CASES.items():
         directory = os.path.join(work, label)
         getattr(T, cls)(**kwargs).save_pretrained(directory)
         auto = T.AutoImageProcessor.from_pretrained(directory)
         pil = getattr(T, cls + "Pil")(**kwargs)
         info[label] = [type(auto).__name__, type(auto).__mro__[1].__name__]
-        for name, img in photographs().items():
+        for name, img in photos.items():
             given = (img.astype("float32") / 255,) if floats else (Image.fromarray(img),)
             for key, processor in (("auto", auto), ("pil", pil)):
                 px = processor(*given, return_tensors="np")["pixel_values"][0]
@@ -83,7 +83,7 @@ def ours(work):
     from keras_reluvit.checkpoints import hf
     from keras_reluvit.preprocessing import tf_preprocess
 
-    ref = np.load(os.path.join(work, "ref.npz"))
+    ref, photos = np.load(os.path.join(work, "ref.npz")), photographs()
     out = {}
     for label, (family, _, _, floats) in CASES.items():
         recipe = hf.preprocessing_from_processor(os.path.join(work, label), family)
@@ -92,7 +92,7 @@ def ours(work):
                                  "model.preprocessor vs AutoImageProcessor",
                                  "SavedModel's path vs AutoImageProcessor",
                                  "model.preprocessor vs PIL backend")}
-        for name, img in photographs().items():
+        for name, img in photos.items():
             auto, pil = ref[f"{label}/{name}/auto"], ref[f"{label}/{name}/pil"]
             x = img.astype("float32") / 255 if floats else img
             size = auto.shape[:2]
