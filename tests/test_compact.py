@@ -137,9 +137,17 @@ def test_the_class_order_is_the_copy_manifests(tmp_path, split_folders):
         ImageFolder(tmp_path, val_fraction=0.0)
 
 
-def test_a_tfds_set_keeps_its_labels_and_splits(tmp_path):
+def test_a_tfds_set_keeps_its_labels_and_splits(tmp_path, monkeypatch, capsys):
+    """Its splits and label order; where the set's own runs train on part of
+    its train split (big_vision's, e.g. imagenet2012's train[:99%]), one
+    line says the copy's train/ is all of it."""
+    from keras_reluvit.data import tfds as kr_tfds
+
+    monkeypatch.setitem(kr_tfds.SPLITS, "sklearn_digits", ("train[:90%]", None, "test"))
     out = str(tmp_path / "digits")
     manifest = compact.compact_copy("sklearn_digits", out, short_side=16, progress=False)
+    assert "trains on all of train/ (the tfds set's own runs train on train[:90%]" in (
+        capsys.readouterr().out)
     import tensorflow_datasets as tfds
 
     b = kr.data.builder("sklearn_digits")

@@ -153,6 +153,13 @@ def compact_copy(source, out, short_side=COPY_SHORT_SIDE, jpeg_quality=COPY_JPEG
         _write_json(os.path.join(out, MANIFEST), manifest)
     print(f"keras_reluvit: {out} is complete: {json.dumps(counts)}, "
           f"{manifest['bytes'] / 1e6:,.1f} MB", flush=True)
+    if not folder:
+        from keras_reluvit.data.tfds import SPLITS
+
+        train = SPLITS.get(source, ("train",))[0]
+        if train not in (None, "train"):  # the copy's train/ is the whole split
+            print(f"keras_reluvit: `train --dataset {out}` trains on all of train/ (the tfds "
+                  f"set's own runs train on {train}: big_vision's split)", flush=True)
     return manifest
 
 
