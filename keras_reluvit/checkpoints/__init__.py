@@ -44,6 +44,7 @@ import sys
 import keras
 import numpy as np
 
+from keras_reluvit._logging import say
 from keras_reluvit.checkpoints import big_vision
 from keras_reluvit.checkpoints import hf
 from keras_reluvit.checkpoints import keras_hub
@@ -314,8 +315,8 @@ def _say_changes(path, own, arch, image_size):
         changes.append(f"image_size {tuple(image_pair(own['image_size']))} -> "
                        f"{tuple(image_pair(image_size))} (position embedding resampled)")
     if changes:
-        print(f"keras_reluvit: {os.path.basename(path.rstrip('/'))}: the checkpoint's "
-              f"architecture changed: {'; '.join(changes)}.", flush=True)
+        say(f"{os.path.basename(path.rstrip('/'))}: the checkpoint's "
+            f"architecture changed: {'; '.join(changes)}.")
 
 
 def _plain(value):

@@ -10,6 +10,7 @@ import re
 import keras
 import numpy as np
 
+from keras_reluvit._logging import say
 from keras_reluvit.models.posemb import resample_posemb
 
 
@@ -186,7 +187,7 @@ def assign(model, weights, path, fresh_head=False, posemb_resampling="bilinear",
     for var, value in plan:
         var.assign(value)
     if fresh:
-        print(f"keras_reluvit: {os.path.basename(path)}: freshly initialised {fresh}")
+        say(f"{os.path.basename(path)}: freshly initialised {fresh}")
     return fresh
 
 

@@ -60,6 +60,7 @@ import numpy as np
 
 from keras_reluvit._defaults import COPY_JPEG_QUALITY
 from keras_reluvit._defaults import COPY_SHORT_SIDE
+from keras_reluvit._logging import say
 from keras_reluvit.data import folders
 from keras_reluvit.data import lazy
 
@@ -129,17 +130,17 @@ def compact_copy(source, out, short_side=COPY_SHORT_SIDE, jpeg_quality=COPY_JPEG
             manifest["data_dir"] = b.data_dir  # where it was read from (not compared)
             stale, todo = [], max(0, total - len(images))
         if manifest.get("complete") and not stale and not todo:
-            print(f"keras_reluvit: {out} holds the complete copy already ({total} images): "
-                  "nothing to do.", flush=True)
+            say(f"{out} holds the complete copy already ({total} images): "
+                "nothing to do.")
             return manifest
         if manifest.get("complete"):
-            print(f"keras_reluvit: {out}: the copy is behind its source ({todo} image(s) to "
-                  f"write, {len(stale)} to remove): updating it", flush=True)
+            say(f"{out}: the copy is behind its source ({todo} image(s) to "
+                f"write, {len(stale)} to remove): updating it")
         manifest.update(complete=False, class_names=class_names, splits=splits)
         _write_json(os.path.join(out, MANIFEST), manifest)
         _remove(out, partials + stale)
-        print(f"keras_reluvit: writing the compact copy of {source} into {out} (shorter side "
-              f"<= {short_side} px, JPEG quality {jpeg_quality}; {total} images)", flush=True)
+        say(f"writing the compact copy of {source} into {out} (shorter side "
+            f"<= {short_side} px, JPEG quality {jpeg_quality}; {total} images)")
         from PIL import Image
 
         limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # data sets are trusted
@@ -151,15 +152,15 @@ def compact_copy(source, out, short_side=COPY_SHORT_SIDE, jpeg_quality=COPY_JPEG
         manifest.update(complete=True, written=counts)
         manifest["bytes"] = _size(out)
         _write_json(os.path.join(out, MANIFEST), manifest)
-    print(f"keras_reluvit: {out} is complete: {json.dumps(counts)}, "
-          f"{manifest['bytes'] / 1e6:,.1f} MB", flush=True)
+    say(f"{out} is complete: {json.dumps(counts)}, "
+        f"{manifest['bytes'] / 1e6:,.1f} MB")
     if not folder:
         from keras_reluvit.data.tfds import SPLITS
 
         train = SPLITS.get(source, ("train",))[0]
         if train not in (None, "train"):  # the copy's train/ is the whole split
-            print(f"keras_reluvit: `train --dataset {out}` trains on all of train/ (the tfds "
-                  f"set's own runs train on {train}: big_vision's split)", flush=True)
+            say(f"`train --dataset {out}` trains on all of train/ (the tfds "
+                f"set's own runs train on {train}: big_vision's split)")
     return manifest
 
 
@@ -297,7 +298,7 @@ def _start(out, settings):
                              + "; ".join(d if len(d) < 300 else d[:300] + " ..." for d in diffs)
                              + "): write the copy into another folder, or remove this one.")
         if not manifest.get("complete"):
-            print(f"keras_reluvit: resuming the compact copy in {out}", flush=True)
+            say(f"resuming the compact copy in {out}")
         return manifest
     manifest = dict(settings, complete=False)
     _write_json(path, manifest)

@@ -34,6 +34,7 @@ import re
 import numpy as np
 
 from keras_reluvit._defaults import VAL_FRACTION
+from keras_reluvit._logging import say
 
 # The first bytes of each format tf.io.decode_image reads.
 _MAGIC = (
@@ -229,8 +230,8 @@ class ImageFolder:
                 f"{self.root} has one class ({self.class_names[0]}): a classifier needs at "
                 "least two class sub-folders.")
         if skipped:
-            print(f"keras_reluvit: {self.root}: skipped {skipped} hidden / system file(s) "
-                  "(.DS_Store, Thumbs.db, ...).", flush=True)
+            say(f"{self.root}: skipped {skipped} hidden / system file(s) "
+                "(.DS_Store, Thumbs.db, ...).")
 
     def _ordered(self, classes):
         """The class names: the folders' (sorted), or a compact copy's (its
@@ -371,8 +372,8 @@ def naming_unreadable(folder):
             raise
         paths = (folder if isinstance(folder, (list, tuple))
                  else [p for paths, _ in folder.splits.values() for p in paths])
-        print(f"keras_reluvit: an image failed to decode inside tf.data; looking for it among "
-              f"{len(paths)} files ...", flush=True)
+        say(f"an image failed to decode inside tf.data; looking for it among "
+            f"{len(paths)} files ...")
         bad = unreadable(paths)
         if not bad:
             raise

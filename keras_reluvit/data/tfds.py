@@ -3,6 +3,7 @@ builders, and big_vision's split conventions."""
 
 import os
 
+from keras_reluvit._logging import say
 from keras_reluvit.data import folders as image_folder
 from keras_reluvit.data import lazy
 
@@ -47,8 +48,8 @@ def prepare(name, data_dir=None, manual_dir=None):
             f"Cannot prepare {name}: {', '.join(missing)} not in {manual_dir}.\n"
             + ILSVRC_HELP.format(data_dir=builder.data_dir_root, manual_dir=manual_dir))
     config = tfds.download.DownloadConfig(manual_dir=manual_dir)
-    print(f"keras_reluvit: preparing {name} into {builder.data_dir}"
-          + (f" from {manual_dir}" if name in MANUAL_FILES else ""), flush=True)
+    say(f"preparing {name} into {builder.data_dir}"
+        + (f" from {manual_dir}" if name in MANUAL_FILES else ""))
     builder.download_and_prepare(download_config=config)
     return builder
 

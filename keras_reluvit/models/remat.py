@@ -22,6 +22,8 @@ policy on JAX. The forward values and the gradients are those without remat.
 
 import keras
 
+from keras_reluvit._logging import say
+
 # jax.checkpoint_policies' policies (not the factories that take names).
 JAX_POLICIES = (
     "nothing_saveable", "dots_saveable", "checkpoint_dots",
@@ -56,8 +58,8 @@ def rematerialised(fn, policy, layer):
         return _jax(fn, policy, layer, seeds)
     if policy != "full" and policy not in _said:
         _said.add(policy)
-        print(f"keras_reluvit: remat={policy!r} is a JAX policy; on {keras.backend.backend()} "
-              "each block is recomputed whole (remat='full').", flush=True)
+        say(f"remat={policy!r} is a JAX policy; on {keras.backend.backend()} "
+            "each block is recomputed whole (remat='full').")
 
     def replay(x, *snapshot):
         for v, value in zip(seeds, snapshot):

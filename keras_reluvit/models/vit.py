@@ -13,6 +13,7 @@ import re
 import keras
 
 from keras_reluvit._keras_compat import flatten_layers
+from keras_reluvit._logging import say
 from keras_reluvit.models import extensions
 from keras_reluvit.models import layers
 from keras_reluvit.models import lora
@@ -372,7 +373,7 @@ class ViT(keras.Model):
                     "serving_default / serve_bytes (uint8 images / encoded bytes with the "
                     "model's own preprocessing -> probabilities, top-k)")
         if verbose is None or verbose:
-            print(f"keras_reluvit: wrote {what} to {path} (see keras_reluvit.export).")
+            say(f"wrote {what} to {path} (see keras_reluvit.export).")
         return path
 
     @classmethod

@@ -5,6 +5,7 @@ import os
 
 import keras
 
+from keras_reluvit._logging import say
 from keras_reluvit.models import extensions
 from keras_reluvit.models.keywords import check_keywords
 from keras_reluvit.models.posemb import resample_posemb
@@ -115,7 +116,7 @@ def load_weights(model, path):
             raise ValueError(f"{path} does not hold a keras_reluvit ViT.")
         skipped = transfer_weights(source, model)
         if skipped:
-            print(f"keras_reluvit: kept a fresh head ({skipped}).")
+            say(f"kept a fresh head ({skipped}).")
         return model
     if path.endswith(".weights.h5"):
         old, head = _h5_shapes(path, model)
@@ -143,9 +144,9 @@ def load_weights(model, path):
         source.load_weights(path)
         skipped = transfer_weights(source, model)
         if skipped:
-            print(f"keras_reluvit: {os.path.basename(path)} has a head of {head} classes; "
-                  f"{model.name} keeps a fresh zero-initialised head of {own_head} "
-                  f"({', '.join(skipped)}).")
+            say(f"{os.path.basename(path)} has a head of {head} classes; "
+                f"{model.name} keeps a fresh zero-initialised head of {own_head} "
+                f"({', '.join(skipped)}).")
         return model
     raise ValueError(
         f"Unknown weights file {path!r}: expected a .keras or .weights.h5 "

@@ -55,6 +55,7 @@ import time
 import keras
 import numpy as np
 
+from keras_reluvit._logging import say
 from keras_reluvit.data.pipeline import skip_passes
 from keras_reluvit.training import signals as noted_signals
 from keras_reluvit.training.backup_state import load_state
@@ -172,8 +173,8 @@ class StepBackup(keras.callbacks.Callback):
                     record = json.load(f)
             except (OSError, ValueError) as e:
                 if not quiet:
-                    print(f"keras_reluvit: backup {path} cannot be read ({e}); using the one "
-                          "before it.", flush=True)
+                    say(f"backup {path} cannot be read ({e}); using the one "
+                        "before it.")
                 continue
             return dict(record, path=path)
         return None
@@ -382,8 +383,8 @@ class StepBackup(keras.callbacks.Callback):
         if record.get("legacy"):
             model.load_weights(os.path.join(record["path"], LEGACY_WEIGHTS))
             record["step"] = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-            print(f"keras_reluvit: resumed a keras-reluvit 0.1 backup in {self.directory} at "
-                  f"epoch {record['epoch'] + 1}; the history before it is not in it.", flush=True)
+            say(f"resumed a keras-reluvit 0.1 backup in {self.directory} at "
+                f"epoch {record['epoch'] + 1}; the history before it is not in it.")
         elif os.path.isdir(os.path.join(record["path"], STATE)):
             self._metrics = load_state(model, os.path.join(record["path"], STATE),
                                         metrics=bool(record["done"]))
@@ -394,9 +395,9 @@ class StepBackup(keras.callbacks.Callback):
                 with np.load(metrics) as f:
                     self._metrics = [f[f"arr_{i}"] for i in range(len(f.files))]
             elif record["done"]:
-                print(f"keras_reluvit: {record['path']} holds no running means of its epoch (a "
-                      "cluster's distributed metrics): the resumed epoch's logged loss and "
-                      "metrics average its steps from the resume on.", flush=True)
+                say(f"{record['path']} holds no running means of its epoch (a "
+                    "cluster's distributed metrics): the resumed epoch's logged loss and "
+                    "metrics average its steps from the resume on.")
         self.epoch, self.done, self.step = record["epoch"], record["done"], record["step"]
         self.history = {k: list(v) for k, v in record["history"].items()}
         self.step_loss = list(record["step_loss"])
@@ -503,9 +504,9 @@ def data_layout(root, shards, index, count, asked):
             raise _other_layout(root, f"{was} data shards (its data stream split in {was})",
                                 this, f"Resume it on a number of processes that divides {was} "
                                       f"(each reads {was} / processes shards)")
-        print(f"keras_reluvit: resuming a run of {was} data shards on {count} "
-              f"process{'es' if count > 1 else ''}: each reads {was // count} of them, so "
-              "the global batches continue as they were.", flush=True)
+        say(f"resuming a run of {was} data shards on {count} "
+            f"process{'es' if count > 1 else ''}: each reads {was // count} of them, so "
+            "the global batches continue as they were.")
         shards = was
     per = shards // count
     mine = list(range(index * per, (index + 1) * per))

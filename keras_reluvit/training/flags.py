@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import inspect
 
+from keras_reluvit._logging import say
 from keras_reluvit.training.settings import RECIPE_NUMBERS
 from keras_reluvit.training.settings import check_number
 
@@ -378,15 +379,14 @@ def model_ema_decay(recipe, ema=None):
     if ema == 0.0:
         raise ValueError("--model-ema and --no-model-ema (or --ema 0) both given; choose one.")
     if ema:
-        print(f"keras-reluvit: --model-ema: the weights' EMA at --ema's decay {ema}", flush=True)
+        say(f"--model-ema: the weights' EMA at --ema's decay {ema}")
         return ema
     own = recipes.get(recipe).ema
     if own:
-        print(f"keras-reluvit: --model-ema: the weights' EMA at the recipe's decay {own}",
-              flush=True)
+        say(f"--model-ema: the weights' EMA at the recipe's decay {own}")
         return own
-    print(f"keras-reluvit: --model-ema: the weights' EMA at timm's decay {TIMM_EMA} (the "
-          "recipe has none; --ema DECAY sets another)", flush=True)
+    say(f"--model-ema: the weights' EMA at timm's decay {TIMM_EMA} (the "
+        "recipe has none; --ema DECAY sets another)")
     return TIMM_EMA
 
 

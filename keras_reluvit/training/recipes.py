@@ -28,6 +28,7 @@ import json
 import keras
 import numpy as np
 
+from keras_reluvit._logging import say
 from keras_reluvit.models.lora import classifier_head
 from keras_reluvit.training.losses import LOSSES  # noqa: F401 - kr.recipes.LOSSES
 from keras_reluvit.training.losses import BinarizedCrossEntropy
@@ -376,9 +377,9 @@ def scaled(recipe, batch_size, steps_per_epoch, epochs, lr=None, warmup_cap=WARM
         warmup = int(round(recipe["warmup_steps"] / ratio))
     most = total - 1 if warmup_cap is None else int(total * warmup_cap)
     if warmup > most:
-        print(f"keras_reluvit: the warmup of {warmup} steps is longer than "
-              + ("the run" if warmup_cap is None else f"{warmup_cap:g} of the run")
-              + f" ({total} steps): warming up for {most} steps.", flush=True)
+        say(f"the warmup of {warmup} steps is longer than "
+            + ("the run" if warmup_cap is None else f"{warmup_cap:g} of the run")
+            + f" ({total} steps): warming up for {most} steps.")
         warmup = most
     return lr, max(warmup, 0), total
 

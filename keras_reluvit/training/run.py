@@ -41,6 +41,7 @@ import keras
 from keras_reluvit import data as kr_data
 from keras_reluvit import distribution as kr_distribution
 from keras_reluvit._defaults import VAL_FRACTION
+from keras_reluvit._logging import say
 from keras_reluvit.data import folders as image_folder
 from keras_reluvit.data.pipeline import check_repeats
 from keras_reluvit.data.pipeline import split_batches
@@ -95,7 +96,7 @@ def build_config(settings=None, **kwargs):
     variant = variant_with_patch(s.model) if s.model else None
     r = recipes.get(recipe, variant)  # resolved once, for the variant asked for
     for line in flags.apply(r, s.recipe_overrides):  # --clip-grad, --mixup, ...
-        print(f"keras_reluvit: {line}.", flush=True)
+        say(f"{line}.")
     if r.get("init_required") and not init:
         raise ValueError(f"Recipe {recipe!r} fine-tunes a checkpoint: pass init= "
                          "(keras-reluvit train --init CHECKPOINT).")
@@ -198,11 +199,10 @@ def _augment(augment, repeats, loss, auto_augment=None, three_augment_flag=None)
             replaced.append("3-Augment (its colour jitter stays)")
         if replaced:
             verb = "turns off" if name is None else f"{name!r} replaces"
-            print(f"keras_reluvit: --aa {verb} the recipe's {' and '.join(replaced)}.",
-                  flush=True)
+            say(f"--aa {verb} the recipe's {' and '.join(replaced)}.")
         elif name is not None and augment.get("auto_augment") != name:
-            print(f"keras_reluvit: --aa {name!r}: timm's augmentation on (the recipe has "
-                  "none).", flush=True)
+            say(f"--aa {name!r}: timm's augmentation on (the recipe has "
+                "none).")
         augment.update(randaug=None, auto_augment=name, three_augment=False)
     smoothing = (augment.get("timm_mix") or {}).get("label_smoothing", 0.1)
     if loss == "bce" and augment.get("timm_mix") is not None and smoothing > 0:
@@ -254,9 +254,9 @@ def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_sha
     if largest < 1:
         raise ValueError(f"{dataset} has {n} training images, fewer than the {shards} "
                          "processes reading it.")
-    print(f"keras_reluvit: {dataset} has {n} training images, fewer than recipe {recipe!r}'s "
-          f"batch of {batch_size}: training with batch {largest}, the learning rate scaled as "
-          "the recipe scales it (--batch-size / batch_size= to choose).", flush=True)
+    say(f"{dataset} has {n} training images, fewer than recipe {recipe!r}'s "
+        f"batch of {batch_size}: training with batch {largest}, the learning rate scaled as "
+        "the recipe scales it (--batch-size / batch_size= to choose).")
     return largest
 
 
@@ -418,9 +418,9 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             final = score()
             if chief:
                 held = "model.keras and the export hold" if export else "model.keras holds"
-                print(f"keras_reluvit: {held} the weights' EMA "
-                      f"(decay {config.ema}); metrics.json's final is its, "
-                      "final_trained the trained weights'.", flush=True)
+                say(f"{held} the weights' EMA "
+                    f"(decay {config.ema}); metrics.json's final is its, "
+                    "final_trained the trained weights'.")
         metrics = dict(
             final={k: float(v) for k, v in final.items()},
             **({"final_trained": {k: float(v) for k, v in trained.items()}} if trained else {}),
@@ -492,8 +492,8 @@ def _set_trainable(model, config, chief):
 
     finetune.set_trainable(model, config.trainable, config.lora_rank)
     if chief:
-        print(f"keras_reluvit: fine-tuning {config.trainable}: "
-              f"{finetune.describe_trainable(model)}.", flush=True)
+        say(f"fine-tuning {config.trainable}: "
+            f"{finetune.describe_trainable(model)}.")
 
 
 def plot_curves(history, path):
@@ -602,8 +602,8 @@ def _launch(config, output, process, rerun, recipe=None):
         if count > 1:
             kr_distribution.barrier("restart")
         if index == 0:
-            print(f"keras_reluvit: restart: the backups and artefacts of the run in {output} "
-                  "are deleted; starting anew.", flush=True)
+            say(f"restart: the backups and artefacts of the run in {output} "
+                "are deleted; starting anew.")
         return dict(launch, restart=True), [], {}
     record = kr_backup.StepBackup(kr_backup.backup_folder(root, process)).latest(quiet=True)
     try:
@@ -640,9 +640,9 @@ def _launch(config, output, process, rerun, recipe=None):
             "(rerun='override') to continue it with these settings, or another --output.")
     if index == 0:
         said = (f", with settings changed (--override): {_say(blocking)}" if blocking else "")
-        print(f"keras_reluvit: {output} holds {where}: "
-              + ("writing its artefacts again" if complete else "resuming it")
-              + said + ".", flush=True)
+        say(f"{output} holds {where}: "
+            + ("writing its artefacts again" if complete else "resuming it")
+            + said + ".")
     launch.update(resumed=dict(epoch=record["epoch"], done=record["done"],
                                step=record["step"], complete=complete), changed=changed)
     return launch, list(old.get("launches", [])), old
@@ -675,8 +675,7 @@ def check_same_data(old, d, folder, output, rerun):
             "(images added or removed?). Resuming would read other batches and hold out other "
             "images: --restart to start anew on them, --override to continue anyway.")
     if changed:
-        print(f"keras_reluvit: --override: the data changed ({_say(changed)}); continuing.",
-              flush=True)
+        say(f"--override: the data changed ({_say(changed)}); continuing.")
     return changed
 
 

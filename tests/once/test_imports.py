@@ -121,7 +121,7 @@ def test_no_import_circles_in_the_package():
 # The floors, lowest first: a module may import its own floor's and lower
 # floors' modules only (`__init__`, the public face, imports every floor).
 FLOORS = [
-    ("_version", "_keras_compat", "_defaults"),
+    ("_version", "_keras_compat", "_defaults", "_logging"),
     ("kernels",),
     ("preprocessing",),
     ("models",),
@@ -281,3 +281,45 @@ def test_the_documented_modules_are_attributes_of_the_package():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, KERAS_BACKEND="jax"))
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_library_speaks_through_its_logger_only():
+    """Every line the library says goes through `keras_reluvit._logging.say`
+    (the logger "keras_reluvit"): no module outside the command line prints
+    a `keras_reluvit:` / `keras-reluvit:` line itself (was: 40 prints under
+    two prefixes). Shown by default on the current stdout, one prefix;
+    Python's logging silences or routes it."""
+    import contextlib
+    import io
+    import logging
+
+    from keras_reluvit import _logging
+
+    printers = []
+    for name, path in modules().items():
+        if name in (f"{PKG}.cli", f"{PKG}._logging"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print"
+                    and not any(k.arg == "file" for k in node.keywords)):
+                first = node.args[0] if node.args else None
+                text = (first.values[0] if isinstance(first, ast.JoinedStr) and first.values
+                        else first)
+                if isinstance(text, ast.Constant) and str(text.value).startswith(
+                        ("keras_reluvit:", "keras-reluvit:")):
+                    printers.append(f"{path}:{node.lineno}")
+    assert printers == []
+    logger = logging.getLogger("keras_reluvit")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):  # the stdout of the moment, as a notebook's
+        _logging.say("a default changed")
+    assert out.getvalue() == "keras_reluvit: a default changed\n"
+    level = logger.level
+    try:
+        logger.setLevel(logging.WARNING)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            _logging.say("silenced")
+        assert out.getvalue() == ""
+    finally:
+        logger.setLevel(level)
