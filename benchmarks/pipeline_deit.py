@@ -124,7 +124,7 @@ def stage_costs(b, reps=2):
     import tensorflow_datasets as tfds
 
     from keras_reluvit import data
-    from keras_reluvit.data import pillow_ops
+    from keras_reluvit.data import pillow_graph
     from keras_reluvit.data import timm_augment as A
 
     raw = b.as_dataset(split="train", decoders={"image": tfds.decode.SkipDecoding()})
@@ -140,7 +140,7 @@ def stage_costs(b, reps=2):
             (224, 224, 3))
 
     def flipped(x, k):
-        return pillow_ops.pillow_levels(tf.image.stateless_random_flip_left_right(
+        return pillow_graph.pillow_levels(tf.image.stateless_random_flip_left_right(
             resized("bicubic")(x, k), k))
 
     def randaug(x, k):

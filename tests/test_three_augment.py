@@ -11,7 +11,7 @@ from PIL import ImageFilter
 from PIL import ImageOps
 
 from keras_reluvit import data as D
-from keras_reluvit.data import pillow_ops as P
+from keras_reluvit.data import pillow_graph as P
 from keras_reluvit.data import three_augment as T
 
 pytestmark = pytest.mark.backend_independent
@@ -50,9 +50,9 @@ def test_the_blur_is_the_exact_gaussian_and_close_to_pillows(photo):
 
     x = tf.constant(photo, tf.float32)
     for sigma in (0.5, 1.0, 2.0):
-        ours = np.asarray(P.gaussian_blur(x, sigma))
+        ours = np.asarray(T.gaussian_blur(x, sigma))
         exact = np.stack([ndimage.gaussian_filter(photo[..., c].astype("float64"), sigma,
-                                                  mode="nearest", truncate=P.BLUR_TAPS / sigma)
+                                                  mode="nearest", truncate=T.BLUR_TAPS / sigma)
                           for c in range(3)], -1)
         levels = np.floor(exact + 0.5)  # written as levels (a float32 sum may cross a .5)
         assert (ours == levels).mean() > 0.999 and np.abs(ours - levels).max() <= 1, sigma

@@ -12,7 +12,8 @@ from PIL import ImageEnhance
 from PIL import ImageOps
 
 from keras_reluvit import data as D
-from keras_reluvit.data import pillow_ops as P
+from keras_reluvit.data import pillow_calls as P
+from keras_reluvit.data import pillow_graph as G
 from keras_reluvit.data import timm_augment as A
 
 pytestmark = pytest.mark.backend_independent
@@ -35,7 +36,7 @@ def test_point_operations_are_pillows(photo):
 
     pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
     exact = [(P.equalize(x), ImageOps.equalize(pil)), (P.invert(x), ImageOps.invert(pil)),
-             (P.solarize(x, 100.0), ImageOps.solarize(pil, 100)),
+             (G.solarize(x, 100.0), ImageOps.solarize(pil, 100)),
              (P.solarize_add(x, 50.0), pil.point([min(255, i + 50) if i < 128 else i
                                                   for i in range(256)] * 3))]
     exact += [(P.posterize(x, tf.constant(b)), ImageOps.posterize(pil, b)) for b in (1, 2, 4)]
@@ -47,12 +48,12 @@ def test_point_operations_are_pillows(photo):
     # Color), its rounded mean (Contrast), black, its rounded SMOOTH filter: the same
     # levels (Color was 1.3 levels off at M9 with an unrounded gray, none truncated).
     for factor in (0.3, 0.77, 1.0, 1.37, 1.7):
-        for ours, theirs in ((P.color, ImageEnhance.Color), (P.contrast, ImageEnhance.Contrast),
-                             (P.brightness, ImageEnhance.Brightness),
+        for ours, theirs in ((G.color, ImageEnhance.Color), (G.contrast, ImageEnhance.Contrast),
+                             (G.brightness, ImageEnhance.Brightness),
                              (P.sharpness, ImageEnhance.Sharpness)):
             d = _diff(ours(x, factor), theirs(pil).enhance(factor))
             assert d.max() == 0, (ours.__name__, factor, d.max(), d.mean())
-    np.testing.assert_array_equal(P.grayscale(x), pil.convert("L").convert("RGB"))
+    np.testing.assert_array_equal(G.grayscale(x), pil.convert("L").convert("RGB"))
     # Pillow's corners: a flat channel (autocontrast keeps it), a gray mean of exactly
     # x.5 (Contrast's int(mean + 0.5) rounds it up, not to even)
     flat = photo.copy()
@@ -61,7 +62,7 @@ def test_point_operations_are_pillows(photo):
                                   ImageOps.autocontrast(Image.fromarray(flat)))
     half = np.array([[[100] * 3, [101] * 3]], np.uint8)  # gray mean 100.5
     for factor in (0.5, 1.5):
-        np.testing.assert_array_equal(P.contrast(tf.constant(half, tf.float32), factor),
+        np.testing.assert_array_equal(G.contrast(tf.constant(half, tf.float32), factor),
                                       ImageEnhance.Contrast(Image.fromarray(half))
                                       .enhance(factor))
 
@@ -75,18 +76,18 @@ def test_a_chain_of_operations_is_pillows_chain(photo):
 
     pil, x = Image.fromarray(photo), tf.constant(photo, tf.float32)
     chains = [
-        (lambda t: P.contrast(P.color(t, 1.62), 0.55),
+        (lambda t: G.contrast(G.color(t, 1.62), 0.55),
          lambda p: ImageEnhance.Contrast(ImageEnhance.Color(p).enhance(1.62)).enhance(0.55)),
-        (lambda t: P.brightness(P.sharpness(P.auto_contrast(t), 1.9), 1.21),
+        (lambda t: G.brightness(P.sharpness(P.auto_contrast(t), 1.9), 1.21),
          lambda p: ImageEnhance.Brightness(ImageEnhance.Sharpness(ImageOps.autocontrast(p))
                                            .enhance(1.9)).enhance(1.21)),
-        (lambda t: P.solarize(P.color(P.equalize(t), 0.4), 120.0),
+        (lambda t: G.solarize(G.color(P.equalize(t), 0.4), 120.0),
          lambda p: ImageOps.solarize(ImageEnhance.Color(ImageOps.equalize(p)).enhance(0.4), 120)),
     ]
     for ours, theirs in chains:
         assert _diff(ours(x), theirs(pil)).max() == 0
     crop = x + 0.5 - tf.random.stateless_uniform(x.shape, [1, 2])  # a resized crop's floats
-    np.testing.assert_array_equal(P.pillow_levels(crop), np.floor(np.clip(crop, 0, 255) + 0.5))
+    np.testing.assert_array_equal(G.pillow_levels(crop), np.floor(np.clip(crop, 0, 255) + 0.5))
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
@@ -229,8 +230,8 @@ def test_augmix_blends_the_image_with_its_mixed_chains(photo, monkeypatch):
 
     x = tf.constant(photo, tf.float32)
     blended = []
-    blend = P.blend
-    monkeypatch.setattr(P, "blend", lambda d, image, f: blended.append(image) or blend(d, image, f))
+    blend = G.blend
+    monkeypatch.setattr(G, "blend", lambda d, image, f: blended.append(image) or blend(d, image, f))
     A.augmix(x, _keys(1)[0], magnitude=3, width=3)
     mix = np.asarray(blended[-1])  # timm: np.clip, then astype(uint8): truncated levels
     assert np.all(mix == np.floor(mix)) and 0 <= mix.min() and mix.max() <= 255
@@ -430,8 +431,8 @@ def _augmix_draws(monkeypatch, n, depth=-1, width=3, alpha=1.0):
         return tf.concat([image, factor * tf.ones_like(image[:1])], 0)
 
     monkeypatch.setattr(A, "_one_of", spy)
-    monkeypatch.setattr(P, "blend", blend)
-    monkeypatch.setattr(P, "truncated_levels", lambda mixed: mixed)  # the weights, untruncated
+    monkeypatch.setattr(G, "blend", blend)
+    monkeypatch.setattr(A, "truncated_levels", lambda mixed: mixed)  # the weights, untruncated
     ds = tf.data.Dataset.range(n).map(lambda i: A.augmix(
         tf.zeros([2, 1, 3]), tf.stack([i, tf.constant(11, tf.int64)]), width=width,
         depth=depth, alpha=alpha))
@@ -723,7 +724,7 @@ def test_deits_one_pillow_call_equals_the_chain_step_by_step(monkeypatch):
 
 EXIT_SCRIPT = """
 import numpy as np
-from keras_reluvit.data import pillow_ops as P
+from keras_reluvit.data import pillow_calls as P
 import tensorflow as tf
 x = tf.constant(np.random.default_rng(0).integers(0, 255, (64, 64, 3)), tf.uint8)
 ds = tf.data.Dataset.range(10**6).map(
@@ -758,7 +759,7 @@ def test_a_script_ending_beside_a_pillow_pipeline_exits():
 
 
 def test_a_chain_is_pillows_calls_in_order():
-    """`pillow_ops.chain` (the pipeline's one call per image) against Pillow's
+    """`pillow_calls.chain` (the pipeline's one call per image) against Pillow's
     calls written out: the crop's resize to a non-square size and the flip
     first, then the applied operations in their order (rotate then solarize
     is not solarize then rotate), those not applied skipped; posterize to 0

@@ -1,19 +1,22 @@
-"""Input pipelines: any tfds image-classification dataset into `model.fit`.
+"""Input pipelines: a tfds image-classification data set or a folder of
+images into `model.fit`, in tf.data end to end (parallel decode and
+augmentation with AUTOTUNE).
 
-tf.data end to end (parallel decode and augmentation with AUTOTUNE; the
-Pillow operations of timm's and DeiT's chains run per image in Python
-through `tf.numpy_function`, `pillow_ops`), big_vision's preprocessing:
-
-- train: the encoded examples shuffled (tfds read with `SkipDecoding`, or
-  file names) | inception crop (area 5-100 %, aspect 3/4-4/3), only the
-  window decoded for a JPEG, resized (bilinear) from uint8 to the model
-  resolution | random left-right flip | RandAugment (Keras core layer,
-  per image, see `switch_randaugment`) |
-  value range [-1, 1] | one-hot labels | MixUp (big_vision semantics).
+- train (big_vision's, by default): the encoded examples shuffled (tfds
+  read with `SkipDecoding`, or file names) | inception crop (area 5-100 %,
+  aspect 3/4-4/3), only the window decoded for a JPEG, resized (bilinear)
+  from uint8 to the model resolution | random left-right flip |
+  RandAugment (Keras core layer, per image, see `switch_randaugment`) |
+  the recipe's mean / std (big_vision's: [-1, 1]) | one-hot labels | MixUp
+  (big_vision semantics). timm's and DeiT's chains (`Augment`'s other
+  fields, docs/training.md's table) replace the crop and augmentation:
+  timm's Pillow operations run per image through `tf.numpy_function`
+  (`pillow_calls`), DeiT III's as TensorFlow ops writing Pillow's levels
+  (`pillow_graph`).
 - eval: the model's own recipe (`preprocessing=`, see
   `keras_reluvit.preprocessing`; by default ours and big_vision's: the
   shorter side to `round(resolution * 256 / 224)`, area | central crop |
-  [-1, 1]) | one-hot labels. Deterministic.
+  the recipe's mean / std) | one-hot labels. Deterministic.
 
 Train images are normalised with the recipe's mean/std too, so a checkpoint
 fine-tuned here sees the value range it was trained on.
@@ -36,15 +39,18 @@ either: JPEGs of a bounded size, fewer bytes to decode); the augmentations, one 
 source (docs/training.md's table): `augment` (the `Augment` vocabulary, the
 crops, big_vision's RandAugment and MixUp), `timm_augment` (timm's:
 RandAugment and AugMix by name, random erasing, MixUp / CutMix),
-`three_augment` (DeiT III's: 3-Augment, colour jitter, the simple crop),
-`pillow_ops` (Pillow's image operations in tf.data, which timm's and DeiT
-III's use); `pipeline` (examples to batches) and `sources` (`load`: a tfds
-name or a folder to pipelines).
+`three_augment` (DeiT III's: 3-Augment, colour jitter, the simple crop);
+Pillow in two forms: `pillow_calls` (Pillow itself, called from the tf.data
+map: timm's operations) and `pillow_graph` (Pillow's arithmetic as TensorFlow
+ops: DeiT III's, and any pipeline that must stay a graph); `pipeline`
+(examples to batches), `sources` (`load`: a tfds name or a folder to
+pipelines) and `lazy` (TensorFlow and tfds imported on first use).
 """
 
 
 from keras_reluvit.data import folders
-from keras_reluvit.data import pillow_ops
+from keras_reluvit.data import pillow_calls
+from keras_reluvit.data import pillow_graph
 from keras_reluvit.data import three_augment
 from keras_reluvit.data import timm_augment
 from keras_reluvit.data.augment import Augment
@@ -77,4 +83,4 @@ __all__ = ["Augment", "Data", "ILSVRC_HELP", "Info", "MANUAL_FILES", "SPLITS", "
            "compact_copy", "crop_window", "decode_inception_crop", "decode_random_crop", "default_manual_dir",
            "for_model", "imagenet", "inception_crop", "load", "mixup", "pipeline", "prepare",
            "random_crop", "random_erasing", "resize_small_central_crop", "simple_random_crop",
-           "switch_randaugment", "pillow_ops", "three_augment", "timm_augment", "timm_mix", "folders"]
+           "switch_randaugment", "pillow_calls", "pillow_graph", "three_augment", "timm_augment", "timm_mix", "folders"]

@@ -11,8 +11,8 @@ import keras
 
 from keras_reluvit import _keras_compat as compat
 from keras_reluvit.data import lazy
-from keras_reluvit.data import pillow_ops
-from keras_reluvit.data.pillow_ops import INTERPOLATIONS
+from keras_reluvit.data import pillow_calls
+from keras_reluvit.data.pillow_calls import INTERPOLATIONS
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import tf_preprocess
 
@@ -124,7 +124,7 @@ def resize_crop(image, size, interpolation="bilinear"):
     `"bicubic"` Pillow's own resize, levels (timm's and torchvision's on PIL
     images: DeiT's `--train-interpolation bicubic`)."""
     if interpolation == "bicubic":
-        return pillow_ops.resize(image, size, "bicubic")
+        return pillow_calls.resize(image, size, "bicubic")
     return lazy.tensorflow().image.resize(image, size, method="bilinear")
 
 

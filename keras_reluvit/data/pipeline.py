@@ -10,7 +10,7 @@ from keras_reluvit.data.augment import inception_crop
 from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.augment import random_crop
 from keras_reluvit.data.augment import switch_randaugment
-from keras_reluvit.data.pillow_ops import pillow_levels
+from keras_reluvit.data.pillow_graph import pillow_levels
 from keras_reluvit.data.three_augment import color_jitter
 from keras_reluvit.data.three_augment import simple_random_crop
 from keras_reluvit.data.three_augment import three_augment
@@ -122,8 +122,10 @@ def pipeline(
             if randaug is not None:  # keyed by the example's own random draw
                 image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
             on_levels = aug.auto_augment is not None or aug.three_augment or aug.color_jitter > 0
-            if on_levels and aug.interpolation != "bicubic":  # Pillow's resize wrote levels
-                image = pillow_levels(image)  # Pillow's operations run on uint8 crops
+            # Pillow's operations run on uint8 levels: a bilinear crop's floats made levels
+            # (a bicubic crop is Pillow's own resize, levels already)
+            if on_levels and aug.interpolation != "bicubic":
+                image = pillow_levels(image)
             if aug.auto_augment is not None and not fused:  # timm's --aa
                 image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]),
                                      aug.interpolation)

@@ -4,10 +4,13 @@ torchvision's `ColorJitter`, in tf.data with keyed draws.
 Per image, after the crop and flip: one of grayscale, solarization and
 Gaussian blur, drawn uniformly (`RandomChoice` of the three at p=1), then
 colour jitter (brightness, contrast and saturation factors uniform in
-`[1 - j, 1 + j]`, applied in a random order). The operations are Pillow's,
-which DeiT and torchvision run on PIL images (`convert("L")`,
-`ImageOps.solarize`, `ImageFilter.GaussianBlur`, `ImageEnhance`; see
-`pillow_ops`).
+`[1 - j, 1 + j]`, applied in a random order). Grayscale, solarization and
+the jitter are Pillow's (`convert("L")`, `ImageOps.solarize`,
+`ImageEnhance`), which DeiT and torchvision run on PIL images, as the
+TensorFlow ops of `pillow_graph` that write Pillow's levels. The blur is an
+exact Gaussian (`gaussian_blur`), where Pillow's `ImageFilter.GaussianBlur`
+approximates one by three box blurs: within a level of it on average
+(tests/test_three_augment.py).
 
 Keras' layers (`RandomGrayscale`, `Solarization`, `RandomGaussianBlur`,
 `RandomColorJitter`) differ where it matters: additive brightness, contrast
@@ -17,14 +20,15 @@ a 3-tap blur by default; hence Pillow's operations here.
 
 from keras_reluvit.data import lazy
 from keras_reluvit.data.augment import resize_crop
-from keras_reluvit.data.pillow_ops import brightness
-from keras_reluvit.data.pillow_ops import color
-from keras_reluvit.data.pillow_ops import contrast
-from keras_reluvit.data.pillow_ops import gaussian_blur
-from keras_reluvit.data.pillow_ops import grayscale
-from keras_reluvit.data.pillow_ops import solarize
+from keras_reluvit.data.pillow_graph import brightness
+from keras_reluvit.data.pillow_graph import color
+from keras_reluvit.data.pillow_graph import contrast
+from keras_reluvit.data.pillow_graph import grayscale
+from keras_reluvit.data.pillow_graph import pillow_levels
+from keras_reluvit.data.pillow_graph import solarize
 
 BLUR_SIGMA = (0.1, 2.0)  # deit augment.GaussianBlur: radius uniform in it
+BLUR_TAPS = 6  # each side of the Gaussian: 3 sigma at DeiT's largest sigma, 2
 
 
 def color_jitter(image, strength, key):
@@ -44,6 +48,23 @@ def color_jitter(image, strength, key):
         image = tf.ensure_shape(image, [None, None, 3])
     return image
 
+
+def gaussian_blur(image, sigma):
+    """A Gaussian blur of standard deviation `sigma` (Pillow's radius), the
+    edges repeated; separable, `2 * BLUR_TAPS + 1` taps; written as levels."""
+    tf = lazy.tensorflow()
+    x = tf.range(-BLUR_TAPS, BLUR_TAPS + 1, dtype=image.dtype)
+    taps = tf.exp(-0.5 * tf.square(x / tf.cast(sigma, image.dtype)))
+    taps = taps / tf.reduce_sum(taps)
+    padded = tf.concat([tf.repeat(image[:1], BLUR_TAPS, 0), image,
+                        tf.repeat(image[-1:], BLUR_TAPS, 0)], 0)
+    padded = tf.concat([tf.repeat(padded[:, :1], BLUR_TAPS, 1), padded,
+                        tf.repeat(padded[:, -1:], BLUR_TAPS, 1)], 1)
+    channels = image.shape[-1] or 3
+    rows = tf.tile(tf.reshape(taps, [-1, 1, 1, 1]), [1, 1, channels, 1])
+    cols = tf.tile(tf.reshape(taps, [1, -1, 1, 1]), [1, 1, channels, 1])
+    out = tf.nn.depthwise_conv2d(padded[None], rows, [1, 1, 1, 1], "VALID")
+    return pillow_levels(tf.nn.depthwise_conv2d(out, cols, [1, 1, 1, 1], "VALID")[0])
 
 
 def three_augment(image, key):

@@ -5,7 +5,7 @@ DeiT's), AugMix (`augmix-m3-w3-d-1`) and AutoAugment's fixed policies
 (`timm.data.auto_augment` semantics); random erasing (`--reprob`, `random_erasing`) and MixUp /
 CutMix on batches (`--mixup` / `--cutmix`, `timm_mix`).
 
-Each operation is Pillow's, as timm runs it on PIL images (`pillow_ops`:
+Each operation is Pillow's, as timm runs it on PIL images (`pillow_calls`:
 float 0-255 pixels holding Pillow's uint8 levels; the geometric ones
 sampled bilinear or bicubic as Pillow, `Augment(interpolation=)`). The
 magnitude scale is timm's: 0-10 (`M`), each operation's argument a function of it (`_OPS`, timm's
@@ -21,9 +21,9 @@ import re
 
 from keras_reluvit.data import lazy
 from keras_reluvit.data.augment import beta_draws
-from keras_reluvit.data.pillow_ops import KINDS
-from keras_reluvit.data.pillow_ops import as_double
-from keras_reluvit.data.pillow_ops import chain as pillow_chain
+from keras_reluvit.data.pillow_calls import KINDS
+from keras_reluvit.data.pillow_calls import as_double
+from keras_reluvit.data.pillow_calls import chain as pillow_chain
 
 LEVEL_MAX = 10.0  # timm's _LEVEL_DENOM: M10 is the strongest
 
@@ -171,7 +171,7 @@ def argument(name, magnitude, sign):
 
 def plan(ops, index, magnitude, sign):
     """Operation `ops[index]` (a tensor index) at `magnitude` and `sign`, as
-    `(kind, argument)`: its Pillow operation's number in `pillow_ops.KINDS`
+    `(kind, argument)`: its Pillow operation's number in `pillow_calls.KINDS`
     and its argument (`argument`), for `run`."""
     tf = lazy.tensorflow()
     if len(ops) == 1:
@@ -183,7 +183,7 @@ def plan(ops, index, magnitude, sign):
 
 def run(image, kinds, arguments, applied, interpolation="bilinear", first=None):
     """The planned operations (`plan`), each where `applied`, in order, in one
-    Pillow call (`pillow_ops.chain`, with the crop's resize and flip `first`
+    Pillow call (`pillow_calls.chain`, with the crop's resize and flip `first`
     where given): Pillow's own operations, at Pillow's speed, one round trip
     per image."""
     if first is None and isinstance(kinds, (list, tuple)) and not kinds:  # no layers
@@ -222,7 +222,7 @@ def rand_augment(image, key, num_layers=2, magnitude=10, mstd=0.0, mmax=None,
     `increasing` `RAND_INCREASING_OPS`), each applied with probability `prob`
     at a magnitude drawn per operation (`_draw_magnitude`). Stateless, from `key`.
     `first=(size, flip)`: the crop's resize and flip, in the same Pillow call
-    (`pillow_ops.chain`; `image` is then the uncropped window)."""
+    (`pillow_calls.chain`; `image` is then the uncropped window)."""
     tf = lazy.tensorflow()
     ops = RAND_INCREASING_OPS if increasing else RAND_OPS
     kinds, arguments, applied = [], [], []
@@ -267,6 +267,13 @@ def auto_augment(image, key, policy="v0", mstd=0.0, interpolation="bilinear", fi
     return run(image, kinds, arguments, applied, interpolation, first)
 
 
+def truncated_levels(image):
+    """A float image as NumPy's `astype(uint8)` after `np.clip(0, 255)`
+    writes it (timm's AugMix mix): truncated levels."""
+    tf = lazy.tensorflow()
+    return tf.floor(tf.clip_by_value(image, 0.0, 255.0))
+
+
 def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("inf"),
            interpolation="bilinear"):
     """timm's `AugMixAugment` (its basic mode) of one float 0-255 image:
@@ -274,8 +281,7 @@ def augmix(image, key, magnitude=3, width=3, depth=-1, alpha=1.0, mstd=float("in
     applied (probability 1) at a magnitude drawn per operation, mixed with
     Dirichlet(alpha) weights, clipped and truncated to levels, and blended with the image by
     `Beta(alpha, alpha)`. Stateless, from `key`."""
-    from keras_reluvit.data.pillow_ops import blend
-    from keras_reluvit.data.pillow_ops import truncated_levels
+    from keras_reluvit.data.pillow_graph import blend
 
     tf = lazy.tensorflow()
     keys = tf.random.experimental.stateless_split(key, 3)

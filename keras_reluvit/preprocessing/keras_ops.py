@@ -3,6 +3,7 @@ the JAX and PyTorch backends (the TensorFlow path, `tf_ops`, computes the
 same thing)."""
 
 import keras
+import numpy as np
 
 from keras_reluvit.preprocessing.color import normalise
 from keras_reluvit.preprocessing.color import to_rgb
@@ -10,11 +11,21 @@ from keras_reluvit.preprocessing.geometry import Static
 from keras_reluvit.preprocessing.geometry import crop_or_pad
 from keras_reluvit.preprocessing.geometry import plan
 from keras_reluvit.preprocessing.geometry import vertical_first
-from keras_reluvit.preprocessing.pillow import _area_matrix
 from keras_reluvit.preprocessing.pillow import pillow_weights
 from keras_reluvit.preprocessing.pillow import two_passes
 from keras_reluvit.preprocessing.pillow import weight_passes
 from keras_reluvit.preprocessing.recipe import PILLOW_FILTERS
+
+
+def _area_matrix(n_in, n_out):
+    """`(n_out, n_in)` box-averaging weights: output pixel i averages input
+    [i * s, (i + 1) * s), s = n_in / n_out, by overlap (TensorFlow's
+    `resize(method="area")`)."""
+    s = n_in / n_out
+    lo = np.arange(n_out)[:, None] * s
+    j = np.arange(n_in)[None, :]
+    overlap = np.clip(np.minimum(j + 1, lo + s) - np.maximum(j, lo), 0, None)
+    return (overlap / s).astype("float32")
 
 
 def _resize(x, to, p):

@@ -113,15 +113,3 @@ class _NumPy:
     @staticmethod
     def sum(v, axis, keepdims):
         return np.sum(v, axis=axis, keepdims=keepdims)
-
-
-def _area_matrix(n_in, n_out):
-    """`(n_out, n_in)` box-averaging weights: output pixel i averages input
-    [i * s, (i + 1) * s), s = n_in / n_out, by overlap (TensorFlow's
-    `resize(method="area")`)."""
-    s = n_in / n_out
-    lo = np.arange(n_out)[:, None] * s
-    j = np.arange(n_in)[None, :]
-    overlap = np.clip(np.minimum(j + 1, lo + s) - np.maximum(j, lo), 0, None)
-    return (overlap / s).astype("float32")
-

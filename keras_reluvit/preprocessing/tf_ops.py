@@ -126,7 +126,7 @@ def pillow_resize(image, size, method="bicubic"):
     the graph): antialiased, each pass rounded to uint8 in Pillow's pass
     order; float32 levels out. Pillow's bicubic (a = -0.5) as TensorFlow's
     Keys cubic in float32: all but ~1 in 10,000 pixels Pillow's, the
-    others a level off (tests/test_three_augment.py)."""
+    others a level off (tests/test_preprocessing.py)."""
     import tensorflow as tf
 
     p = check_preprocessing(dict(interpolation=method, round_uint8=True))

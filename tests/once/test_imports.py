@@ -216,7 +216,7 @@ def test_importing_the_package_installs_nothing_and_reads_no_command_line():
             "atexit.register = lambda f, *a, **k: (hooks.append(f), register(f, *a, **k))[1]\n"
             "os.register_at_fork = lambda **k: (hooks.extend(k.values()), at_fork(**k))[1]\n"
             "import importlib, keras_reluvit as kr\n"
-            "assert 'keras_reluvit.data.pillow_ops' in sys.modules\n"
+            "assert 'keras_reluvit.data.pillow_calls' in sys.modules\n"
             "assert not [f for f in hooks if (getattr(f, '__module__', None) or '').startswith("
             "'keras_reluvit')], hooks\n"
             "after = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT),"

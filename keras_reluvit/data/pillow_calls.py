@@ -1,17 +1,12 @@
-"""Pillow's image operations (`ImageOps`, `ImageEnhance`, `ImageFilter`,
-affine transforms, resizing), which timm, DeiT and torchvision run on PIL
-images, on 0-255 pixels `[H, W, 3]` (float32) in tf.data: what
-`timm_augment` and `three_augment` are made of. timm's operations (`chain`:
-RandAugment's, AutoAugment's and AugMix's, and the crop's bicubic resize)
-are Pillow itself, one call per image from the tf.data map
-(`through_pillow`); DeiT III's grayscale, solarize, blur and colour jitter
-are TensorFlow ops that write the uint8 levels Pillow writes (its rounding:
-a blend truncates, the gray level of `convert("L")` rounds in fixed point,
-a filter rounds). So a chain of them on a uint8 image is Pillow's chain:
-`pillow_levels` turns a float image (a bilinear resized crop) into levels
-first, as Pillow's resize does. The Gaussian blur is exact where Pillow
-approximates it by three box blurs. Each is checked against Pillow in the
-tests (`tests/test_timm_augment.py`, `tests/test_three_augment.py`)."""
+"""Pillow itself, called from a tf.data map (`through_pillow`, a
+`tf.numpy_function`): the operations timm, DeiT and torchvision run on PIL
+images (`ImageOps`, `ImageEnhance`, affine transforms, the crop's resize),
+each Pillow's own arithmetic and rounding, version for version as timm gets
+them. `chain` runs a list of them (timm's RandAugment, AutoAugment, AugMix,
+with the crop's resize and flip first) in one call per image. A pipeline
+holding them runs in this Python process, not in a SavedModel or tf.data
+service; Pillow's arithmetic as TensorFlow ops is `pillow_graph`. Checked
+against Pillow called directly in tests/test_timm_augment.py."""
 
 import atexit
 import os
@@ -21,72 +16,12 @@ import time
 import numpy as np
 
 from keras_reluvit.data import lazy
+from keras_reluvit.data.pillow_graph import pillow_levels
 
 FILL = (124, 116, 104)  # timm's img_mean fill: round(255 * ImageNet mean), as DeiT runs it
-BLUR_TAPS = 6  # each side of the Gaussian: 3 sigma at DeiT's largest sigma, 2
 
 
-def pillow_levels(image):
-    """A float image as the uint8 levels Pillow's resampling writes: clipped
-    to 0-255, rounded half up."""
-    tf = lazy.tensorflow()
-    return tf.floor(tf.clip_by_value(image, 0.0, 255.0) + 0.5)
-
-
-def truncated_levels(image):
-    """A float image as NumPy's `astype(uint8)` after `np.clip(0, 255)`
-    writes it (timm's AugMix mix): truncated levels."""
-    tf = lazy.tensorflow()
-    return tf.floor(tf.clip_by_value(image, 0.0, 255.0))
-
-
-def blend(degenerate, image, factor):
-    """Pillow's `Image.blend(degenerate, image, factor)`: in float32,
-    `degenerate + factor * (image - degenerate)`, truncated to a level."""
-    tf = lazy.tensorflow()
-    factor = tf.cast(factor, image.dtype)
-    return tf.clip_by_value(tf.floor(degenerate + factor * (image - degenerate)), 0.0, 255.0)
-
-
-def _gray(image):
-    """Pillow's `convert("L")` of levels: `(R 19595 + G 38470 + B 7471 +
-    2^15) >> 16` (ITU-R 601-2 in 16-bit fixed point; exact in float32)."""
-    tf = lazy.tensorflow()
-    weights = tf.constant([19595.0, 38470.0, 7471.0], image.dtype)
-    return tf.floor((tf.tensordot(image, weights, 1) + 32768.0) / 65536.0)[..., None]
-
-
-def grayscale(image):
-    """Pillow's `convert("L")` as three equal channels (`[H, W, 3]`)."""
-    return lazy.tensorflow().tile(_gray(image), [1, 1, 3])
-
-
-def solarize(image, threshold=128.0):
-    """`ImageOps.solarize`: `255 - x` where `x >= threshold`."""
-    tf = lazy.tensorflow()
-    return tf.where(image < tf.cast(threshold, image.dtype), image, 255.0 - image)
-
-
-def color(image, factor):
-    """`ImageEnhance.Color`: a blend with the image's grayscale."""
-    return blend(_gray(image), image, factor)
-
-
-def contrast(image, factor):
-    """`ImageEnhance.Contrast`: a blend with the mean of `convert("L")`,
-    rounded (Pillow's `int(mean + 0.5)`)."""
-    tf = lazy.tensorflow()
-    mean = tf.floor(tf.reduce_mean(tf.cast(_gray(image), tf.float64)) + 0.5)
-    mean = tf.cast(mean, image.dtype)
-    return blend(mean, image, factor)
-
-
-def brightness(image, factor):
-    """`ImageEnhance.Brightness`: a blend with black."""
-    return blend(0.0, image, factor)
-
-
-INTERPOLATIONS = ("bilinear", "bicubic")  # Pillow's filters of the geometric operations
+INTERPOLATIONS = ("bilinear", "bicubic")  # the crop's resize and the geometric operations' filters
 
 
 def through_pillow(image, call, *args, size=None):
@@ -124,7 +59,7 @@ def through_pillow(image, call, *args, size=None):
 
 _CALLS = dict(lock=threading.Lock(), in_flight=0, last=0.0, closing=False, hooked=False)
 CLOSED = ("keras-reluvit: this process is exiting, so its tf.data pipelines no longer call "
-          "Pillow (pillow_ops._drain, an atexit hook): read the data before the exit begins.")
+          "Pillow (pillow_calls._drain, an atexit hook): read the data before the exit begins.")
 
 
 def _forked():  # a forked child holds none of its parent's calls, nor a lock a thread held
@@ -298,21 +233,3 @@ auto_contrast, equalize, invert, posterize, solarize_add, sharpness = map(_one, 
     "auto_contrast", "equalize", "invert", "posterize", "solarize_add", "sharpness"))
 rotate, shear_x, shear_y, translate_x_rel, translate_y_rel = map(_one, (
     "rotate", "shear_x", "shear_y", "translate_x_rel", "translate_y_rel"))
-
-
-def gaussian_blur(image, sigma):
-    """A Gaussian blur of standard deviation `sigma` (Pillow's radius), the
-    edges repeated; separable, `2 * BLUR_TAPS + 1` taps; written as levels."""
-    tf = lazy.tensorflow()
-    x = tf.range(-BLUR_TAPS, BLUR_TAPS + 1, dtype=image.dtype)
-    taps = tf.exp(-0.5 * tf.square(x / tf.cast(sigma, image.dtype)))
-    taps = taps / tf.reduce_sum(taps)
-    padded = tf.concat([tf.repeat(image[:1], BLUR_TAPS, 0), image,
-                        tf.repeat(image[-1:], BLUR_TAPS, 0)], 0)
-    padded = tf.concat([tf.repeat(padded[:, :1], BLUR_TAPS, 1), padded,
-                        tf.repeat(padded[:, -1:], BLUR_TAPS, 1)], 1)
-    channels = image.shape[-1] or 3
-    rows = tf.tile(tf.reshape(taps, [-1, 1, 1, 1]), [1, 1, channels, 1])
-    cols = tf.tile(tf.reshape(taps, [1, -1, 1, 1]), [1, 1, channels, 1])
-    out = tf.nn.depthwise_conv2d(padded[None], rows, [1, 1, 1, 1], "VALID")
-    return pillow_levels(tf.nn.depthwise_conv2d(out, cols, [1, 1, 1, 1], "VALID")[0])
