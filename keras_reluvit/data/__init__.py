@@ -42,13 +42,15 @@ RandAugment and AugMix by name, random erasing, MixUp / CutMix),
 `three_augment` (DeiT III's: 3-Augment, colour jitter, the simple crop);
 Pillow in two forms: `pillow_calls` (Pillow itself, called from the tf.data
 map: timm's operations) and `pillow_graph` (Pillow's arithmetic as TensorFlow
-ops: DeiT III's, and any pipeline that must stay a graph); `pipeline`
-(examples to batches), `sources` (`load`: a tfds name or a folder to
+ops: DeiT III's, and any pipeline that must stay a graph); `ops` (a
+pipeline's named operations: an `Augment` as a list of them, one line
+each); `pipeline` (examples to batches), `sources` (`load`: a tfds name or a folder to
 pipelines) and `lazy` (TensorFlow and tfds imported on first use).
 """
 
 
 from keras_reluvit.data import folders
+from keras_reluvit.data import ops
 from keras_reluvit.data import pillow_calls
 from keras_reluvit.data import pillow_graph
 from keras_reluvit.data import three_augment
@@ -83,4 +85,5 @@ __all__ = ["Augment", "Data", "ILSVRC_HELP", "Info", "MANUAL_FILES", "SPLITS", "
            "compact_copy", "crop_window", "decode_inception_crop", "decode_random_crop", "default_manual_dir",
            "for_model", "imagenet", "inception_crop", "load", "mixup", "pipeline", "prepare",
            "random_crop", "random_erasing", "resize_small_central_crop", "simple_random_crop",
-           "switch_randaugment", "pillow_calls", "pillow_graph", "three_augment", "timm_augment", "timm_mix", "folders"]
+           "switch_randaugment", "ops", "pillow_calls", "pillow_graph", "three_augment",
+           "timm_augment", "timm_mix", "folders"]

@@ -4,26 +4,13 @@ crop first, augment, normalise by the model's recipe, batch, MixUp."""
 from keras_reluvit.data import lazy
 from keras_reluvit.data.augment import CROPS
 from keras_reluvit.data.augment import Augment
-from keras_reluvit.data.augment import decode_inception_crop
-from keras_reluvit.data.augment import decode_random_crop
-from keras_reluvit.data.augment import inception_crop
 from keras_reluvit.data.augment import mixup
-from keras_reluvit.data.augment import random_crop
-from keras_reluvit.data.augment import switch_randaugment
-from keras_reluvit.data.pillow_graph import pillow_levels
-from keras_reluvit.data.three_augment import color_jitter
-from keras_reluvit.data.three_augment import simple_random_crop
-from keras_reluvit.data.three_augment import three_augment
-from keras_reluvit.data.timm_augment import by_name as timm_by_name
+from keras_reluvit.data.ops import Example
+from keras_reluvit.data.ops import eval_op
+from keras_reluvit.data.ops import train_ops
 from keras_reluvit.data.timm_augment import parse as parse_timm_augment
-from keras_reluvit.data.timm_augment import random_erasing
-from keras_reluvit.data.timm_augment import takes_first as timm_takes_first
 from keras_reluvit.data.timm_augment import timm_mix
 from keras_reluvit.preprocessing import check_preprocessing
-from keras_reluvit.preprocessing import decode_image
-from keras_reluvit.preprocessing import normalise
-from keras_reluvit.preprocessing import tf_preprocess
-from keras_reluvit.preprocessing import tf_to_rgb
 
 
 def pipeline(
@@ -70,9 +57,6 @@ def pipeline(
         if aug.randaug:
             raise ValueError("Augment: randaug (big_vision's, Keras' RandAugment) and "
                              "auto_augment (timm's) both on; choose one.")
-    # DeiT's chain: the window's resize, the flip and timm's operations in one Pillow call
-    fused = (aug.crop != "simple" and aug.interpolation == "bicubic"
-             and aug.auto_augment is not None and timm_takes_first(aug.auto_augment))
     AUTO = tf.data.AUTOTUNE
     randaug = None
     if train and aug.randaug and aug.randaug[1] > 0:
@@ -84,62 +68,20 @@ def pipeline(
             interpolation="nearest",  # big_vision's (TF models') shear / translate / rotate
             seed=seed,
         )
+    ops = train_ops(aug, size, recipe, randaug) if train else [eval_op(size, recipe)]
 
     def decode(example, rnd):
         # Encoded bytes (tfds with its decoding skipped, an image folder's
-        # files: read after the shuffle) are decoded here, the crop window
-        # alone for a training JPEG; decoded pixels (for_model) are cropped.
+        # files: read after the shuffle) are decoded by the first operation,
+        # the crop window alone for a training JPEG; decoded pixels
+        # (for_model) are cropped.
         if "file" in example:  # decoded as predict and the SavedModel decode
             data, dct = tf.io.read_file(example["file"]), "INTEGER_ACCURATE"
         else:  # as tfds decodes
             data, dct = example["image"], ""
-        encoded = data.dtype == tf.string
-        if train:
-            s1, s2 = tf.unstack(
-                tf.random.experimental.stateless_split(tf.stack([rnd, 0]), 2)
-            )
-            if aug.crop == "simple":  # DeiT III's --src: the whole image decoded
-                pixels = (decode_image(data, dct, recipe["alpha"]) if encoded
-                          else tf_to_rgb(data, recipe))
-                image = simple_random_crop(pixels, size, s1, aug.interpolation)
-            elif fused:
-                image = (decode_random_crop(data, aug.crop_area, aug.crop_aspect, s1, dct,
-                                            recipe["alpha"]) if encoded else
-                         random_crop(tf_to_rgb(data, recipe), aug.crop_area, aug.crop_aspect, s1))
-            elif encoded:
-                image = decode_inception_crop(data, size, aug.crop_area, aug.crop_aspect, s1, dct,
-                                              recipe["alpha"], aug.interpolation)
-            else:
-                image = inception_crop(tf_to_rgb(data, recipe), size, aug.crop_area,
-                                       aug.crop_aspect, s1, aug.interpolation)
-            if fused:  # stateless_random_flip_left_right's draw
-                flip = tf.random.stateless_uniform([], s2, 0, 1.0) < 0.5 if aug.flip else False
-                image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]), aug.interpolation,
-                                     first=(size, flip))
-            image = tf.ensure_shape(image, (*size, 3))
-            if aug.flip and not fused:
-                image = tf.image.stateless_random_flip_left_right(image, s2)
-            if randaug is not None:  # keyed by the example's own random draw
-                image = switch_randaugment(randaug, image, tf.stack([rnd, 2]))
-            on_levels = aug.auto_augment is not None or aug.three_augment or aug.color_jitter > 0
-            # Pillow's operations run on uint8 levels: a bilinear crop's floats made levels
-            # (a bicubic crop is Pillow's own resize, levels already)
-            if on_levels and aug.interpolation != "bicubic":
-                image = pillow_levels(image)
-            if aug.auto_augment is not None and not fused:  # timm's --aa
-                image = timm_by_name(image, aug.auto_augment, tf.stack([rnd, 6]),
-                                     aug.interpolation)
-            if aug.three_augment:  # DeiT III's, then its colour jitter
-                image = three_augment(image, tf.stack([rnd, 4]))
-            if aug.color_jitter > 0:
-                image = color_jitter(image, float(aug.color_jitter), tf.stack([rnd, 5]))
-            image = normalise(tf.clip_by_value(image, 0.0, 255.0), recipe)
-            if aug.erase > 0:  # timm's: after the normalisation, noise of the normalised scale
-                image = random_erasing(image, float(aug.erase), tf.stack([rnd, 3]))
-        else:
-            image = tf_preprocess(
-                decode_image(data, dct, recipe["alpha"]) if encoded else data,
-                size, recipe)
+        image = Example(data, dct, data.dtype == tf.string)
+        for op in ops:
+            image = op.fn(image, rnd)
         image = tf.ensure_shape(image, (*size, 3))
         label = tf.one_hot(example["label"], num_classes)
         return image, label

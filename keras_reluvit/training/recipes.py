@@ -42,6 +42,7 @@ from keras_reluvit.training.optimizers import RecipeSGD
 from keras_reluvit.training.optimizers import swap_ema  # noqa: F401 - kr.recipes.swap_ema
 from keras_reluvit.training.schedules import PerUpdate
 from keras_reluvit.training.settings import FieldMapping
+from keras_reluvit.training.settings import current_names
 
 _AUGREG_I1K_AUG = {  # variant: (randaug, mixup) -- vit_i1k.py
     "Ti/16": ((2, 0), 0.0),
@@ -350,14 +351,24 @@ def probability(recipe):
 
 
 def describe(name=None):
-    """Printable text of one recipe (or all)."""
+    """Printable text of one recipe (or all): its fields, then its training
+    and evaluation pipelines, one line each (`kr.data.ops.describe`)."""
+    from keras_reluvit.data import Augment
+    from keras_reluvit.data.ops import describe as describe_pipelines
+
     names = [name] if name else list(RECIPES)
     def shown(recipe):  # what the recipe sets (momentum: SGD's)
         return {k: v for k, v in recipe.items() if k != "name" and v is not None
                 and (k != "momentum" or recipe.optimizer == "sgd")}
 
-    return "\n\n".join(f"{n}:\n" + json.dumps(shown(get(n)), indent=2, default=list)
-                       for n in names)
+    def text(n):
+        recipe = get(n)
+        lines = describe_pipelines(Augment(**current_names(recipe.augment)), recipe.image_size,
+                                   checkpoint=recipe.init_required or recipe.image_size is None)
+        return (f"{n}:\n" + json.dumps(shown(recipe), indent=2, default=list) + "\n"
+                + "\n".join(f"{k} pipeline: {v}" for k, v in lines.items()))
+
+    return "\n\n".join(text(n) for n in names)
 
 
 WARMUP_CAP = 0.5  # a recipe's warmup takes at most this share of a (short) run

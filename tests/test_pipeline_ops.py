@@ -1,0 +1,130 @@
+"""A pipeline as a list of named operations (`kr.data.ops`): each recipe's
+one-line description names what its settings turn on, the pipeline runs
+exactly the operations the line names, in order, and each operation draws
+from its own key."""
+
+import numpy as np
+import pytest
+
+from keras_reluvit import data as D
+from keras_reluvit.data import ops as O
+from keras_reluvit.training import recipes
+from keras_reluvit.training.settings import current_names
+
+pytestmark = pytest.mark.backend_independent
+
+# Combinations the recipes do not hold (DeiT III's simple crop, timm's --aa after a bilinear
+# crop, AugMix, big_vision's RandAugment with timm's erasing) besides every recipe's.
+OTHERS = [dict(crop="simple", three_augment=True, color_jitter=0.3, interpolation="bicubic"),
+          dict(auto_augment="rand-m9-mstd0.5-inc1", erase=0.25),
+          dict(auto_augment="augmix-m3-w3-d-1", interpolation="bicubic", flip=False),
+          dict(randaug=(2, 10), erase=0.25, mixup=0.2), dict(color_jitter=0.4)]
+
+
+def augments():
+    out = {n: (D.Augment(**current_names(recipes.get(n).augment)), recipes.get(n))
+           for n in recipes.RECIPES}
+    out.update({f"other{i}": (D.Augment(**a), None) for i, a in enumerate(OTHERS)})
+    return out
+
+
+@pytest.mark.parametrize("name", list(augments()))
+def test_each_pipeline_line_names_what_its_settings_turn_on(name):
+    """The line of each recipe (and other combinations) against its
+    `Augment` fields, read independently: each augmentation on is named with
+    its values, each one off is absent; a fine-tune's normalisation and
+    evaluation are its checkpoint's."""
+    aug, recipe = augments()[name]
+    size = recipe.image_size if recipe else 32
+    checkpoint = bool(recipe and (recipe.init_required or recipe.image_size is None))
+    lines = O.describe(aug, size, checkpoint=checkpoint)
+    train = lines["train"]
+    assert train.startswith("shuffle|") and "|onehot|batch" in train
+    expect = {
+        "randaug({}, {})".format(*(aug.randaug or (0, 0))): bool(aug.randaug),
+        f"|mixup({aug.mixup:g})": aug.mixup > 0 and aug.timm_mix is None,
+        f"random_erasing({aug.erase:g})": aug.erase > 0,
+        f"aa({aug.auto_augment}, {aug.interpolation})": aug.auto_augment is not None,
+        "three_augment": aug.three_augment,
+        f"color_jitter({aug.color_jitter:g})": aug.color_jitter > 0,
+        f"aug_repeats({aug.aug_repeats})": aug.aug_repeats > 1,
+        "flip_lr": aug.flip,
+        "simple_random_crop": aug.crop == "simple",
+        "inception_crop": aug.crop == "inception",
+        f"area=({aug.crop_area[0]:.4g}, {aug.crop_area[1]:.4g})": aug.crop == "inception",
+        "pillow(": (aug.crop == "inception" and aug.interpolation == "bicubic"
+                    and aug.auto_augment is not None and "augmix" not in aug.auto_augment),
+        "pillow_levels": (aug.interpolation == "bilinear" and bool(
+            aug.auto_augment or aug.three_augment or aug.color_jitter)),
+        "normalize(the checkpoint's)": checkpoint,
+        "value_range(-1, 1)": not checkpoint,
+        "timm_mix(": aug.timm_mix is not None,
+    }
+    wrong = {text: on for text, on in expect.items() if (text in train) != on}
+    assert not wrong, (train, wrong)
+    for k, v in (aug.timm_mix or {}).items():
+        assert f"{k}={v}" in train
+    assert f"{aug.interpolation})" in train or f"{aug.interpolation}," in train
+    assert ("preprocess(the checkpoint's)" in lines["eval"]) == checkpoint
+
+
+def _photos(n=4):
+    rng = np.random.default_rng(0)
+    return {"image": rng.integers(0, 256, (n, 40, 52, 3)).astype("uint8"),
+            "label": np.arange(n) % 3}
+
+
+@pytest.mark.parametrize("name", ["s16_i1k_90ep", "deit_s16_300ep", "deit3_s16_400ep",
+                                  "other0", "other1", "other3"])
+def test_the_pipeline_runs_the_named_operations_in_order(name, monkeypatch):
+    """Each operation of the list is called, in the line's order, and no
+    other: `pipeline` is the list (the operations recorded as tf.data
+    traces them)."""
+    import importlib
+
+    import tensorflow as tf
+
+    P = importlib.import_module("keras_reluvit.data.pipeline")  # the module, not the function
+
+    aug, _ = augments()[name]
+    called = []
+
+    def recorded(*args, **kwargs):
+        ops = O.train_ops(*args, **kwargs)
+        return [O.Op(o.name, o.args, lambda x, r, o=o: called.append(str(o)) or o.fn(x, r))
+                for o in ops]
+
+    monkeypatch.setattr(P, "train_ops", recorded)
+    ds = tf.data.Dataset.from_tensor_slices(_photos())
+    next(iter(D.pipeline(ds, 3, 32, 2, train=True, augment=aug, seed=1, shuffle_buffer=4)))
+    steps = top_level(O.describe(aug, 32)["train"])
+    per_image = steps[1 + (aug.aug_repeats > 1):steps.index("onehot")]  # after shuffle
+    assert called == per_image
+
+
+def top_level(line):
+    """The `|`-separated steps of a line, a step's own `|` (inside its
+    parentheses: the fused Pillow call) kept."""
+    steps, depth, start = [], 0, 0
+    for i, c in enumerate(line):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if c == "|" and depth == 0:
+            steps.append(line[start:i])
+            start = i + 1
+    return steps + [line[start:]]
+
+
+def test_each_operation_draws_from_its_own_key():
+    """Every operation's key differs from every other's for the same
+    example; the crop's and the flip's are the halves of `[rnd, 0]` split
+    (the draws of every earlier version: a resumed run's batches stay)."""
+    import tensorflow as tf
+
+    for rnd in (0, 7, 2**40 + 3):
+        rnd = tf.constant(rnd, tf.int64)
+        keys = {name: tuple(np.asarray(O.key(rnd, name))) for name in O.SLOTS}
+        assert len(set(keys.values())) == len(keys), keys
+        halves = tf.random.experimental.stateless_split(tf.stack([rnd, tf.constant(0, tf.int64)]),
+                                                        2)
+        assert keys["crop"] == tuple(np.asarray(halves[0]))
+        assert keys["flip"] == tuple(np.asarray(halves[1]))
