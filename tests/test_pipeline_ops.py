@@ -128,3 +128,37 @@ def test_each_operation_draws_from_its_own_key():
                                                         2)
         assert keys["crop"] == tuple(np.asarray(halves[0]))
         assert keys["flip"] == tuple(np.asarray(halves[1]))
+
+
+def test_options_of_one_job_from_two_sources_are_an_error_and_mixed_sources_said(capsys):
+    """Two automatic augmentations (big_vision's RandAugment, timm's --aa,
+    DeiT III's 3-Augment) or two MixUps are an error where the `Augment` is
+    made, naming both and their sources; options of sources that none of
+    their recipes combines (big_vision's RandAugment with timm's erasing)
+    are said in one line when a training pipeline is built; a source's own
+    combination (DeiT III's 3-Augment with timm's MixUp and repeats, as its
+    recipes) is not."""
+    import tensorflow as tf
+
+    for one_job in (dict(randaug=(2, 10), auto_augment="rand-m9-mstd0.5-inc1"),
+                    dict(three_augment=True, auto_augment="rand-m9-mstd0.5-inc1"),
+                    dict(randaug=(2, 10), three_augment=True),
+                    dict(mixup=0.2, timm_mix={})):
+        named = sorted(one_job, key=list(D.augment.SOURCES).index)  # in field order
+        with pytest.raises(ValueError, match=f"{named[0]} .*and {named[1]} .*both on"):
+            D.Augment(**one_job)
+    ds = tf.data.Dataset.from_tensor_slices(_photos())
+    for augment, mixed in ((dict(randaug=(2, 10), erase=0.25), "randaug (big_vision), erase (timm)"),
+                           (dict(crop="simple", mixup=0.2), "mixup (big_vision), crop=simple"),
+                           (dict(three_augment=True, color_jitter=0.3, aug_repeats=3,
+                                 timm_mix={}), None),
+                           (dict(auto_augment="rand-m9-mstd0.5-inc1", erase=0.25, timm_mix={}),
+                            None)):
+        capsys.readouterr()
+        D.pipeline(ds, 3, 32, 2, train=True, augment=D.Augment(**augment))
+        D.pipeline(ds, 3, 32, 2, train=False, augment=D.Augment(**augment))
+        out = capsys.readouterr().out
+        if mixed is None:
+            assert "more than one source" not in out, out
+        else:
+            assert out.count("more than one source") == 1 and mixed in out, out

@@ -697,6 +697,7 @@ def test_deits_one_pillow_call_equals_the_chain_step_by_step(monkeypatch):
     from skimage import data
 
     pipeline_module = importlib.import_module("keras_reluvit.data.pipeline")
+    ops_module = importlib.import_module("keras_reluvit.data.ops")
     photos = [data.astronaut(), data.coffee()[:, :512], data.chelsea()[:300, :400]]
     pixels = np.stack([p[y:y + 150, x:x + 170] for p in photos for y, x in ((0, 0), (90, 140))])
     jpegs = [tf.io.encode_jpeg(p, quality=90) for p in pixels]
@@ -715,7 +716,7 @@ def test_deits_one_pillow_call_equals_the_chain_step_by_step(monkeypatch):
         fused = images(source, auto_augment=name)
         unflipped = images(source, auto_augment=name, flip=False)
         with monkeypatch.context() as m:
-            m.setattr(pipeline_module, "timm_takes_first", lambda name: False)
+            m.setattr(ops_module, "timm_takes_first", lambda name: False)
             step_by_step = images(source, auto_augment=name)
         np.testing.assert_array_equal(fused, step_by_step, err_msg=(name, source))
         same = [np.array_equal(a, b) for a, b in zip(fused, unflipped)]

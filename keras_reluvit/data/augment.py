@@ -16,6 +16,16 @@ from keras_reluvit.data.pillow_calls import INTERPOLATIONS
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import tf_preprocess
 
+# Which sources run each option (its recipes: DeiT III's run timm's MixUp / CutMix and
+# repeated augmentation; timm's --color-jitter is torchvision's ColorJitter, as DeiT III's).
+SOURCES = dict(randaug=("big_vision",), mixup=("big_vision",), auto_augment=("timm",),
+               erase=("timm",), timm_mix=("timm", "DeiT III"), aug_repeats=("timm", "DeiT III"),
+               color_jitter=("timm", "DeiT III"), three_augment=("DeiT III",),
+               crop=("DeiT III",))
+# Options that do one job, of which one at most is on: the automatic augmentation, the
+# batch's mixing.
+ONE_JOB = (("randaug", "auto_augment", "three_augment"), ("mixup", "timm_mix"))
+
 
 @dataclasses.dataclass
 class Augment:
@@ -66,6 +76,37 @@ class Augment:
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"Augment(interpolation=) must be one of {INTERPOLATIONS}, "
                              f"got {self.interpolation!r}.")
+        on = self.options()
+        for job in ONE_JOB:
+            both = [f"{f} ({' / '.join(SOURCES[f])}'s)" for f in job if f in on]
+            if len(both) > 1:
+                what = "automatic augmentation" if job is ONE_JOB[0] else "MixUp"
+                raise ValueError(f"Augment: {' and '.join(both)} both on: each is the "
+                                 f"pipeline's {what}; choose one.")
+
+    def options(self):
+        """The source-specific options on (`SOURCES`' fields), in field
+        order."""
+        on = dict(randaug=bool(self.randaug) and self.randaug[1] > 0, mixup=self.mixup > 0,
+                  auto_augment=self.auto_augment is not None, erase=self.erase > 0,
+                  timm_mix=self.timm_mix is not None, aug_repeats=self.aug_repeats > 1,
+                  color_jitter=self.color_jitter > 0, three_augment=bool(self.three_augment),
+                  crop=self.crop == "simple")
+        return [f for f in SOURCES if on[f]]
+
+    def mixed_sources(self):
+        """Where the options on come from sources that no one recipe of theirs
+        combines (big_vision's RandAugment with timm's erasing): one line
+        saying so; else None."""
+        on = self.options()
+        common = set.intersection(*(set(SOURCES[f]) for f in on)) if on else {None}
+        if common:
+            return None
+        named = ", ".join(f"{'crop=simple' if f == 'crop' else f} ({' / '.join(SOURCES[f])})"
+                          for f in on)
+        return (f"Augment combines options of more than one source ({named}): each runs as "
+                "its source runs it, in the pipeline's order (`keras-reluvit recipes` / "
+                "kr.data.ops.describe).")
 
     def to_dict(self):
         return dataclasses.asdict(self)

@@ -1,6 +1,7 @@
 """The tf.data pipeline from examples to `model.fit` batches: decode late,
 crop first, augment, normalise by the model's recipe, batch, MixUp."""
 
+from keras_reluvit._logging import say
 from keras_reluvit.data import lazy
 from keras_reluvit.data.augment import CROPS
 from keras_reluvit.data.augment import Augment
@@ -54,9 +55,8 @@ def pipeline(
         raise ValueError(f"Unknown Augment(crop={aug.crop!r}); valid: {CROPS}.")
     if aug.auto_augment is not None:
         parse_timm_augment(aug.auto_augment)  # a bad name fails here, not in tf.data
-        if aug.randaug:
-            raise ValueError("Augment: randaug (big_vision's, Keras' RandAugment) and "
-                             "auto_augment (timm's) both on; choose one.")
+    if train and aug.mixed_sources():
+        say(aug.mixed_sources())
     AUTO = tf.data.AUTOTUNE
     randaug = None
     if train and aug.randaug and aug.randaug[1] > 0:
@@ -102,9 +102,6 @@ def pipeline(
     drop = train if drop_remainder is None else drop_remainder
     ds = ds.batch(batch_size, drop_remainder=drop, num_parallel_calls=AUTO)
     if train and aug.timm_mix is not None:
-        if aug.mixup > 0:
-            raise ValueError("Augment: mixup (big_vision's) and timm_mix (timm's MixUp / CutMix) "
-                             "both on; choose one.")
         options = dict(aug.timm_mix)
         ds = tf.data.Dataset.zip((ds, randoms(1)))
         ds = ds.map(_plain(lambda b, r: timm_mix(*b, tf.stack([r, 1]), **options)),
