@@ -10,6 +10,7 @@ import re
 import pytest
 
 from keras_reluvit import settings
+from keras_reluvit.training import flags
 from keras_reluvit.training import run as T
 from keras_reluvit.training.settings import RunSettings
 
@@ -197,7 +198,7 @@ def test_timms_flag_names_set_the_recipe_fields_and_say_so(capsys):
     import keras
 
     from keras_reluvit import recipes
-    from keras_reluvit.training import flags
+    from keras_reluvit.cli import train_flags
 
     argv = ("--opt momentum --opt-eps 1e-7 --clip-grad 0.5 --weight-decay 0.02 "
             "--warmup-epochs 2 --smoothing 0.2 --mixup 0.3 --cutmix 0.7 --mixup-prob 0.9 "
@@ -206,7 +207,7 @@ def test_timms_flag_names_set_the_recipe_fields_and_say_so(capsys):
             "--model-ema-decay 0.999 --input-size 64 --aa none").split()
     args = parse_train(argv)
     assert (args.ema, args.image_size, args.auto_augment) == (0.999, 64, "none")
-    fields = flags.overrides(args)
+    fields = train_flags.overrides(args)
     config = T.build_config(RunSettings(recipe="deit_s16_300ep", batch_size=8,
                                         auto_augment=args.auto_augment, recipe_overrides=fields))
     said = [line for line in capsys.readouterr().out.splitlines() if "the recipe's" in line]
@@ -256,12 +257,12 @@ def test_flag_meanings_and_refusals(capsys):
     import keras
 
     from keras_reluvit import recipes
-    from keras_reluvit.training import flags
+    from keras_reluvit.cli import train_flags
 
     def built(recipe, argv):
         args = parse_train(argv.split())
         return T.build_config(RunSettings(recipe=recipe, batch_size=8,
-                                          recipe_overrides=flags.overrides(args)))
+                                          recipe_overrides=train_flags.overrides(args)))
 
     for argv in ("--mixup 0.8 --smoothing 0.0", "--smoothing 0.0 --mixup 0.8"):
         c = built("digits", argv)
@@ -329,7 +330,7 @@ def test_timms_input_size_and_model_ema_switch(capsys):
     size; `--model-ema` (timm's switch) turns the EMA on at the recipe's
     decay, else at timm's 0.9998, and says so; with --no-model-ema it is an
     error."""
-    from keras_reluvit.training import flags
+    from keras_reluvit.cli import train_flags
 
     assert parse_train("--input-size 3 96 96".split()).image_size == 96
     assert parse_train("--input-size 96".split()).image_size == 96
@@ -340,14 +341,14 @@ def test_timms_input_size_and_model_ema_switch(capsys):
     assert "3 channels, a square" in capsys.readouterr().err
     args = parse_train(["--model-ema"])
     assert args.model_ema and args.ema is None
-    assert flags.model_ema_decay("digits", args.ema) == flags.TIMM_EMA == 0.9998
+    assert train_flags.model_ema_decay("digits", args.ema) == train_flags.TIMM_EMA == 0.9998
     assert "--model-ema: the weights' EMA at timm's decay 0.9998" in capsys.readouterr().out
-    assert flags.model_ema_decay("deit_s16_300ep", None) == 0.99996
+    assert train_flags.model_ema_decay("deit_s16_300ep", None) == 0.99996
     assert "--model-ema: the weights' EMA at the recipe's decay 0.99996" in capsys.readouterr().out
-    assert flags.model_ema_decay("digits", 0.99) == 0.99
+    assert train_flags.model_ema_decay("digits", 0.99) == 0.99
     assert "at --ema's decay 0.99" in capsys.readouterr().out
     with pytest.raises(ValueError, match="--model-ema and --no-model-ema"):
-        flags.model_ema_decay("deit_s16_300ep", 0.0)
+        train_flags.model_ema_decay("deit_s16_300ep", 0.0)
 
 
 @pytest.mark.backend_independent

@@ -91,7 +91,7 @@ class RunSettings:
     aug_repeats: int = None  # DeiT's repeated augmentation; None: the recipe's; 1: off
     auto_augment: str = None  # timm's --aa name; None: the recipe's; "none": off
     # Recipe fields set ({field: value}, e.g. {"grad_clip": 0.5, "augment.erase": 0.1}):
-    # keras_reluvit.training.flags (the command line's, timm's names included).
+    # keras_reluvit.training.flags (the table of their flags, timm's names included).
     recipe_overrides: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):

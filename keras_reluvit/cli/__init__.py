@@ -29,7 +29,7 @@ import traceback
 
 from keras_reluvit._defaults import COPY_JPEG_QUALITY
 from keras_reluvit._defaults import COPY_SHORT_SIDE
-from keras_reluvit.training import flags
+from keras_reluvit.cli import train_flags
 from keras_reluvit.training import run as kr_run
 from keras_reluvit.training import signals
 from keras_reluvit.training.settings import KEEP_CHECKPOINTS
@@ -60,11 +60,11 @@ def _train_noted(args):
     # RunConfig that train() reads; pool / posemb / remat / drop_path set the model.
     ema = args.ema
     if args.model_ema:  # timm's / DeiT's switch: a decay, said
-        ema = flags.model_ema_decay(args.recipe, args.ema)
+        ema = train_flags.model_ema_decay(args.recipe, args.ema)
     # (each RunSettings field is the dest of its flag)
     settings = RunSettings(**{f: getattr(args, f) for f in RunSettings.fields()
                               if f not in ("ema", "recipe_overrides")},
-                           ema=ema, recipe_overrides=flags.overrides(args))
+                           ema=ema, recipe_overrides=train_flags.overrides(args))
     config = kr_run.build_config(settings, pool=args.pool, posemb=args.posemb,
                                    remat=args.remat, drop_path=args.drop_path)
     if kr_distribution.process_index() == 0:  # one process prepares, the others wait
@@ -406,10 +406,10 @@ def parser():
     t.add_argument("--epochs", type=int, help="epochs (default: the recipe's)")
     t.add_argument("--batch-size", type=int, help="global batch size, over all processes "
                    "(default: the recipe's; a folder smaller than it: its training images)")
-    t.add_argument("--image-size", type=int, action=flags.Once, help="input resolution in "
+    t.add_argument("--image-size", type=int, action=train_flags.Once, help="input resolution in "
                    "pixels (default: the recipe's; with --init the checkpoint's)")
     t.add_argument("--input-size", dest="image_size", nargs="+", type=int, metavar="N",
-                   action=flags.InputSize, help="DeiT's --input-size N or timm's --input-size 3 N N "
+                   action=train_flags.InputSize, help="DeiT's --input-size N or timm's --input-size 3 N N "
                    "(channels, height, width): --image-size N")
     t.add_argument("--pool", choices=["gap", "tok", "map", "tok_gap"],
                    help="the head's input: gap (mean of the patch tokens), tok (the class "
@@ -455,11 +455,11 @@ def parser():
     t.add_argument("--accum-steps", type=int, help="gradient accumulation: each update "
                    "averages K micro-batches of batch-size / K (the recipe's batch on a "
                    "smaller slice; default the recipe's, 1)")
-    t.add_argument("--ema", *flags.also("--ema"), type=float, metavar="DECAY",
+    t.add_argument("--ema", *train_flags.also("--ema"), type=float, metavar="DECAY",
                    help="keep timm's EMA of the weights with this decay (DeiT: 0.99996), "
                    "evaluated beside the trained weights each epoch; model.keras and the export "
                    "then hold the EMA (default the recipe's: off; 0: off)")
-    t.add_argument("--auto-augment", *flags.also("--auto-augment"), metavar="NAME",
+    t.add_argument("--auto-augment", *train_flags.also("--auto-augment"), metavar="NAME",
                    help="timm's automatic augmentation by name, e.g. rand-m9-mstd0.5-inc1 "
                    "(DeiT's RandAugment), augmix-m3-w3-d-1 or original-mstd0.5 (AutoAugment), "
                    "instead of the recipe's (none: off)")
@@ -470,9 +470,9 @@ def parser():
     t.add_argument("--no-model-ema", dest="ema", action="store_const", const=0.0,
                    help="DeiT's: no EMA of the weights (--ema 0)")
     t.add_argument("--model-ema", action="store_true", help="timm's / DeiT's switch: the "
-                   f"weights' EMA at the recipe's decay, or timm's {flags.TIMM_EMA} where the recipe "
+                   f"weights' EMA at the recipe's decay, or timm's {train_flags.TIMM_EMA} where the recipe "
                    "has none (--ema DECAY / --model-ema-decay set another)")
-    flags.add_to(t)
+    train_flags.add_to(t)
     t.add_argument("--no-export", action="store_true", help="skip the SavedModel")
     t.add_argument("--quiet", action="store_true", help="one line per epoch")
     t.set_defaults(func=_train)
@@ -616,7 +616,7 @@ def main(argv=None, noted=()):
     return _run(args)
 
 
-PACKAGE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # keras_reluvit/
 
 
 def _raised_here(error):
@@ -653,6 +653,3 @@ def _run(args):
         return 2
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
