@@ -3,6 +3,8 @@ one-line description names what its settings turn on, the pipeline runs
 exactly the operations the line names, in order, and each operation draws
 from its own key."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -89,17 +91,24 @@ def test_the_pipeline_runs_the_named_operations_in_order(name, monkeypatch):
     aug, _ = augments()[name]
     called = []
 
-    def recorded(*args, **kwargs):
-        ops = O.train_ops(*args, **kwargs)
-        return [O.Op(o.name, o.args, lambda x, r, o=o: called.append(str(o)) or o.fn(x, r))
-                for o in ops]
+    def recorded(build):
+        def wrapped(*args, **kwargs):
+            return [O.Op(o.name, o.args, lambda x, r, o=o: called.append(str(o)) or o.fn(x, r))
+                    for o in build(*args, **kwargs)]
+        return wrapped
 
-    monkeypatch.setattr(P, "train_ops", recorded)
+    monkeypatch.setattr(P, "train_ops", recorded(O.train_ops))
+    monkeypatch.setattr(P, "eval_ops", recorded(O.eval_ops))
     ds = tf.data.Dataset.from_tensor_slices(_photos())
     next(iter(D.pipeline(ds, 3, 32, 2, train=True, augment=aug, seed=1, shuffle_buffer=4)))
-    steps = top_level(O.describe(aug, 32)["train"])
+    lines = O.describe(aug, 32)
+    steps = top_level(lines["train"])
     per_image = steps[1 + (aug.aug_repeats > 1):steps.index("onehot")]  # after shuffle
     assert called == per_image
+    called.clear()
+    next(iter(D.pipeline(ds, 3, 32, 2, train=False, augment=aug)))
+    steps = top_level(lines["eval"])
+    assert called == steps[1:steps.index("onehot")]  # after decode
 
 
 def top_level(line):
@@ -147,6 +156,11 @@ def test_options_of_one_job_from_two_sources_are_an_error_and_mixed_sources_said
         named = sorted(one_job, key=list(D.augment.SOURCES).index)  # in field order
         with pytest.raises(ValueError, match=f"{named[0]} .*and {named[1]} .*both on"):
             D.Augment(**one_job)
+        first, second = named  # made one at a time, then the other set: refused all the same
+        with pytest.raises(ValueError, match="both on"):
+            dataclasses.replace(D.Augment(**{first: one_job[first]}), **{second: one_job[second]})
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(D.Augment(**{first: one_job[first]}), second, one_job[second])
     ds = tf.data.Dataset.from_tensor_slices(_photos())
     for augment, mixed in ((dict(randaug=(2, 10), erase=0.25), "randaug (big_vision), erase (timm)"),
                            (dict(crop="simple", mixup=0.2), "mixup (big_vision), crop=simple"),

@@ -27,7 +27,7 @@ SOURCES = dict(randaug=("big_vision",), mixup=("big_vision",), auto_augment=("ti
 ONE_JOB = (("randaug", "auto_augment", "three_augment"), ("mixup", "timm_mix"))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Augment:
     """Training augmentation. `randaug=(num_ops, magnitude)` as big_vision;
     `mixup` is the Beta parameter p (0 = off); `erase` the probability of
@@ -50,7 +50,9 @@ class Augment:
     `keras_reluvit.data.timm_augment`); `interpolation` the crop's resize and
     the geometric operations' sampling: `"bilinear"` (big_vision's resize,
     Pillow's bilinear transforms) or `"bicubic"` (Pillow's, as timm's
-    `--train-interpolation bicubic`: DeiT's)."""
+    `--train-interpolation bicubic`: DeiT's). Frozen and checked where made
+    (two options of one job, `ONE_JOB`, are an error):
+    `dataclasses.replace(aug, erase=0.25)` makes another, checked again."""
 
     crop_area: tuple = (0.05, 1.0)
     crop_aspect: tuple = (3 / 4, 4 / 3)
@@ -71,8 +73,8 @@ class Augment:
         if repeats is not None and self.aug_repeats not in (None, repeats):
             raise ValueError(f"Augment: repeats={repeats!r} is aug_repeats' old name; "
                              f"aug_repeats={self.aug_repeats!r} is given too.")
-        if self.aug_repeats is None:
-            self.aug_repeats = 1 if repeats is None else repeats
+        if self.aug_repeats is None:  # frozen: set once, here
+            object.__setattr__(self, "aug_repeats", 1 if repeats is None else repeats)
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"Augment(interpolation=) must be one of {INTERPOLATIONS}, "
                              f"got {self.interpolation!r}.")

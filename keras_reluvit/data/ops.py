@@ -169,26 +169,29 @@ def train_ops(aug, size, recipe, randaug=None):
     return ops
 
 
-def normalise_op(recipe):
-    """Clipped to 0-255, then `(x / 255 - mean) / std`."""
+def normalise_op(recipe, clip=True):
+    """`(x / 255 - mean) / std`, after clipping to 0-255 (`clip`)."""
     mean, std = (tuple(float(v) for v in recipe[k]) for k in ("mean", "std"))
     shown = (("-1, 1",) if mean == std == (0.5,) * 3 else
              (f"mean={_range(mean)}", f"std={_range(std)}"))
-    return Op("value_range" if len(shown) == 1 else "normalize", shown,
-              lambda x, rnd: normalise(lazy.tensorflow().clip_by_value(x, 0.0, 255.0), recipe))
+
+    def run(x, rnd):
+        return normalise(lazy.tensorflow().clip_by_value(x, 0.0, 255.0) if clip else x, recipe)
+
+    return Op("value_range" if len(shown) == 1 else "normalize", shown, run)
 
 
-def eval_op(size, recipe):
+def eval_ops(size, recipe):
     """The evaluation pipeline: the model's preprocessing `recipe` (its
-    resize, central crop and normalisation), one op."""
+    resize and central crop, clipped where it clips; then normalised)."""
     shown = [f"resize={recipe['resize']}", f"crop_pct={recipe['crop_pct']:g}",
              recipe["interpolation"]]
 
     def preprocess(x, rnd):
         return tf_preprocess(decode_image(x.data, x.dct, recipe["alpha"]) if x.encoded
-                             else x.data, size, recipe)
+                             else x.data, size, recipe, normalize=False)
 
-    return Op("preprocess", (_size(size), *shown), preprocess)
+    return [Op("preprocess", (_size(size), *shown), preprocess), normalise_op(recipe, clip=False)]
 
 
 def batch_ops(aug):
@@ -217,5 +220,5 @@ def describe(aug, size=None, recipe=None, checkpoint=False):
     train = (["shuffle"] + [str(o) for o in repeats + steps] + ["onehot", "batch"]
              + [str(o) for o in batch_ops(aug)])
     evaluation = ["decode"] + ([str(Op("preprocess", ("the checkpoint's",)))] if checkpoint
-                               else [str(eval_op(shown, recipe)), str(normalise_op(recipe))])
+                               else [str(o) for o in eval_ops(shown, recipe)])
     return {"train": "|".join(train), "eval": "|".join(evaluation + ["onehot", "batch"])}

@@ -7,7 +7,7 @@ from keras_reluvit.data.augment import CROPS
 from keras_reluvit.data.augment import Augment
 from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.ops import Example
-from keras_reluvit.data.ops import eval_op
+from keras_reluvit.data.ops import eval_ops
 from keras_reluvit.data.ops import train_ops
 from keras_reluvit.data.timm_augment import parse as parse_timm_augment
 from keras_reluvit.data.timm_augment import timm_mix
@@ -55,8 +55,9 @@ def pipeline(
         raise ValueError(f"Unknown Augment(crop={aug.crop!r}); valid: {CROPS}.")
     if aug.auto_augment is not None:
         parse_timm_augment(aug.auto_augment)  # a bad name fails here, not in tf.data
-    if train and aug.mixed_sources():
-        say(aug.mixed_sources())
+    mixed = train and aug.mixed_sources()
+    if mixed:
+        say(mixed)
     AUTO = tf.data.AUTOTUNE
     randaug = None
     if train and aug.randaug and aug.randaug[1] > 0:
@@ -68,7 +69,7 @@ def pipeline(
             interpolation="nearest",  # big_vision's (TF models') shear / translate / rotate
             seed=seed,
         )
-    ops = train_ops(aug, size, recipe, randaug) if train else [eval_op(size, recipe)]
+    ops = train_ops(aug, size, recipe, randaug) if train else eval_ops(size, recipe)
 
     def decode(example, rnd):
         # Encoded bytes (tfds with its decoding skipped, an image folder's
