@@ -4,6 +4,7 @@ exactly the operations the line names, in order, and each operation draws
 from its own key."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -20,7 +21,9 @@ pytestmark = pytest.mark.backend_independent
 OTHERS = [dict(crop="simple", three_augment=True, color_jitter=0.3, interpolation="bicubic"),
           dict(auto_augment="rand-m9-mstd0.5-inc1", erase=0.25),
           dict(auto_augment="augmix-m3-w3-d-1", interpolation="bicubic", flip=False),
-          dict(randaug=(2, 10), erase=0.25, mixup=0.2), dict(color_jitter=0.4)]
+          dict(randaug=(2, 10), erase=0.25, mixup=0.2), dict(color_jitter=0.4),
+          dict(auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic", flip=False,
+               crop_area=(0.3, 0.9), crop_aspect=(0.5, 2.0))]
 
 
 def augments():
@@ -62,8 +65,24 @@ def test_each_pipeline_line_names_what_its_settings_turn_on(name):
         "value_range(-1, 1)": not checkpoint,
         "timm_mix(": aug.timm_mix is not None,
     }
+    expect[f"aspect=({aug.crop_aspect[0]:.4g}, {aug.crop_aspect[1]:.4g})"] = (
+        aug.crop == "inception")
     wrong = {text: on for text, on in expect.items() if (text in train) != on}
     assert not wrong, (train, wrong)
+    # timm's order: erasing after the normalisation; Pillow's operations on levels; the
+    # fused call: the crop's resize, the flip, then timm's operations
+    steps = top_level(train)
+    names = [step.split("(")[0] for step in steps]
+    norm = "normalize" if "normalize" in names else "value_range"
+    if "random_erasing" in names:
+        assert names.index("random_erasing") == names.index(norm) + 1, train
+    if "pillow_levels" in names:
+        assert names.index("pillow_levels") < min(
+            names.index(n) for n in ("aa", "three_augment", "color_jitter") if n in names)
+    if "pillow" in names:
+        inner = steps[names.index("pillow")]
+        assert re.fullmatch(r"pillow\(inception_crop\(.*\)" + (r"\|flip_lr" if aug.flip else "")
+                            + r"\|aa\(.*\)\)", inner), inner
     for k, v in (aug.timm_mix or {}).items():
         assert f"{k}={v}" in train
     assert f"{aug.interpolation})" in train or f"{aug.interpolation}," in train
@@ -123,11 +142,87 @@ def top_level(line):
     return steps + [line[start:]]
 
 
+@pytest.mark.parametrize("name", ["s16_i1k_90ep", "deit_s16_300ep", "deit3_s16_400ep", "other0",
+                                  "other1", "other3", "other4", "other5"])
+def test_each_operation_is_given_its_settings_and_its_own_key(name, monkeypatch):
+    """What each operation hands the function doing its work, against the
+    `Augment` fields (a value shown in the line but another one used fails
+    here), and the key each operation draws from (its own `SLOTS` name)."""
+    import importlib
+
+    import tensorflow as tf
+
+    P = importlib.import_module("keras_reluvit.data.pipeline")
+    aug, _ = augments()[name]
+    got, keys, current = {}, [], [None]
+
+    def spy(module, fn, record):
+        real = getattr(module, fn)
+        monkeypatch.setattr(module, fn, lambda *a, **k: got.__setitem__(fn, record(*a, **k))
+                            or real(*a, **k))
+
+    spy(O, "inception_crop", lambda image, size, area, aspect, seed, interpolation:
+        (tuple(area), tuple(aspect), interpolation))
+    spy(O, "random_crop", lambda image, area, aspect, seed: (tuple(area), tuple(aspect)))
+    spy(O, "simple_random_crop", lambda image, size, seed, interpolation: interpolation)
+    spy(O, "timm_by_name", lambda image, name, key, interpolation, first=None: (
+        name, interpolation, None if first is None else first[1] is False))
+    spy(O, "switch_randaugment", lambda layer, image, key: (layer.num_ops, layer.factor[1]))
+    spy(O, "random_erasing", lambda image, p, key: p)
+    spy(O, "color_jitter", lambda image, strength, key: strength)
+    spy(P, "mixup", lambda images, labels, p, seed: p)
+    spy(P, "timm_mix", lambda images, labels, seed, **options: options)
+    spy(P, "train_examples", lambda ds, repeats, seed, buffer: repeats)
+    real_key = O.key
+    monkeypatch.setattr(O, "key", lambda rnd, slot: keys.append((current[0], slot))
+                        or real_key(rnd, slot))
+
+    def named(*args, **kwargs):
+        return [O.Op(o.name, o.args, lambda x, r, o=o: current.__setitem__(0, o.name)
+                     or o.fn(x, r)) for o in O.train_ops(*args, **kwargs)]
+
+    monkeypatch.setattr(P, "train_ops", named)
+    ds = tf.data.Dataset.from_tensor_slices(_photos(6))
+    next(iter(D.pipeline(ds, 3, 32, 2, train=True, augment=aug, seed=1, shuffle_buffer=4)))
+    fused = O.fuses(aug)
+    if aug.crop == "simple":
+        assert got["simple_random_crop"] == aug.interpolation
+    elif fused:
+        assert got["random_crop"] == (tuple(aug.crop_area), tuple(aug.crop_aspect))
+        assert got["timm_by_name"] == (aug.auto_augment, aug.interpolation, not aug.flip)
+    else:
+        assert got["inception_crop"] == (tuple(aug.crop_area), tuple(aug.crop_aspect),
+                                         aug.interpolation)
+    if aug.auto_augment and not fused:
+        assert got["timm_by_name"] == (aug.auto_augment, aug.interpolation, None)
+    if aug.randaug:
+        assert got["switch_randaugment"] == (aug.randaug[0], min(aug.randaug[1] / 10, 1.0))
+    assert got.get("random_erasing") == (aug.erase or None)
+    assert got.get("color_jitter") == (aug.color_jitter or None)
+    assert got.get("mixup") == (aug.mixup if aug.mixup and aug.timm_mix is None else None)
+    assert got.get("timm_mix") == aug.timm_mix
+    assert got["train_examples"] == aug.aug_repeats
+    own = {"inception_crop": {"crop"}, "simple_random_crop": {"crop"}, "flip_lr": {"flip"},
+           "pillow": {"crop", "flip", "auto_augment"} if aug.flip else {"crop", "auto_augment"},
+           "randaug": {"randaug"}, "aa": {"auto_augment"}, "three_augment": {"three_augment"},
+           "color_jitter": {"color_jitter"}, "random_erasing": {"erase"}}
+    asked = {}
+    for op, slot in keys:
+        asked.setdefault(op, set()).add(slot)
+    ran = [o.name for o in O.train_ops(aug, (32, 32), D.pipeline.__globals__[
+        "check_preprocessing"](None))]
+    assert asked == {op: own[op] for op in ran if op in own}, asked
+
+
 def test_each_operation_draws_from_its_own_key():
     """Every operation's key differs from every other's for the same
-    example; the crop's and the flip's are the halves of `[rnd, 0]` split
-    (the draws of every earlier version: a resumed run's batches stay)."""
+    example; the slots and the crop's and the flip's halves of `[rnd, 0]`
+    split are those of every earlier version (a resumed run's batches
+    stay)."""
     import tensorflow as tf
+
+    assert O.SLOTS == dict(crop=0, flip=0, randaug=2, erase=3, three_augment=4,
+                           color_jitter=5, auto_augment=6)
 
     for rnd in (0, 7, 2**40 + 3):
         rnd = tf.constant(rnd, tf.int64)
@@ -154,13 +249,16 @@ def test_options_of_one_job_from_two_sources_are_an_error_and_mixed_sources_said
                     dict(randaug=(2, 10), three_augment=True),
                     dict(mixup=0.2, timm_mix={})):
         named = sorted(one_job, key=list(D.augment.SOURCES).index)  # in field order
-        with pytest.raises(ValueError, match=f"{named[0]} .*and {named[1]} .*both on"):
+        job = "MixUp" if "mixup" in one_job else "automatic augmentation"
+        with pytest.raises(ValueError, match=f"{named[0]} \\((big_vision|timm).*and {named[1]} "
+                                             f"\\(.*both on: each is the pipeline's {job}"):
             D.Augment(**one_job)
         first, second = named  # made one at a time, then the other set: refused all the same
         with pytest.raises(ValueError, match="both on"):
             dataclasses.replace(D.Augment(**{first: one_job[first]}), **{second: one_job[second]})
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(D.Augment(**{first: one_job[first]}), second, one_job[second])
+    D.Augment(randaug=(2, 0), auto_augment="rand-m9-mstd0.5-inc1")  # magnitude 0: randaug off
     ds = tf.data.Dataset.from_tensor_slices(_photos())
     for augment, mixed in ((dict(randaug=(2, 10), erase=0.25), "randaug (big_vision), erase (timm)"),
                            (dict(crop="simple", mixup=0.2), "mixup (big_vision), crop=simple"),
@@ -170,9 +268,40 @@ def test_options_of_one_job_from_two_sources_are_an_error_and_mixed_sources_said
                             None)):
         capsys.readouterr()
         D.pipeline(ds, 3, 32, 2, train=True, augment=D.Augment(**augment))
-        D.pipeline(ds, 3, 32, 2, train=False, augment=D.Augment(**augment))
         out = capsys.readouterr().out
         if mixed is None:
             assert "more than one source" not in out, out
         else:
             assert out.count("more than one source") == 1 and mixed in out, out
+        D.pipeline(ds, 3, 32, 2, train=False, augment=D.Augment(**augment))
+        assert "more than one source" not in capsys.readouterr().out  # training's own
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("crop_area", (0.0, 1.0), "crop_area"), ("crop_area", (0.5, 0.2), "crop_area"),
+    ("crop_area", 0.5, "crop_area"), ("crop_area", (0.5, 1.5), "crop_area"),
+    ("crop_aspect", (2.0, 0.5), "crop_aspect"), ("crop_aspect", (0.0, 1.0), "crop_aspect"),
+    ("flip", 1, "flip"), ("three_augment", "yes", "three_augment"),
+    ("randaug", (2,), "randaug"), ("randaug", (2.5, 10), "num_ops"), ("randaug", (2, -1), "magnitude"),
+    ("mixup", -1.0, "mixup"), ("erase", 1.5, "erase"), ("erase", float("nan"), "erase"),
+    ("color_jitter", -0.1, "color_jitter"), ("aug_repeats", 0, "aug_repeats"),
+    ("aug_repeats", 2.5, "aug_repeats"), ("crop", "random", "crop"),
+    ("auto_augment", 9, "auto_augment"), ("timm_mix", {"mixup": 0.8}, "'mixup'"),
+    ("timm_mix", {"prob": 2.0}, "prob"), ("timm_mix", {"mode": "row"}, "mode"),
+    ("timm_mix", [0.8], "timm_mix"),
+])
+def test_a_bad_augment_value_is_an_error_naming_its_field(field, value, named):
+    """Every field checked where the `Augment` is made (was: `erase=1.5`
+    trained erasing every image, `mixup=-1` was silently off, a bad crop
+    range failed inside tf.data at the first batch)."""
+    with pytest.raises(ValueError, match=re.escape(named)):
+        D.Augment(**{field: value})
+
+
+def test_augments_timm_mix_keys_are_timm_mixs_arguments():
+    import inspect
+
+    from keras_reluvit.data.augment import TIMM_MIX_KEYS
+
+    takes = [p for p in inspect.signature(D.timm_mix).parameters][3:]
+    assert tuple(takes) == TIMM_MIX_KEYS

@@ -6,6 +6,7 @@ one op at a time with keyed draws, and MixUp. timm's augmentations live in
 `timm_augment`, DeiT III's in `three_augment`."""
 
 import dataclasses
+import math
 
 import keras
 
@@ -15,6 +16,44 @@ from keras_reluvit.data import pillow_calls
 from keras_reluvit.data.pillow_calls import INTERPOLATIONS
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import tf_preprocess
+
+CROPS = ("inception", "simple")
+# timm_mix's arguments (data.timm_augment.timm_mix; tests/test_pipeline_ops.py keeps them equal)
+TIMM_MIX_KEYS = ("mixup_alpha", "cutmix_alpha", "prob", "switch_prob", "mode", "label_smoothing")
+TIMM_MIX_MODES = ("batch", "pair", "elem")
+
+
+def _number(name, value, low, high, whole=False):
+    """`value` a (whole) number in `[low, high]` (None: unbounded): else a
+    ValueError naming `Augment`'s field."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (not whole or float(value).is_integer()) and value >= low and (
+        high is None or value <= high)
+    if not ok:
+        span = f"[{low}, {'inf)' if high is None else f'{high}]'}"
+        raise ValueError(f"Augment: {name} must be a {'whole ' if whole else ''}number in "
+                         f"{span}, got {value!r}.")
+
+
+def _pair(name, value, low, high):
+    """`value` a (low, high) range of numbers above `low` (exclusive), at
+    most `high`, low <= high."""
+    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > low
+        and (high is None or v <= high) for v in value) and value[0] <= value[1]
+    if not ok:
+        bound = f"in ({low}, {high}]" if high is not None else f"above {low}"
+        raise ValueError(f"Augment({name}=) must be a (low, high) pair of numbers {bound}, "
+                         f"low <= high, got {value!r}.")
+
+
+def check_repeats(repeats, name="Augment(aug_repeats=)"):
+    """`repeats` is DeiT's repeated augmentation count: a whole number >= 1;
+    `name` is how the caller's user spells it (a flag, a setting)."""
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"{name} must be a whole number >= 1 (DeiT's 3; 1: off), "
+                         f"got {repeats!r}.")
+
 
 # Which sources run each option (its recipes: DeiT III's run timm's MixUp / CutMix and
 # repeated augmentation; timm's --color-jitter is torchvision's ColorJitter, as DeiT III's).
@@ -78,6 +117,7 @@ class Augment:
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"Augment(interpolation=) must be one of {INTERPOLATIONS}, "
                              f"got {self.interpolation!r}.")
+        self._check_values()
         on = self.options()
         for job in ONE_JOB:
             both = [f"{f} ({' / '.join(SOURCES[f])}'s)" for f in job if f in on]
@@ -85,6 +125,46 @@ class Augment:
                 what = "automatic augmentation" if job is ONE_JOB[0] else "MixUp"
                 raise ValueError(f"Augment: {' and '.join(both)} both on: each is the "
                                  f"pipeline's {what}; choose one.")
+
+    def _check_values(self):
+        """Each field's type and range: a ValueError naming the field."""
+        _pair("crop_area", self.crop_area, 0, 1)
+        _pair("crop_aspect", self.crop_aspect, 0, None)
+        for name in ("flip", "three_augment"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Augment({name}=) must be True or False, "
+                                 f"got {getattr(self, name)!r}.")
+        if self.randaug is not None:
+            if not (isinstance(self.randaug, (tuple, list)) and len(self.randaug) == 2):
+                raise ValueError("Augment(randaug=) must be None or (num_ops, magnitude) as "
+                                 f"big_vision's randaug(2, 15), got {self.randaug!r}.")
+            _number("randaug's num_ops", self.randaug[0], 0, None, whole=True)
+            _number("randaug's magnitude", self.randaug[1], 0, None)
+        _number("mixup", self.mixup, 0, None)
+        _number("erase", self.erase, 0, 1)
+        _number("color_jitter", self.color_jitter, 0, None)
+        check_repeats(self.aug_repeats)
+        if self.crop not in CROPS:
+            raise ValueError(f"Augment(crop=) must be one of {CROPS}, got {self.crop!r}.")
+        if self.auto_augment is not None and not isinstance(self.auto_augment, str):
+            raise ValueError(f"Augment(auto_augment=) must be None or timm's --aa name, "
+                             f"got {self.auto_augment!r}.")
+        if self.timm_mix is not None:
+            if not isinstance(self.timm_mix, dict):
+                raise ValueError(f"Augment(timm_mix=) must be None or a dict of timm_mix's "
+                                 f"arguments {TIMM_MIX_KEYS}, got {self.timm_mix!r}.")
+            unknown = sorted(set(self.timm_mix) - set(TIMM_MIX_KEYS))
+            if unknown:
+                raise ValueError(f"Augment(timm_mix=) has {', '.join(map(repr, unknown))}, not "
+                                 f"arguments of timm_mix: {', '.join(TIMM_MIX_KEYS)}.")
+            for key, low, high in (("mixup_alpha", 0, None), ("cutmix_alpha", 0, None),
+                                   ("prob", 0, 1), ("switch_prob", 0, 1),
+                                   ("label_smoothing", 0, 1)):
+                if key in self.timm_mix:
+                    _number(f"timm_mix's {key}", self.timm_mix[key], low, high)
+            if self.timm_mix.get("mode", "batch") not in TIMM_MIX_MODES:
+                raise ValueError(f"Augment(timm_mix=)'s mode must be one of {TIMM_MIX_MODES}, "
+                                 f"got {self.timm_mix['mode']!r}.")
 
     def options(self):
         """The source-specific options on (`SOURCES`' fields), in field
@@ -161,7 +241,6 @@ def decode_random_crop(data, area, aspect, seed, dct_method="", alpha="drop"):
     return tf.ensure_shape(tf.cond(tf.io.is_jpeg(data), jpeg, other), (None, None, 3))
 
 
-CROPS = ("inception", "simple")
 def resize_crop(image, size, interpolation="bilinear"):
     """A crop to `size`, float32 out: `"bilinear"` TensorFlow's (big_vision's),
     `"bicubic"` Pillow's own resize, levels (timm's and torchvision's on PIL

@@ -10,6 +10,7 @@ DeiT III's `simple_random_crop`, `three_augment`, `color_jitter`), as
 """
 
 import dataclasses
+import inspect
 
 from keras_reluvit.data import lazy
 from keras_reluvit.data.augment import decode_inception_crop
@@ -24,6 +25,7 @@ from keras_reluvit.data.three_augment import three_augment
 from keras_reluvit.data.timm_augment import by_name as timm_by_name
 from keras_reluvit.data.timm_augment import random_erasing
 from keras_reluvit.data.timm_augment import takes_first as timm_takes_first
+from keras_reluvit.data.timm_augment import timm_mix
 from keras_reluvit.preprocessing import decode_image
 from keras_reluvit.preprocessing import normalise
 from keras_reluvit.preprocessing import tf_preprocess
@@ -197,8 +199,11 @@ def eval_ops(size, recipe):
 def batch_ops(aug):
     """The training batch's operations (after `onehot` and `batch`), shown
     only: `pipeline` maps them with the batch's own random number."""
-    if aug.timm_mix is not None:
-        return [Op("timm_mix", tuple(f"{k}={v}" for k, v in aug.timm_mix.items()))]
+    if aug.timm_mix is not None:  # every argument, timm_mix's defaults where left out
+        defaults = {k: p.default for k, p in inspect.signature(timm_mix).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        return [Op("timm_mix", tuple(f"{k}={v}" for k, v in dict(defaults, **aug.timm_mix)
+                                     .items()))]
     return [Op("mixup", (f"{float(aug.mixup):g}",))] if aug.mixup > 0 else []
 
 

@@ -3,8 +3,8 @@ crop first, augment, normalise by the model's recipe, batch, MixUp."""
 
 from keras_reluvit._logging import say
 from keras_reluvit.data import lazy
-from keras_reluvit.data.augment import CROPS
 from keras_reluvit.data.augment import Augment
+from keras_reluvit.data.augment import check_repeats
 from keras_reluvit.data.augment import mixup
 from keras_reluvit.data.ops import Example
 from keras_reluvit.data.ops import eval_ops
@@ -51,8 +51,6 @@ def pipeline(
     recipe = check_preprocessing(preprocessing)
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     aug = augment or Augment()
-    if aug.crop not in CROPS:
-        raise ValueError(f"Unknown Augment(crop={aug.crop!r}); valid: {CROPS}.")
     if aug.auto_augment is not None:
         parse_timm_augment(aug.auto_augment)  # a bad name fails here, not in tf.data
     mixed = train and aug.mixed_sources()
@@ -134,14 +132,6 @@ def train_examples(ds, repeats=1, seed=0, shuffle_buffer=10_000):
     # Drawn from the whole split, not the buffer; then buffer-shuffled.
     ds = epoch_subset(ds, repeats, seed, shuffle_buffer)
     return repeated(ds, repeats, n)
-
-
-def check_repeats(repeats, name="Augment(aug_repeats=)"):
-    """`repeats` is DeiT's repeated augmentation count: a whole number >= 1;
-    `name` is how the caller's user spells it (a flag, a setting)."""
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"{name} must be a whole number >= 1 (DeiT's 3; 1: off), "
-                         f"got {repeats!r}.")
 
 
 def _known_size(ds):

@@ -20,6 +20,7 @@ import math
 import re
 
 from keras_reluvit.data import lazy
+from keras_reluvit.data.augment import TIMM_MIX_MODES
 from keras_reluvit.data.augment import beta_draws
 from keras_reluvit.data.pillow_calls import KINDS
 from keras_reluvit.data.pillow_calls import as_double
@@ -437,7 +438,6 @@ def _normal_rows(shape, key, first, rows, dtype):
     return tf.reshape(flat[offset:], tf.concat([[rows], shape[1:]], 0))
 
 
-TIMM_MIX_MODES = ("batch", "elem", "pair")
 
 
 def cutmix_box(lam, centre, h, w):
