@@ -43,7 +43,7 @@ def test_the_command_line_writes_no_default_of_a_setting():
     default=0)."""
     import ast
 
-    tree = ast.parse(open(os.path.join(PKG, "cli.py"), encoding="utf-8").read())
+    tree = ast.parse(open(os.path.join(PKG, "cli", "__init__.py"), encoding="utf-8").read())
     fields = set(RunSettings.fields())
     found = []
     for node in ast.walk(tree):
@@ -55,7 +55,7 @@ def test_the_command_line_writes_no_default_of_a_setting():
         for kw in node.keywords:
             if (kw.arg == "default" and dest in fields and isinstance(kw.value, ast.Constant)
                     and kw.value.value is not None and kw.value.value is not False):
-                found.append(f"cli.py:{node.lineno}: {flag} default={kw.value.value!r}")
+                found.append(f"cli/__init__.py:{node.lineno}: {flag} default={kw.value.value!r}")
     assert not found, "\n".join(found)
 
 
@@ -229,7 +229,7 @@ def test_timms_flag_names_set_the_recipe_fields_and_say_so(capsys):
     # Without a timm MixUp in the recipe a MixUp flag starts one from timm's defaults,
     # replacing big_vision's mixup (said), and --smoothing goes in it (timm's train.py);
     # alone, --smoothing goes to the loss.
-    c = T.build_config(RunSettings(recipe="s16_i1k_90ep", batch_size=8, recipe_overrides=flags
+    c = T.build_config(RunSettings(recipe="s16_i1k_90ep", batch_size=8, recipe_overrides=train_flags
                                    .overrides(parse_train("--smoothing 0.1 --cutmix 1".split()))))
     assert c.resolved_recipe.label_smoothing == 0.0 and "mixup" not in c.augment
     assert c.augment["timm_mix"] == dict(flags.TIMM_MIX_DEFAULTS, cutmix_alpha=1.0,
@@ -369,3 +369,19 @@ def test_the_cli_turns_timms_model_ema_switch_into_the_runs_ema(tmp_path, digits
     assert cli.main(base) == 0 and not got[-1]  # the recipe's: off
     assert cli.main(base + ["--model-ema", "--no-model-ema"]) == 2 and len(got) == 3
     assert "--model-ema and --no-model-ema" in capsys.readouterr().err
+
+
+def test_nothing_is_said_of_a_config_that_is_refused(capsys):
+    """The lines saying what the flags changed come once the whole
+    configuration holds: a refused one says only its error (was: "the
+    recipe's warmup_steps 60 -> None" before the error that refused the
+    warmup; "three_augment False -> True" before --aa's)."""
+    for given in (dict(recipe="digits", epochs=1, recipe_overrides={"warmup_epochs": 5}),
+                     dict(recipe="deit3_s16_400ep", auto_augment="rand-m9-mstd0.5-inc1",
+                          batch_size=8, recipe_overrides={"augment.three_augment": True})):
+        capsys.readouterr()
+        with pytest.raises(ValueError):
+            T.build_config(RunSettings(**given))
+        assert capsys.readouterr().out == ""
+    T.build_config(RunSettings(recipe="digits", epochs=3, recipe_overrides={"warmup_epochs": 1}))
+    assert "the recipe's warmup_epochs" in capsys.readouterr().out

@@ -663,16 +663,26 @@ def test_recipes_are_data_and_scale_with_batch():
 # the main job's run
 # with its SavedModel: here, in one suite.
 @pytest.mark.backend_independent
-def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir):
+def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir, capsys):
+    import json
+
     import tensorflow as tf
 
     from keras_reluvit import cli
 
     out = tmp_path / "run"
     assert cli.main(["train", "--epochs", "1", "--batch-size", "128", "--data-dir", str(digits_dir),
-                     "--output", str(out), "--quiet"]) == 0
+                     "--output", str(out), "--quiet", "--reprob", "0.25"]) == 0
     for name in ("config.json", "model.keras", "metrics.json", "curves.png", "saved_model"):
         assert (out / name).exists(), name
+    # The run's pipelines, its flags included (--reprob), said and recorded.
+    pipelines = json.loads((out / "config.json").read_text())["pipelines"]
+    assert pipelines == kr.data.ops.describe(kr.data.Augment(**kr.recipes.get("digits").augment,
+                                                             erase=0.25), 32)
+    assert "random_erasing(0.25)" in pipelines["train"]
+    said = capsys.readouterr().out
+    assert f"keras_reluvit: train pipeline: {pipelines['train']}\n" in said
+    assert f"keras_reluvit: eval pipeline: {pipelines['eval']}\n" in said
     assert cli.main(["eval", str(out / "model.keras"), "--data-dir", str(digits_dir)]) == 0
     assert cli.main(["train", "--recipe", "nope", "--output", str(tmp_path / "x")]) == 2
     # The SavedModel reproduces the Keras model (plain TF, no keras_reluvit).

@@ -43,7 +43,7 @@ from keras_reluvit import distribution as kr_distribution
 from keras_reluvit._defaults import VAL_FRACTION
 from keras_reluvit._logging import say
 from keras_reluvit.data import folders as image_folder
-from keras_reluvit.data.pipeline import check_repeats
+from keras_reluvit.data.augment import check_repeats
 from keras_reluvit.data.pipeline import split_batches
 from keras_reluvit.distribution.engine import Engine
 from keras_reluvit.models.variants import variant_with_patch
@@ -95,8 +95,8 @@ def build_config(settings=None, **kwargs):
     recipe, init = s.recipe, s.init
     variant = variant_with_patch(s.model) if s.model else None
     r = recipes.get(recipe, variant)  # resolved once, for the variant asked for
-    for line in flags.apply(r, s.recipe_overrides):  # --clip-grad, --mixup, ...
-        say(f"{line}.")
+    # What the flags changed (--clip-grad, --mixup, ...), said once the whole config holds
+    lines = [f"{line}." for line in flags.apply(r, s.recipe_overrides)]
     if r.get("init_required") and not init:
         raise ValueError(f"Recipe {recipe!r} fine-tunes a checkpoint: pass init= "
                          "(keras-reluvit train --init CHECKPOINT).")
@@ -145,8 +145,8 @@ def build_config(settings=None, **kwargs):
     batch_size = s.batch_size
     if batch_size is None:
         batch_size = _recipe_batch_size(recipe, r["batch_size"], dataset, val_fraction, s.seed,
-                                        s.data_shards)
-    return RunConfig(
+                                        s.data_shards, lines)
+    config = RunConfig(
         resolved_recipe=r,
         resolved_with=dict(s.recipe_overrides),
         recipe=recipe,
@@ -158,7 +158,7 @@ def build_config(settings=None, **kwargs):
         image_size=image_size,
         augment=_augment(r.get("augment", {}), 1 if s.aug_repeats == 0 else s.aug_repeats,
                          r["loss"], s.auto_augment,  # timm's --aug-repeats 0: off
-                         (s.recipe_overrides or {}).get("augment.three_augment")),
+                         (s.recipe_overrides or {}).get("augment.three_augment"), lines),
         seed=s.seed,
         data_shards=s.data_shards,
         trainable=s.trainable,
@@ -175,9 +175,16 @@ def build_config(settings=None, **kwargs):
         recipe_overrides=dict(s.recipe_overrides),
         model=model_cfg,
     )
+    for line in lines:
+        say(line)
+    return config
 
 
-def _augment(augment, repeats, loss, auto_augment=None, three_augment_flag=None):
+def _augment(augment, repeats, loss, auto_augment=None, three_augment_flag=None, lines=None):
+    """The run's `Augment` keywords: the recipe's, with timm's `--aa`
+    (`auto_augment`) and `--aug-repeats` (`repeats`); what they change is
+    appended to `lines`."""
+    lines = [] if lines is None else lines
     augment = current_names(augment)
     if auto_augment is not None:  # timm's --aa: instead of the recipe's automatic augmentation
         from keras_reluvit.data.timm_augment import parse
@@ -199,10 +206,9 @@ def _augment(augment, repeats, loss, auto_augment=None, three_augment_flag=None)
             replaced.append("3-Augment (its colour jitter stays)")
         if replaced:
             verb = "turns off" if name is None else f"{name!r} replaces"
-            say(f"--aa {verb} the recipe's {' and '.join(replaced)}.")
+            lines.append(f"--aa {verb} the recipe's {' and '.join(replaced)}.")
         elif name is not None and augment.get("auto_augment") != name:
-            say(f"--aa {name!r}: timm's augmentation on (the recipe has "
-                "none).")
+            lines.append(f"--aa {name!r}: timm's augmentation on (the recipe has none).")
         augment.update(randaug=None, auto_augment=name, three_augment=False)
     smoothing = (augment.get("timm_mix") or {}).get("label_smoothing", 0.1)
     if loss == "bce" and augment.get("timm_mix") is not None and smoothing > 0:
@@ -237,11 +243,11 @@ def _val_fraction(val_fraction, dataset):
     return float(val_fraction)
 
 
-def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_shards):
+def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_shards, lines):
     """The recipe's batch size, or for a folder of images with fewer
     training images than that (a fine-tune on a few hundred photographs
     with `bv_transfer`'s 512), the largest batch its training split allows,
-    said in one line; `recipes.compile` scales the learning rate to it as
+    said in one line (appended to `lines`); `recipes.compile` scales the learning rate to it as
     the recipe scales it."""
     if not image_folder.is_image_folder(dataset):
         return batch_size
@@ -254,9 +260,9 @@ def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_sha
     if largest < 1:
         raise ValueError(f"{dataset} has {n} training images, fewer than the {shards} "
                          "processes reading it.")
-    say(f"{dataset} has {n} training images, fewer than recipe {recipe!r}'s "
-        f"batch of {batch_size}: training with batch {largest}, the learning rate scaled as "
-        "the recipe scales it (--batch-size / batch_size= to choose).")
+    lines.append(f"{dataset} has {n} training images, fewer than recipe {recipe!r}'s "
+                 f"batch of {batch_size}: training with batch {largest}, the learning rate "
+                 "scaled as the recipe scales it (--batch-size / batch_size= to choose).")
     return largest
 
 
@@ -359,12 +365,17 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
         if launch["resumed"]:
             launch["changed"].update(check_same_data(old, d, folder, output, rerun))
         settings = config.to_dict()
+        pipelines = kr_data.ops.describe(kr_data.Augment(**config.augment),
+                                         tuple(model.image_size), model.preprocessing)
         full = dict(settings, model=model_cfg, num_classes=d.num_classes,
                     label_names=d.label_names, backend=engine.backend,
                     steps_per_epoch=d.steps_per_epoch, processes=count,
                     distribution=kr_distribution.describe(), settings=settings,
-                    recipe_resolved=_recipe_record(recipe), launches=launches + [launch])
+                    recipe_resolved=_recipe_record(recipe), pipelines=pipelines,
+                    launches=launches + [launch])
         if chief:  # the first file the run writes (the folder made here)
+            for split, line in pipelines.items():
+                say(f"{split} pipeline: {line}")
             os.makedirs(output, exist_ok=True)
             with open(os.path.join(output, "config.json"), "w") as f:
                 json.dump(full, f, indent=2, default=list)
