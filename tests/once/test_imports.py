@@ -295,25 +295,42 @@ def test_the_library_speaks_through_its_logger_only():
 
     from keras_reluvit import _logging
 
+    def leftmost(node):  # the first constant piece of a string built from pieces
+        while isinstance(node, (ast.BinOp, ast.JoinedStr)):
+            node = node.left if isinstance(node, ast.BinOp) else (node.values or [None])[0]
+        return node.value if isinstance(node, ast.Constant) else None
+
+    def to_stderr(call):  # print(..., file=sys.stderr): a progress line, not a message
+        return any(k.arg == "file" and ast.unparse(k.value) == "sys.stderr"
+                   for k in call.keywords)
+
     printers = []
     for name, path in modules().items():
         if name in (f"{PKG}.cli", f"{PKG}._logging"):
             continue
         for node in ast.walk(ast.parse(open(path).read(), path)):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print"
-                    and not any(k.arg == "file" for k in node.keywords)):
-                first = node.args[0] if node.args else None
-                text = (first.values[0] if isinstance(first, ast.JoinedStr) and first.values
-                        else first)
-                if isinstance(text, ast.Constant) and str(text.value).startswith(
-                        ("keras_reluvit:", "keras-reluvit:")):
-                    printers.append(f"{path}:{node.lineno}")
+            if not (isinstance(node, ast.Call) and node.args):
+                continue
+            func = node.func
+            printing = (getattr(func, "id", None) == "print" and not to_stderr(node)) or (
+                getattr(func, "attr", None) == "write")
+            if printing and str(leftmost(node.args[0])).startswith(
+                    ("keras_reluvit:", "keras-reluvit:")):
+                printers.append(f"{path}:{node.lineno}")
     assert printers == []
     logger = logging.getLogger("keras_reluvit")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):  # the stdout of the moment, as a notebook's
-        _logging.say("a default changed")
-    assert out.getvalue() == "keras_reluvit: a default changed\n"
+    assert logger.propagate is False and len(logger.handlers) == 1  # shown once
+    out, err, records = io.StringIO(), io.StringIO(), []
+    probe = logging.Handler()
+    probe.emit = records.append
+    logger.addHandler(probe)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            _logging.say("a default changed")  # the stdout of the moment, as a notebook's
+    finally:
+        logger.removeHandler(probe)
+    assert out.getvalue() == "keras_reluvit: a default changed\n" and err.getvalue() == ""
+    assert [r.levelno for r in records] == [logging.INFO]
     level = logger.level
     try:
         logger.setLevel(logging.WARNING)

@@ -37,7 +37,7 @@ INDIRECT = {"export.py": {"tf2onnx", "onnx", "onnxruntime"},
 # Modules whose imports are the `keras-reluvit train | eval | bench | export`
 # path: core + one backend + [train] must cover them (a name ending in "/":
 # every module of that subpackage).
-TRAIN_PATH = {"cli.py", "bench.py", "export.py", "training/", "data/", "distribution/",
+TRAIN_PATH = {"cli/", "bench.py", "export.py", "training/", "data/", "distribution/",
               "preprocessing/"}
 # Imports of train-path modules that another extra covers (behind a function
 # whose error names that extra): the backups of JAX runs (orbax, [jax]), the
