@@ -201,7 +201,10 @@ _DEIT = dict(dataset="imagenet2012", image_size=224, epochs=300, batch_size=1024
 _DEIT_DIFFERS = (" Differs from DeiT's: qk-layernorm on (the paper's setting for ReLU/L; "
                  "DeiT has none: qk_norm=False); the 3 copies of an image (repeated augmentation) share one "
                  "process' batch, where DeiT's RASampler deals them to 3 GPUs of the same "
-                 "global batch; the cosine ends at 0 (timm's at 1e-5).")
+                 "global batch; the cosine ends at 0 (timm's at 1e-5); inputs in [-1, 1] (ours; "
+                 "DeiT's: ImageNet's mean / std) and evaluated with our resize (the shorter "
+                 "side area-resized to 256 / 224 of the size, the centre cropped; DeiT's: "
+                 "bicubic).")
 for _name, _variant, _top1 in (("deit_ti16_300ep", "Ti/16", 72.2),
                                ("deit_s16_300ep", "S/16", 79.8),
                                ("deit_b16_300ep", "B/16", 81.8)):
@@ -232,7 +235,8 @@ _DEIT3_DIFFERS = (" Differs from DeiT III's: qk-layernorm on (the paper's settin
                   "README's commands run 800); the 3 copies of an image share one process' "
                   "batch; warmup from 0 (DeiT's 1e-6) and the cosine to 0 (timm's 1e-5); "
                   "the Gaussian blur exact (Pillow's: three "
-                  "box blurs).")
+                  "box blurs); inputs in [-1, 1] (ours; DeiT III's: ImageNet's mean / std) and "
+                  "evaluated with our resize (area; DeiT III's: bicubic).")
 for _name, _variant, _size, _lr, _dp, _top1 in (
         ("deit3_s16_400ep", "S/16", 224, 4e-3, 0.05, "81.4% top-1 at 224 after 800 epochs"),
         ("deit3_b16_400ep", "B/16", 192, 3e-3, 0.2,
