@@ -11,6 +11,7 @@ import pytest
 
 from keras_reluvit import data as D
 from keras_reluvit.data import ops as O
+from keras_reluvit.preprocessing import check_preprocessing
 from keras_reluvit.training import recipes
 from keras_reluvit.training.settings import current_names
 
@@ -209,8 +210,7 @@ def test_each_operation_is_given_its_settings_and_its_own_key(name, monkeypatch)
     asked = {}
     for op, slot in keys:
         asked.setdefault(op, set()).add(slot)
-    ran = [o.name for o in O.train_ops(aug, (32, 32), D.pipeline.__globals__[
-        "check_preprocessing"](None))]
+    ran = [o.name for o in O.train_ops(aug, (32, 32), check_preprocessing(None))]
     assert asked == {op: own[op] for op in ran if op in own}, asked
 
 
