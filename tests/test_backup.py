@@ -102,10 +102,11 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp
 
 
 # ---- the callback alone, on a tiny model ---------------------------------------------------
-def tiny(seed=0):
+def tiny(seed=0, steps_per_execution=1):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.compile(keras.optimizers.Adam(1e-2), "mse", metrics=["mae"])
+    model.compile(keras.optimizers.Adam(1e-2), "mse", metrics=["mae"],
+                  steps_per_execution=steps_per_execution)
     return model
 
 
@@ -134,6 +135,49 @@ def test_backups_every_n_steps_keep_the_newest_and_resume_a_finished_run(tmp_pat
     assert history == last["history"]
     for a, b in zip(weights(again), weights(model)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_steps_per_execution_is_counted_in_steps_and_a_stop_resumes_exactly(tmp_path):
+    """Compiled for 2 steps per call (Keras then calls back once every 2
+    steps, with the index of the call's last batch): the backups count
+    optimizer steps, `every` saves once it is passed, and a SIGTERM stops at
+    a call's end and resumes to the uninterrupted run's end. A count that
+    does not divide the epoch (Keras would run past its data) or the steps
+    left of a resumed epoch is an error. (PyTorch: Keras allows 1 only.)"""
+    if keras.backend.backend() == "torch":
+        with pytest.raises(ValueError, match="steps_per_execution` must be 1"):
+            B.fit(tiny(steps_per_execution=2), tiny_data(24), 1, B.StepBackup(tmp_path / "t"),
+                  verbose=0)
+        return
+    def data():  # 6 steps per epoch; each run its own (each pass of one draws a new order)
+        keras.utils.set_random_seed(0)
+        return tiny_data(24)
+
+    full_model = tiny(steps_per_execution=2)
+    full = B.StepBackup(tmp_path / "full", every=3, keep=10)
+    B.fit(full_model, data(), 2, full, verbose=0)
+    assert int(keras.ops.convert_to_numpy(full_model.optimizer.iterations)) == full.step == 12
+    # every 3 steps, once passed, at the calls' ends (4, 10) and each epoch's end (6, 12)
+    assert [s for s, _ in full.backups()] == [12, 10, 6, 4]
+    assert len(full.step_loss) == 6  # one loss per call
+    with pytest.raises(B.Preempted, match=r"after step 4 of epoch 2 \(step 10 of the run\)"):
+        B.fit(tiny(steps_per_execution=2), data(), 2, B.StepBackup(tmp_path / "r"),
+              verbose=0, callbacks=[SignalAt(1, 3)])
+    resumed_model, resumed = tiny(seed=1, steps_per_execution=2), B.StepBackup(tmp_path / "r")
+    B.fit(resumed_model, data(), 2, resumed, verbose=0)
+    assert resumed.step == 12
+    np.testing.assert_array_equal(resumed.step_loss, full.step_loss)
+    for a, b in zip(weights(resumed_model), weights(full_model)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"steps_per_execution=4 does not divide the epoch's 6 "
+                       r"steps: Keras would run 8 steps an epoch"):
+        B.fit(tiny(steps_per_execution=4), data(), 1, B.StepBackup(tmp_path / "k4"), verbose=0)
+    with pytest.raises(B.Preempted):  # one step per call: stopped after step 3
+        B.fit(tiny(), data(), 1, B.StepBackup(tmp_path / "k1"), verbose=0,
+              callbacks=[SignalAt(0, 2)])
+    with pytest.raises(ValueError, match=r"stopped after step 3 of an epoch of 6 steps .* the 3 "
+                       r"steps left are not whole calls of 2"):
+        B.fit(tiny(steps_per_execution=2), data(), 1, B.StepBackup(tmp_path / "k1"), verbose=0)
 
 
 def test_a_write_killed_midway_leaves_the_previous_backup(tmp_path, monkeypatch, capsys):

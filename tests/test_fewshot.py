@@ -85,3 +85,22 @@ def test_the_callback_logs_the_probe_of_the_trained_models_pre_logits(tmp_path):
         np.testing.assert_allclose(history.history[f"fewshot_{k}shot"][-1], np.mean(want[k]))
     assert history.history["fewshot_5shot"][-1] > 0.5  # separable classes, 5 shots
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_the_probe_every_n_steps_counts_optimizer_steps():
+    """`every=3` probes once 3, 6 ... steps are passed, counted in optimizer
+    steps: with the model compiled for 2 steps per call (Keras calls back
+    once a call, with the index of its last batch) at steps 4 and 6; one
+    step per call (PyTorch: Keras allows 1 only) at 3 and 6."""
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).uniform(-1, 1, (80, 16, 16, 3)).astype("float32")
+    onehot = np.eye(4, dtype="float32")[np.arange(80) % 4]
+    model = kr.ViT("Ti/8", image_size=16, num_classes=4, width=16, depth=1, num_heads=2,
+                   mlp_dim=32)
+    k = 1 if keras.backend.backend() == "torch" else 2
+    model.compile("sgd", keras.losses.CategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=k)
+    probe = F.FewShot([(x[:40], onehot[:40])], [(x[40:], onehot[40:])], shots=(1,), seeds=1,
+                      every=3)
+    model.fit(x, onehot, epochs=2, batch_size=20, verbose=0, callbacks=[probe])  # 8 steps
+    assert [r["step"] for r in probe.results] == ([4, 6] if k == 2 else [3, 6])

@@ -84,8 +84,9 @@ class StepBackup(keras.callbacks.Callback):
 
     Args:
         directory: the backup folder (one run's only).
-        every: optimizer steps (batches) between backups; None: at each
-            epoch's end only.
+        every: optimizer steps (batches) between backups (taken at the
+            first callback once they are passed: with `steps_per_execution`
+            k, at the end of a call); None: at each epoch's end only.
         keep: how many of the newest backups to keep (>= 1).
         signals: save and stop on SIGTERM and SIGINT (installed while `fit`
             runs, in the main thread only). Default: when driven by
@@ -112,7 +113,9 @@ class StepBackup(keras.callbacks.Callback):
     Attributes:
         history: the whole run's per-epoch logs (those of the epochs before
             a resume included).
-        step_loss: the loss Keras reports after every step of the whole run.
+        step_loss: the loss Keras reports after every step of the whole run
+            (with the model's `steps_per_execution` k: after every k steps,
+            Keras calling back once per call; k must divide the epoch).
         train_seconds: seconds in `fit` of the whole run, to its newest
             backup (a rerun of a finished run: the same number).
     """
@@ -138,6 +141,8 @@ class StepBackup(keras.callbacks.Callback):
         self._restored = None  # the record of the backup this run resumed
         self._pending = None  # the newest backup's record, read by resume_point
         self._metrics = None  # metric states to restore at the resumed epoch's start
+        self._resumed = False  # the restored backup is mid-epoch: that epoch resumes
+        self._offset = 0  # steps of the epoch done before this `model.fit` call's first
         self._signal = None
         self._handlers = {}
         self._agree = False
@@ -227,7 +232,11 @@ class StepBackup(keras.callbacks.Callback):
             compat.set_initial_epoch(self.model, None)  # Keras keeps it for the next fit
 
     def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch and self._metrics is not None:  # the resumed epoch
+        # Keras numbers the batches of each `model.fit` call from 0: the resumed
+        # epoch's (its rest, `fit` below) count on from the steps it had done.
+        resumed = epoch == self.epoch and self._resumed
+        self._resumed = False
+        if resumed and self._metrics is not None:
             variables = self.model.metrics_variables
             if len(self._metrics) != len(variables):
                 raise ValueError(f"The backup {self._restored['path']} holds "
@@ -235,14 +244,18 @@ class StepBackup(keras.callbacks.Callback):
                                  f"{len(variables)}: was it compiled with other metrics?")
             for v, value in zip(variables, self._metrics):
                 v.assign(value)
-        else:
+        if not resumed:
             self.epoch, self.done = epoch, 0
+        self._offset = self.done
         self._metrics = None
 
     def on_train_batch_end(self, batch, logs=None):
+        # `batch`: Keras' index of the last step this call ran (with the model's
+        # `steps_per_execution` k, Keras calls back once every k steps).
         logs = logs or {}
-        self.step += 1
-        self.done += 1
+        done = self._offset + batch + 1
+        before, self.step = self.step, self.step + done - self.done
+        self.done = done
         if "loss" in logs:
             loss = float(logs["loss"])
             if not math.isfinite(loss):
@@ -260,8 +273,8 @@ class StepBackup(keras.callbacks.Callback):
         if not last and self._stop_agreed():
             self._stop(f"after step {self.done} of epoch {self.epoch + 1} (step {self.step} "
                        "of the run)")
-        if self.every and self.step % self.every == 0 and not last:  # the epoch's end saves
-            self.save()
+        if self.every and self.step // self.every > before // self.every and not last:
+            self.save()  # (the epoch's end saves)
 
     def on_test_batch_end(self, batch, logs=None):
         # A signal during fit's validation (one process): the validation ends at
@@ -399,6 +412,7 @@ class StepBackup(keras.callbacks.Callback):
                     "cluster's distributed metrics): the resumed epoch's logged loss and "
                     "metrics average its steps from the resume on.")
         self.epoch, self.done, self.step = record["epoch"], record["done"], record["step"]
+        self._resumed = bool(self.done)
         self.history = {k: list(v) for k, v in record["history"].items()}
         self.step_loss = list(record["step_loss"])
         self.seconds = self.train_seconds = float(record.get("train_seconds", 0.0))
@@ -550,6 +564,7 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
     if done >= steps:
         raise ValueError(f"The backup in {backup.directory} is at step {done} of an epoch of "
                          f"{steps} steps: was it written by another run (batch size, data)?")
+    _check_executions(model, steps, done, backup.directory)
     backup.driven = True
     skip_passes(dataset, epoch)
     if epoch >= epochs:  # the run had finished (killed while writing its artefacts)
@@ -572,3 +587,24 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
         model.fit(distribute(dataset.repeat()), steps_per_epoch=steps, initial_epoch=epoch,
                   epochs=epochs, **kwargs)
     return backup.history
+
+
+def _check_executions(model, steps, done, directory):
+    """A ValueError where the model's `steps_per_execution` (k steps per
+    call, Keras' `compile`) does not divide the epoch's steps -- Keras then
+    runs whole calls, more steps an epoch than the data stream has -- or the
+    steps left of a resumed epoch (its backup taken with another k)."""
+    k = int(getattr(model, "steps_per_execution", 1) or 1)
+    if k == 1:
+        return
+    if steps % k:
+        raise ValueError(f"The model's steps_per_execution={k} does not divide the epoch's "
+                         f"{steps} steps: Keras would run {-(-steps // k) * k} steps an epoch "
+                         f"(whole calls of {k}), past the epoch's data. Compile it with a "
+                         f"steps_per_execution that divides {steps}.")
+    if (steps - done) % k:
+        raise ValueError(f"The backup in {directory} stopped after step {done} of an epoch of "
+                         f"{steps} steps (taken with another steps_per_execution): the "
+                         f"{steps - done} steps left are not whole calls of {k}. Resume it "
+                         "with the steps_per_execution it was taken with, then change it.")
+

@@ -189,10 +189,12 @@ class FewShot(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        self._base = self._step  # Keras numbers each epoch's batches from 0
 
     def on_train_batch_end(self, batch, logs=None):
-        self._step += 1
-        if self.every and self._step % self.every == 0:
+        # `batch`: the last step of the call (one call: `steps_per_execution` steps)
+        before, self._step = self._step, self._base + batch + 1
+        if self.every and self._step // self.every > before // self.every:
             self.probe()
 
     def on_epoch_end(self, epoch, logs=None):
