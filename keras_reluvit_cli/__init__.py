@@ -24,4 +24,4 @@ def main(argv=None):
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return cli.main(argv, noted=noted)
+    return cli.main(argv, noted=noted, exiting=True)

@@ -361,6 +361,44 @@ def test_a_signal_while_the_command_imports_keras_stops_the_run_cleanly(name, tm
 
 
 @pytest.mark.backend_independent
+def test_the_commands_process_passes_over_signals_once_train_returns(tmp_path, monkeypatch,
+                                                                    capsys):
+    """The doors (`keras-reluvit`, `python -m keras_reluvit.cli`) run
+    `main(exiting=True)`: once `train` returns (here an error, exit 2),
+    SIGTERM / SIGINT are passed over while the process exits (a launcher's
+    late copies). Called in-process without it, the handlers from before
+    are back; another command never gets them passed over."""
+    from keras_reluvit import cli
+
+    (tmp_path / "a_file").write_text("")
+    missing = ["train", "--output", str(tmp_path / "a_file")]  # an error, exit 2
+    mine = lambda *_: None  # noqa: E731
+    before = {s: signal.signal(s, mine) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert cli.main(missing) == 2
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is mine
+        assert cli.main(["recipes", "digits"], exiting=True) == 0
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is mine
+        assert cli.main(missing, exiting=True) == 2
+        assert "is a file: a run writes a folder there" in capsys.readouterr().err
+        assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    # Both doors say so.
+    import runpy
+
+    import keras_reluvit_cli
+
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda argv=None, **kw: calls.append(kw) or 0)
+    assert keras_reluvit_cli.main(["recipes"]) == 0
+    with pytest.raises(SystemExit):
+        runpy.run_module("keras_reluvit.cli", run_name="__main__")
+    assert [c["exiting"] for c in calls] == [True, True]
+
+
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("name, args", [("SIGINT", ["recipes", "digits"]),
                                         ("SIGTERM", ["recipes", "digits"]),
                                         ("SIGINT", ["--help"]), ("SIGTERM", ["train", "--help"])])

@@ -590,16 +590,19 @@ EXTRA_OF = {
 }
 
 
-def main(argv=None, noted=()):
+def main(argv=None, noted=(), exiting=False):
     """`keras-reluvit ARGS` (`argv`: default the command line); the exit code.
 
     SIGTERM and SIGINT are noted from the first line (and `noted`: the ones
     the console script's door, `keras_reluvit_cli`, noted while the package
     was imported): `train` then stops cleanly (before its first step, or
     saved at the next step boundary; exit 0, said); any other command, or
-    `--help`, gets them back as they came (a Ctrl-C interrupts it)."""
+    `--help`, gets them back as they came (a Ctrl-C interrupts it).
+    `exiting` (the command's own process, as its doors call it): once
+    `train` returns, SIGTERM / SIGINT are passed over while the process
+    exits -- a launcher's late copies do not kill a worker that saved."""
     stop = None
-    with signals.signals_noted():
+    with signals.signals_noted() as way_out:
         signals.NOTED.extend(noted)
         try:
             args = parser().parse_args(argv)
@@ -607,6 +610,8 @@ def main(argv=None, noted=()):
             stop = e
         else:
             if args.command == "train":
+                if exiting:
+                    way_out.after = signal.SIG_IGN
                 return _run(args)
         noted = list(signals.NOTED)
     for signum in noted:  # not a run: the signal's own effect, now

@@ -8,4 +8,4 @@ import sys
 if __name__ == "__main__":
     from keras_reluvit.cli import main
 
-    sys.exit(main())
+    sys.exit(main(exiting=True))

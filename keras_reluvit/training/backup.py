@@ -71,6 +71,7 @@ from keras_reluvit.training.signals import signals_stop  # noqa: F401
 from keras_reluvit.training.signals import stop_if_noted  # noqa: F401
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
+TORN = re.compile(r"^\.tmp_step_(\d+)$")  # a backup being written (renamed once whole)
 RECORD = "record.json"
 WEIGHTS = "state.weights.h5"
 STATE = "state"  # JAX: an Orbax checkpoint (`state_lists`)
@@ -93,10 +94,13 @@ class StepBackup(keras.callbacks.Callback):
             `kr.backup.fit` (a plain `model.fit` cannot resume mid-epoch).
         process: `(index, count)` of this process in a cluster: on JAX all
             write one backup (`directory` is shared; process 0 writes the
-            record), elsewhere each keeps its own; after every step they agree
-            whether any got a signal (a collective), so that all save at the
-            same step and stop; once stopped, a cluster's process passes over
-            later SIGTERM / SIGINT (copies of the signal, late).
+            record), elsewhere each keeps its own; after every step (every
+            callback) they agree whether any got a signal (a collective), so
+            that all save at the same step and stop. Once stopped, the
+            handlers from before `fit` are back: `keras-reluvit train` notes
+            a launcher's late copies of the signal until its process exits;
+            a script of your own that runs a cluster does the same within
+            `kr.backup.signals_noted()`.
         dataset: with a plain `model.fit(dataset.repeat(),
             steps_per_epoch=len(dataset))`: the one-epoch training set, whose
             passes before the resumed epoch are fast-forwarded (as
@@ -198,6 +202,14 @@ class StepBackup(keras.callbacks.Callback):
         That backup is the one the run then restores (read once)."""
         self._pending = self.latest()
         record = self._pending
+        step = record["step"] if record and record.get("step") is not None else 0
+        torn = sorted(n for n in (os.listdir(self.directory) if os.path.isdir(self.directory)
+                                  else []) if TORN.match(n) and int(TORN.match(n)[1]) > step)
+        if torn and self.process[0] == 0:
+            say(f"{os.path.join(self.directory, torn[-1])} was being written when the run "
+                "stopped (incomplete): passed over, "
+                + (f"resuming from {record['path']} (step {step} of the run)." if record
+                   else "starting from the first step."))
         return (record["epoch"], record["done"]) if record else (0, 0)
 
     # ---- the callback -------------------------------------------------------
@@ -217,7 +229,7 @@ class StepBackup(keras.callbacks.Callback):
                 self._signal = noted_signals.NOTED[0]
                 noted_signals.NOTED.clear()
         if signals and self._stop_agreed():
-            self._uninstall(late=self._agree)
+            self._uninstall()
             where = (f"after step {self.done} of epoch {self.epoch + 1} (step {self.step} of "
                      "the run)" if self.step else "before the first step")
             raise Preempted(f"stopped by {self._signal_name()} as training began, {where}: "
@@ -322,10 +334,7 @@ class StepBackup(keras.callbacks.Callback):
     def _stop(self, where):
         name = self._signal_name()
         path = self.save()
-        # In a cluster, a copy of the signal may still be on its way (a
-        # launcher signals its workers one by one): once saved, the
-        # process reports and exits without being killed by it.
-        self._uninstall(late=self._agree)
+        self._uninstall()
         raise Preempted(f"stopped by {name} {where}, saved in {path}: rerun the same command "
                         "to continue.")
 
@@ -374,6 +383,9 @@ class StepBackup(keras.callbacks.Callback):
             os.replace(tmp, final)  # atomic: the folder appears complete or not at all
             for _, old in self.backups()[self.keep:]:
                 shutil.rmtree(old, ignore_errors=True)
+            for name in os.listdir(self.directory):  # writes that a stop cut short
+                if TORN.match(name) and int(TORN.match(name)[1]) < self.step:
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
         self._barrier("saved")
         return final
 
@@ -447,12 +459,10 @@ class StepBackup(keras.callbacks.Callback):
             raise KeyboardInterrupt  # a second Ctrl-C: now
         self._signal = signum
 
-    def _uninstall(self, late=False):
-        """Puts the handlers `on_train_begin` replaced back; `late` (a
-        cluster's process that stopped): SIGTERM / SIGINT are passed over
-        from now on -- the process has saved and is on its way out."""
+    def _uninstall(self):
+        """Puts the handlers `on_train_begin` replaced back."""
         for s, handler in self._handlers.items():
-            signal.signal(s, signal.SIG_IGN if late else handler)
+            signal.signal(s, handler)
         self._handlers = {}
 
 

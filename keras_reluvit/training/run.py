@@ -304,6 +304,9 @@ def train(config, output, export=True, verbose=2, extra_callbacks=(), rerun="err
 
 def _train(config, output, export, verbose, extra_callbacks, rerun):
     output = os.path.expanduser(os.fspath(output))
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ValueError(f"--output {output} is a file: a run writes a folder there (its "
+                         "config.json, backups, model). Name a folder.")
     index, count = kr_distribution.process_index(), kr_distribution.process_count()
     chief = index == 0
     recipe = _recipe_of(config, config.model.get("variant"))

@@ -6,6 +6,7 @@ the noted signal over and stops at a step boundary (see its module)."""
 import contextlib
 import signal
 import threading
+import types
 
 
 class Preempted(Exception):
@@ -27,10 +28,18 @@ def signals_noted():
     every process); a second SIGINT interrupts at once. The command line's `main` runs in
     here from its first line, so that a preemption notice (or a Ctrl-C) that
     comes while a run is prepared still ends in a clean stop (exit 0, said
-    in one line)."""
+    in one line).
+
+    Yields an object whose `after`, if set, is the handler left in place on
+    the way out instead of the ones from before: the command's process,
+    about to exit once a run returned, passes over (`signal.SIG_IGN`) the
+    late copies of a signal that a launcher sends its workers one by one, so
+    that none kills a worker that saved before it reports."""
+    way_out = types.SimpleNamespace(after=None)
     if not _main_thread():
-        yield
+        yield way_out
         return
+
     def note(signum, frame):
         if signum == signal.SIGINT and signal.SIGINT in NOTED:
             raise KeyboardInterrupt
@@ -39,10 +48,10 @@ def signals_noted():
     previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
     _DEPTH[0] += 1
     try:
-        yield
+        yield way_out
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, handler if way_out.after is None else way_out.after)
         _DEPTH[0] -= 1
         if not _DEPTH[0]:  # the outermost: what no StepBackup took is dropped
             NOTED.clear()
