@@ -17,11 +17,8 @@ import signal
 def main(argv=None):
     """`keras-reluvit ARGS`: the exit code."""
     noted = []
-    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum))
-                for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        from keras_reluvit import cli
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    for s in (signal.SIGTERM, signal.SIGINT):  # until `cli.main` notes them itself
+        signal.signal(s, lambda signum, frame: noted.append(signum))
+    from keras_reluvit import cli
+
     return cli.main(argv, noted=noted, exiting=True)

@@ -142,8 +142,9 @@ def test_steps_per_execution_is_counted_in_steps_and_a_stop_resumes_exactly(tmp_
     steps, with the index of the call's last batch): the backups count
     optimizer steps, `every` saves once it is passed, and a SIGTERM stops at
     a call's end and resumes to the uninterrupted run's end. A count that
-    does not divide the epoch (Keras would run past its data) or the steps
-    left of a resumed epoch is an error. (PyTorch: Keras allows 1 only.)"""
+    does not divide the epoch (Keras would run past its data), or a resume
+    with another count than the backup's, is an error. (PyTorch: Keras
+    allows 1 only.)"""
     if keras.backend.backend() == "torch":
         with pytest.raises(ValueError, match="steps_per_execution` must be 1"):
             B.fit(tiny(steps_per_execution=2), tiny_data(24), 1, B.StepBackup(tmp_path / "t"),
@@ -160,6 +161,7 @@ def test_steps_per_execution_is_counted_in_steps_and_a_stop_resumes_exactly(tmp_
     # every 3 steps, once passed, at the calls' ends (4, 10) and each epoch's end (6, 12)
     assert [s for s, _ in full.backups()] == [12, 10, 6, 4]
     assert len(full.step_loss) == 6  # one loss per call
+    B.fit(tiny(), data(), 2, B.StepBackup(tmp_path / "full"), verbose=0)  # finished: any k
     with pytest.raises(B.Preempted, match=r"after step 4 of epoch 2 \(step 10 of the run\)"):
         B.fit(tiny(steps_per_execution=2), data(), 2, B.StepBackup(tmp_path / "r"),
               verbose=0, callbacks=[SignalAt(1, 3)])
@@ -175,8 +177,8 @@ def test_steps_per_execution_is_counted_in_steps_and_a_stop_resumes_exactly(tmp_
     with pytest.raises(B.Preempted):  # one step per call: stopped after step 3
         B.fit(tiny(), data(), 1, B.StepBackup(tmp_path / "k1"), verbose=0,
               callbacks=[SignalAt(0, 2)])
-    with pytest.raises(ValueError, match=r"stopped after step 3 of an epoch of 6 steps .* the 3 "
-                       r"steps left are not whole calls of 2"):
+    with pytest.raises(ValueError, match=r"was taken with steps_per_execution=1 \(its record "
+                       r"holds one loss per call\); this model has 2\. Resume with 1"):
         B.fit(tiny(steps_per_execution=2), data(), 1, B.StepBackup(tmp_path / "k1"), verbose=0)
 
 

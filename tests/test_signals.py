@@ -361,30 +361,36 @@ def test_a_signal_while_the_command_imports_keras_stops_the_run_cleanly(name, tm
 
 
 @pytest.mark.backend_independent
-def test_the_commands_process_passes_over_signals_once_train_returns(tmp_path, monkeypatch,
-                                                                    capsys):
+def test_the_commands_process_notes_signals_once_train_returns(tmp_path, monkeypatch, capsys):
     """The doors (`keras-reluvit`, `python -m keras_reluvit.cli`) run
     `main(exiting=True)`: once `train` returns (here an error, exit 2),
-    SIGTERM / SIGINT are passed over while the process exits (a launcher's
-    late copies). Called in-process without it, the handlers from before
-    are back; another command never gets them passed over."""
+    SIGTERM / SIGINT stay noted while the process exits (a launcher's late
+    copies kill no worker that saved; a second Ctrl-C interrupts); another
+    command gets the process's defaults. Called in-process without it, the
+    handlers from before are back."""
     from keras_reluvit import cli
 
     (tmp_path / "a_file").write_text("")
-    missing = ["train", "--output", str(tmp_path / "a_file")]  # an error, exit 2
+    failing = ["train", "--output", str(tmp_path / "a_file")]  # an error, exit 2
     mine = lambda *_: None  # noqa: E731
     before = {s: signal.signal(s, mine) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        assert cli.main(missing) == 2
+        assert cli.main(failing) == 2
         assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is mine
         assert cli.main(["recipes", "digits"], exiting=True) == 0
-        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is mine
-        assert cli.main(missing, exiting=True) == 2
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert cli.main(failing, exiting=True) == 2
         assert "is a file: a run writes a folder there" in capsys.readouterr().err
-        assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        signal.raise_signal(signal.SIGTERM)  # a late copy: noted
+        signal.raise_signal(signal.SIGINT)
+        assert signals.NOTED == [signal.SIGTERM, signal.SIGINT]
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # a second Ctrl-C
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+        signals.NOTED.clear()
     # Both doors say so.
     import runpy
 
@@ -392,9 +398,13 @@ def test_the_commands_process_passes_over_signals_once_train_returns(tmp_path, m
 
     calls = []
     monkeypatch.setattr(cli, "main", lambda argv=None, **kw: calls.append(kw) or 0)
-    assert keras_reluvit_cli.main(["recipes"]) == 0
-    with pytest.raises(SystemExit):
-        runpy.run_module("keras_reluvit.cli", run_name="__main__")
+    try:
+        assert keras_reluvit_cli.main(["recipes"]) == 0
+        with pytest.raises(SystemExit):
+            runpy.run_module("keras_reluvit.cli", run_name="__main__")
+    finally:
+        for s, handler in before.items():  # the door's own, left for cli.main
+            signal.signal(s, handler)
     assert [c["exiting"] for c in calls] == [True, True]
 
 

@@ -599,8 +599,10 @@ def main(argv=None, noted=(), exiting=False):
     saved at the next step boundary; exit 0, said); any other command, or
     `--help`, gets them back as they came (a Ctrl-C interrupts it).
     `exiting` (the command's own process, as its doors call it): once
-    `train` returns, SIGTERM / SIGINT are passed over while the process
-    exits -- a launcher's late copies do not kill a worker that saved."""
+    `train` returns, SIGTERM / SIGINT stay noted while the process exits --
+    a launcher's late copies do not kill a worker that saved, a second
+    Ctrl-C still interrupts; any other command gets the process's default
+    handlers (the door's noting one replaced)."""
     stop = None
     with signals.signals_noted() as way_out:
         signals.NOTED.extend(noted)
@@ -610,10 +612,13 @@ def main(argv=None, noted=(), exiting=False):
             stop = e
         else:
             if args.command == "train":
-                if exiting:
-                    way_out.after = signal.SIG_IGN
-                return _run(args)
+                code = _run(args)
+                way_out.keep = exiting
+                return code
         noted = list(signals.NOTED)
+    if exiting:  # the door's handler was in place before ours
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in noted:  # not a run: the signal's own effect, now
         signal.raise_signal(signum)
     if stop is not None:

@@ -374,6 +374,8 @@ class StepBackup(keras.callbacks.Callback):
                           history=self.history, step_loss=self.step_loss, every=self.every,
                           validation_cut=self._cut,
                           processes=self.process[1], train_seconds=self.train_seconds,
+                          steps_per_execution=int(getattr(self.model, "steps_per_execution",
+                                                          1) or 1),
                           **self.info)
             with open(os.path.join(tmp, RECORD), "w") as f:
                 json.dump(record, f)
@@ -574,12 +576,12 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
     if done >= steps:
         raise ValueError(f"The backup in {backup.directory} is at step {done} of an epoch of "
                          f"{steps} steps: was it written by another run (batch size, data)?")
-    _check_executions(model, steps, done, backup.directory)
     backup.driven = True
     skip_passes(dataset, epoch)
     if epoch >= epochs:  # the run had finished (killed while writing its artefacts)
         backup.restore(model)
         return backup.history
+    _check_executions(model, steps, backup._pending, backup.directory)
     kwargs = dict(validation_data=validation_data, verbose=verbose,
                   callbacks=list(callbacks) + [backup])
     if done:  # the metrics' running means are restored before the epoch's first step
@@ -599,22 +601,20 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
     return backup.history
 
 
-def _check_executions(model, steps, done, directory):
+def _check_executions(model, steps, record, directory):
     """A ValueError where the model's `steps_per_execution` (k steps per
     call, Keras' `compile`) does not divide the epoch's steps -- Keras then
-    runs whole calls, more steps an epoch than the data stream has -- or the
-    steps left of a resumed epoch (its backup taken with another k)."""
+    runs whole calls, more steps an epoch than the data stream has -- or
+    differs from the k the backup being resumed (`record`) was taken with:
+    its record holds one loss per call."""
     k = int(getattr(model, "steps_per_execution", 1) or 1)
-    if k == 1:
-        return
+    was = int((record or {}).get("steps_per_execution", 1))
+    if record and record.get("step") and was != k:
+        raise ValueError(f"The backup in {directory} was taken with steps_per_execution={was} "
+                         f"(its record holds one loss per call); this model has {k}. Resume "
+                         f"with {was}, or start anew in another folder.")
     if steps % k:
         raise ValueError(f"The model's steps_per_execution={k} does not divide the epoch's "
                          f"{steps} steps: Keras would run {-(-steps // k) * k} steps an epoch "
                          f"(whole calls of {k}), past the epoch's data. Compile it with a "
                          f"steps_per_execution that divides {steps}.")
-    if (steps - done) % k:
-        raise ValueError(f"The backup in {directory} stopped after step {done} of an epoch of "
-                         f"{steps} steps (taken with another steps_per_execution): the "
-                         f"{steps - done} steps left are not whole calls of {k}. Resume it "
-                         "with the steps_per_execution it was taken with, then change it.")
-

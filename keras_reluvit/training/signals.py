@@ -30,12 +30,13 @@ def signals_noted():
     comes while a run is prepared still ends in a clean stop (exit 0, said
     in one line).
 
-    Yields an object whose `after`, if set, is the handler left in place on
-    the way out instead of the ones from before: the command's process,
-    about to exit once a run returned, passes over (`signal.SIG_IGN`) the
-    late copies of a signal that a launcher sends its workers one by one, so
-    that none kills a worker that saved before it reports."""
-    way_out = types.SimpleNamespace(after=None)
+    Yields an object whose `keep`, set True, leaves the noting handler in
+    place on the way out instead of the ones from before: the command's
+    process, about to exit once a run returned, notes the late copies of a
+    signal that a launcher sends its workers one by one, so that none kills
+    a worker that saved before it reports (a second Ctrl-C still
+    interrupts)."""
+    way_out = types.SimpleNamespace(keep=False)
     if not _main_thread():
         yield way_out
         return
@@ -51,7 +52,8 @@ def signals_noted():
         yield way_out
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler if way_out.after is None else way_out.after)
+            if not way_out.keep:
+                signal.signal(s, handler)
         _DEPTH[0] -= 1
         if not _DEPTH[0]:  # the outermost: what no StepBackup took is dropped
             NOTED.clear()
