@@ -219,6 +219,15 @@ def test_a_write_killed_midway_leaves_the_previous_backup(tmp_path, monkeypatch,
     (tmp_path / "c" / ".tmp_step_000000002").mkdir(parents=True)
     B.fit(tiny(), data, 1, B.StepBackup(tmp_path / "c"), verbose=0)
     assert "(incomplete): passed over, starting from the first step." in capsys.readouterr().out
+    # After the backup of step 5 (the 1st epoch's end): a cut write of step 7
+    # is named, with the run's step; an older one (3) is not, and is cleared.
+    (tmp_path / "c" / ".tmp_step_000000003").mkdir()
+    (tmp_path / "c" / ".tmp_step_000000007").mkdir()
+    B.fit(tiny(), data, 2, B.StepBackup(tmp_path / "c"), verbose=0)
+    out = capsys.readouterr().out
+    assert out.count("incomplete") == 1 and ".tmp_step_000000007 was being written" in out
+    assert "step_000000005 (step 5 of the run)." in out, out
+    assert not [n for n in os.listdir(tmp_path / "c") if n.startswith(".tmp")]
 
 
 def test_a_loss_that_turns_nan_stops_naming_the_step_and_the_last_good_backup(tmp_path):

@@ -137,7 +137,7 @@ class FewShot(keras.callbacks.Callback):
         self.every, self.seeds, self.l2_reg = every, int(seeds), float(l2_reg)
         self.log_dir = log_dir
         self.results = []
-        self._step, self._epoch, self._writer = 0, 0, None
+        self._step, self._base, self._epoch, self._writer = 0, 0, 0, None
 
     @classmethod
     def from_data(cls, name, image_size, train_split="train", test_split=None, data_dir=None,
@@ -184,10 +184,13 @@ class FewShot(keras.callbacks.Callback):
         self._writer.flush()
 
     def on_train_begin(self, logs=None):
-        if self.model.optimizer is not None:  # a resumed run counts on from its backup
-            self._step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        self._step = None  # read as the first epoch begins: a backup restores it before
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self._step is None:  # a resumed run counts on from its backup
+            iterations = getattr(self.model.optimizer, "iterations", None)
+            self._step = int(keras.ops.convert_to_numpy(iterations)) if iterations is not None \
+                else 0
         self._epoch = epoch
         self._base = self._step  # Keras numbers each epoch's batches from 0
 
