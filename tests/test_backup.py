@@ -386,11 +386,27 @@ def test_a_process_stopped_by_anothers_signal_leaves_the_handlers_it_found(tmp_p
         signal.signal(signal.SIGTERM, before)
 
 
-def test_a_second_ctrl_c_interrupts_at_once(tmp_path):
-    backup = B.StepBackup(tmp_path / "b")
-    backup._on_signal(signal.SIGINT, None)
-    with pytest.raises(KeyboardInterrupt):
-        backup._on_signal(signal.SIGINT, None)
+def test_a_second_ctrl_c_interrupts_at_once_and_one_handler_serves_all(tmp_path):
+    """One handler for the whole run: `fit` installs it once (the backup's
+    own install is then a no-op) and puts back what it found; a Ctrl-C
+    taken by a stop still counts, so a second one interrupts at once."""
+    from keras_reluvit.training import signals as S
+
+    installed = []
+
+    class Seen(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            installed.append(signal.getsignal(signal.SIGINT))
+
+    before = signal.getsignal(signal.SIGINT)
+    B.fit(tiny(), tiny_data(), 1, B.StepBackup(tmp_path / "b"), verbose=0, callbacks=[Seen()])
+    assert installed == [S._handler] and signal.getsignal(signal.SIGINT) is before
+    with B.signals_noted():
+        signal.raise_signal(signal.SIGINT)
+        assert S.take() == signal.SIGINT and S.NOTED == []  # taken by a stop
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before and S.NOTED == S._RECEIVED == []
 
 
 # ---- gradient accumulation ---------------------------------------------------------------

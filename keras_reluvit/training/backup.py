@@ -44,6 +44,7 @@ history = kr.backup.fit(model, train, epochs=30, validation_data=val,
 ```
 """
 
+import contextlib
 import json
 import math
 import os
@@ -65,7 +66,6 @@ from keras_reluvit.training.backup_state import state_lists
 from keras_reluvit.training.settings import KEEP_CHECKPOINTS
 from keras_reluvit.training.settings import check_every
 from keras_reluvit.training.signals import Preempted
-from keras_reluvit.training.signals import _main_thread
 from keras_reluvit.training.signals import signals_noted  # noqa: F401 - kr.backup.signals_noted
 from keras_reluvit.training.signals import signals_stop  # noqa: F401
 from keras_reluvit.training.signals import stop_if_noted  # noqa: F401
@@ -89,8 +89,9 @@ class StepBackup(keras.callbacks.Callback):
             first callback once they are passed: with `steps_per_execution`
             k, at the end of a call); None: at each epoch's end only.
         keep: how many of the newest backups to keep (>= 1).
-        signals: save and stop on SIGTERM and SIGINT (installed while `fit`
-            runs, in the main thread only). Default: when driven by
+        signals: save and stop on SIGTERM and SIGINT, noted by the one
+            handler of `training.signals` (installed while `fit` runs where
+            none is, in the main thread only). Default: when driven by
             `kr.backup.fit` (a plain `model.fit` cannot resume mid-epoch).
         process: `(index, count)` of this process in a cluster: on JAX all
             write one backup (`directory` is shared; process 0 writes the
@@ -99,8 +100,8 @@ class StepBackup(keras.callbacks.Callback):
             that all save at the same step and stop. Once stopped, the
             handlers from before `fit` are back: `keras-reluvit train` notes
             a launcher's late copies of the signal until its process exits;
-            a script of your own that runs a cluster does the same within
-            `kr.backup.signals_noted()`.
+            a script of your own that runs a cluster exits within
+            `kr.backup.signals_noted()` to do the same.
         dataset: with a plain `model.fit(dataset.repeat(),
             steps_per_epoch=len(dataset))`: the one-epoch training set, whose
             passes before the resumed epoch are fast-forwarded (as
@@ -147,8 +148,9 @@ class StepBackup(keras.callbacks.Callback):
         self._metrics = None  # metric states to restore at the resumed epoch's start
         self._resumed = False  # the restored backup is mid-epoch: that epoch resumes
         self._offset = 0  # steps of the epoch done before this `model.fit` call's first
-        self._signal = None
-        self._handlers = {}
+        self._signal = None  # the signal this process stops on (taken from the noted ones)
+        self._watching = False  # signals on for this `fit`
+        self._put_back = None  # `signals.install`'s, while this backup's handler is in place
         self._agree = False
         self._cut = None  # the epoch whose validation a signal cut short
         self.seconds = 0.0  # training seconds of the run before this launch (its backup's)
@@ -222,12 +224,9 @@ class StepBackup(keras.callbacks.Callback):
                 self._resume_plain_fit()
         signals = self.driven if self.signals is None else self.signals
         self._agree = bool(signals) and self.process[1] > 1
-        if signals and _main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
-                self._handlers[s] = signal.signal(s, self._on_signal)
-            if noted_signals.NOTED:  # came while the run was prepared (`signals_noted`)
-                self._signal = noted_signals.NOTED[0]
-                noted_signals.NOTED.clear()
+        self._watching = bool(signals)
+        if signals:  # the one handler (a no-op where `fit` or the command installed it);
+            self._put_back = noted_signals.install()  # one noted as the run was prepared stops
         if signals and self._stop_agreed():
             self._uninstall()
             where = (f"after step {self.done} of epoch {self.epoch + 1} (step {self.step} of "
@@ -294,8 +293,8 @@ class StepBackup(keras.callbacks.Callback):
         # validation's numbers NaN in the history (evaluating them again before the
         # resumed training would move its data stream). In a cluster the processes
         # agree at the epoch's end instead (a collective per batch would cost each).
-        if (self.driven and not self._agree and self._signal is not None
-                and self._cut is None):
+        if (self.driven and not self._agree and self._cut is None
+                and self._poll() is not None):
             self._cut = self.epoch
             self.model.stop_evaluating = True
             self.model.stop_training = True  # callbacks see the stop (EMAEvaluation)
@@ -320,7 +319,7 @@ class StepBackup(keras.callbacks.Callback):
     def _stop_agreed(self):
         """Whether to stop now: this process got a signal or, in a cluster,
         any did (a collective: every process asks at the same points)."""
-        stop = self._signal is not None
+        stop = self._poll() is not None
         if self._agree:
             from keras_reluvit.distribution import any_process
 
@@ -456,16 +455,18 @@ class StepBackup(keras.callbacks.Callback):
         if self.dataset is not None:
             skip_passes(self.dataset, self.epoch)
 
-    def _on_signal(self, signum, frame):
-        if self._signal == signal.SIGINT and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: now
-        self._signal = signum
+    def _poll(self):
+        """This process's signal: the one it took, or the first noted since."""
+        if self._watching and self._signal is None:
+            self._signal = noted_signals.take()
+        return self._signal
 
     def _uninstall(self):
-        """Puts the handlers `on_train_begin` replaced back."""
-        for s, handler in self._handlers.items():
-            signal.signal(s, handler)
-        self._handlers = {}
+        """Puts back what `on_train_begin`'s `install` replaced (nothing
+        where the handler was in place before it)."""
+        put_back, self._put_back = self._put_back, None
+        if put_back is not None:
+            put_back()
 
 
 def backup_folder(root, process):
@@ -582,8 +583,15 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
         backup.restore(model)
         return backup.history
     _check_executions(model, steps, backup._pending, backup.directory)
-    kwargs = dict(validation_data=validation_data, verbose=verbose,
-                  callbacks=list(callbacks) + [backup])
+    with noted_signals.signals_noted() if backup.signals is not False else \
+            contextlib.nullcontext():  # one handler for both `model.fit` calls
+        _fit(model, dataset, epochs, backup, epoch, done, steps, distribute,
+             dict(validation_data=validation_data, verbose=verbose,
+                  callbacks=list(callbacks) + [backup]))
+    return backup.history
+
+
+def _fit(model, dataset, epochs, backup, epoch, done, steps, distribute, kwargs):
     if done:  # the metrics' running means are restored before the epoch's first step
         if keras.backend.backend() == "tensorflow":  # its trainer builds them in the first step
             from keras_reluvit import _keras_compat as compat
@@ -598,7 +606,6 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
     if epoch < epochs:
         model.fit(distribute(dataset.repeat()), steps_per_epoch=steps, initial_epoch=epoch,
                   epochs=epochs, **kwargs)
-    return backup.history
 
 
 def _check_executions(model, steps, record, directory):

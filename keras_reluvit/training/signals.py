@@ -1,7 +1,15 @@
-"""The signals of a run: SIGTERM / SIGINT (a preemptible machine's notice)
-noted while a run is prepared, the stop they cause before the first step
-and while the artefacts are written. `StepBackup` (training.backup) takes
-the noted signal over and stops at a step boundary (see its module)."""
+"""The signals of a run: one handler for SIGTERM / SIGINT (a preemptible
+machine's notice, a Ctrl-C), installed by whoever runs first -- the command
+line from its first line, `kr.backup.fit`, a `StepBackup` -- and put back by
+the same. What it does with a signal depends on where the run is:
+
+- while the run is prepared or trains, it notes it (`NOTED`): the run stops
+  before its first step (`stop_if_noted`) or a `StepBackup` saves at the
+  next step boundary and stops (training.backup);
+- while the artefacts are written (`signals_stop`), it raises `Preempted`
+  at once: the training is saved, a rerun writes them;
+- a second SIGINT raises KeyboardInterrupt at once, wherever the run is.
+"""
 
 import contextlib
 import signal
@@ -13,61 +21,90 @@ class Preempted(Exception):
     """Raised by `StepBackup` after it saved the run on SIGTERM / SIGINT."""
 
 
-NOTED = []  # SIGTERM / SIGINT noted by `signals_noted`, for the next StepBackup
-_DEPTH = [0]  # `signals_noted` within itself (the CLI's, then `train`'s)
+NOTED = []  # SIGTERM / SIGINT noted, not yet taken by a stop (`take`)
+_RECEIVED = []  # every one since the handler was installed (a second SIGINT interrupts)
+_STOPPING = []  # `signals_stop`'s `where`, innermost last: a signal raises at once
 
 
 def _main_thread():
     return threading.current_thread() is threading.main_thread()
 
 
+def _handler(signum, frame):
+    if signum == signal.SIGINT and signal.SIGINT in _RECEIVED:
+        raise KeyboardInterrupt  # a second Ctrl-C: now
+    _RECEIVED.append(signum)
+    if _STOPPING:
+        raise _stopped_while(signum)
+    NOTED.append(signum)
+
+
+def _stopped_while(signum):
+    return Preempted(f"stopped by {signal.Signals(signum).name} while {_STOPPING[-1]}: rerun "
+                     "the same command to finish.")
+
+
+def install():
+    """Installs the handler for SIGTERM and SIGINT (off the main thread,
+    where Python sets none: nothing); returns the function that puts back
+    what it replaced -- a no-op for the calls that found it installed --
+    and drops what no stop took. `put_back(keep=True)` leaves
+    it in place (the command's process, exiting: see `signals_noted`)."""
+    if not _main_thread():
+        return lambda keep=False: None
+    # Set again where it is in place: a library may have put a C-level handler
+    # under Python's since (TensorFlow's cluster, for SIGTERM), which Python's
+    # record of the handler does not show.
+    previous = {s: signal.signal(s, _handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    if previous[signal.SIGTERM] is _handler:
+        return lambda keep=False: None
+
+    def put_back(keep=False):
+        if keep:
+            return
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        NOTED.clear()
+        _RECEIVED.clear()
+
+    return put_back
+
+
+def take():
+    """The first signal noted and not yet taken (its number), or None; a
+    stop that acts on it takes it (the signals after it stay noted)."""
+    return NOTED.pop(0) if NOTED else None
+
+
 @contextlib.contextmanager
 def signals_noted():
-    """Within: SIGTERM / SIGINT are noted, not fatal, until a `StepBackup`
-    takes over (it then stops the run before its first step, in a cluster
-    every process); a second SIGINT interrupts at once. The command line's `main` runs in
-    here from its first line, so that a preemption notice (or a Ctrl-C) that
-    comes while a run is prepared still ends in a clean stop (exit 0, said
-    in one line).
+    """Within: SIGTERM / SIGINT are noted, not fatal, until a stop takes
+    them (`stop_if_noted`, a `StepBackup`: in a cluster every process stops
+    at one step); a second SIGINT interrupts at once. The command line's
+    `main` runs in here from its first line, so that a preemption notice
+    (or a Ctrl-C) that comes while a run is prepared still ends in a clean
+    stop (exit 0, said in one line). Nested, it is the outer one's.
 
-    Yields an object whose `keep`, set True, leaves the noting handler in
-    place on the way out instead of the ones from before: the command's
-    process, about to exit once a run returned, notes the late copies of a
-    signal that a launcher sends its workers one by one, so that none kills
-    a worker that saved before it reports (a second Ctrl-C still
-    interrupts)."""
+    Yields an object whose `keep`, set True, leaves the handler in place on
+    the way out: the command's process, about to exit once a run returned,
+    notes the late copies of a signal that a launcher sends its workers one
+    by one, so that none kills a worker that saved before it reports."""
     way_out = types.SimpleNamespace(keep=False)
-    if not _main_thread():
-        yield way_out
-        return
-
-    def note(signum, frame):
-        if signum == signal.SIGINT and signal.SIGINT in NOTED:
-            raise KeyboardInterrupt
-        NOTED.append(signum)
-
-    previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
-    _DEPTH[0] += 1
+    put_back = install()
     try:
         yield way_out
     finally:
-        for s, handler in previous.items():
-            if not way_out.keep:
-                signal.signal(s, handler)
-        _DEPTH[0] -= 1
-        if not _DEPTH[0]:  # the outermost: what no StepBackup took is dropped
-            NOTED.clear()
+        put_back(keep=way_out.keep)
 
 
 def stop_if_noted(where, process=(0, 1)):
-    """Raises `Preempted` now if `signals_noted` noted a signal: a single
-    process stops at `where` (while the run is prepared) instead of at the
-    first step, which on a large data set may come after a preemption
-    notice's ~30 s. A cluster's process goes on to the first step, where its
-    peers agree (one stopping alone would leave them waiting)."""
+    """Raises `Preempted` now if a signal was noted: a single process stops
+    at `where` (while the run is prepared) instead of at the first step,
+    which on a large data set may come after a preemption notice's ~30 s. A
+    cluster's process goes on to the first step, where its peers agree (one
+    stopping alone would leave them waiting)."""
     if NOTED and process[1] == 1:
-        name = signal.Signals(NOTED[0]).name
-        NOTED.clear()
+        name = signal.Signals(take()).name
         raise Preempted(f"stopped by {name} {where}, before the first step: nothing was "
                         "trained since; rerun the same command to continue or start.")
 
@@ -78,21 +115,12 @@ def signals_stop(where):
     once, its message "stopped by SIGTERM while `where`" -- for the work
     after training (scoring, writing the artefacts), which a rerun redoes
     from the backup: a preemptible machine's notice is shorter than it."""
-    if not _main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise Preempted(f"stopped by {signal.Signals(signum).name} while {where}: rerun the "
-                        "same command to finish.")
-
-    pending = list(NOTED)
-    NOTED.clear()
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    put_back = install()
+    _STOPPING.append(where)
     try:
-        if pending:
-            stop(pending[0], None)
+        if NOTED:
+            raise _stopped_while(take())
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        _STOPPING.pop()
+        put_back()
