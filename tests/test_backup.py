@@ -101,6 +101,35 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp
     assert rebuilt.count_params() == full_model.count_params()
 
 
+def test_steps_per_execution_trains_the_run_one_step_per_call_does(tmp_path, digits_dir):
+    """`train --steps-per-execution 11` (RunConfig.steps_per_execution): the
+    model is compiled with it and the run ends as with one step per call --
+    the same steps, losses and weights; one loss per call in the record. A
+    count that does not divide the epoch (11 steps) is an error naming the
+    flag before anything is written; PyTorch allows 1 only (Keras)."""
+    if keras.backend.backend() == "torch":
+        with pytest.raises(ValueError, match=r"--steps-per-execution 11 .* one step per call on "
+                           r"the PyTorch backend"):
+            small_config(digits_dir, epochs=1, steps_per_execution=11)
+        return
+    one_model, one = T.train(small_config(digits_dir, epochs=2), tmp_path / "one", export=False,
+                             verbose=0)
+    cfg = small_config(digits_dir, epochs=2, steps_per_execution=11)
+    model, eleven = T.train(cfg, tmp_path / "eleven", export=False, verbose=0)
+    assert model.steps_per_execution == 11
+    assert eleven["optimizer_steps"] == one["optimizer_steps"] == 22
+    assert eleven["step_loss"] == [one["step_loss"][10], one["step_loss"][21]]
+    np.testing.assert_allclose(eleven["history"]["val_loss"], one["history"]["val_loss"],
+                               rtol=1e-6)
+    for a, b in zip(weights(model), weights(one_model)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"--steps-per-execution 4 does not divide the epoch's "
+                       r"11 steps"):
+        T.train(small_config(digits_dir, epochs=1, steps_per_execution=4), tmp_path / "four",
+                export=False, verbose=0)
+    assert not (tmp_path / "four" / "config.json").exists()
+
+
 # ---- the callback alone, on a tiny model ---------------------------------------------------
 def tiny(seed=0, steps_per_execution=1):
     keras.utils.set_random_seed(seed)

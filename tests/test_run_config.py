@@ -48,6 +48,10 @@ pytestmark = pytest.mark.backend_independent
     (["--checkpoint-every", "-1"], "checkpoint_every (train --checkpoint-every) must be a whole "
                                    "number in [0"),
     (["--accum-steps", "0"], "accum_steps (train --accum-steps) must be a whole number in [1"),
+    (["--steps-per-execution", "0"], "steps_per_execution (train --steps-per-execution) must be "
+     "a whole number in [1"),
+    (["--steps-per-execution", "-2"], "steps_per_execution (train --steps-per-execution) must be "
+     "a whole number in [1"),
     (["--opt-eps", "0"], "opt_eps (train --opt-eps) must be a number in (0, inf)"),
     (["--weight-decay", "-0.05"], "weight_decay (train --weight-decay) must be a number in [0"),
     (["--warmup-epochs", "-1"], "warmup_epochs (train --warmup-epochs) must be a number in [0"),

@@ -240,13 +240,16 @@ def test_every_n_steps_with_a_plain_fit_is_an_error_at_once(tmp_path):
     ("ema", 1.0, r"ema \(train --ema\) must be a number in \[0, 1\)"),  # frozen: refused
     ("checkpoint_every", -1, r"checkpoint_every \(train --checkpoint-every\) must be"),
     ("keep_checkpoints", 0, r"keep_checkpoints \(train --keep-checkpoints\) must be"),
+    ("steps_per_execution", 0, r"steps_per_execution \(train --steps-per-execution\) must be"),
+    ("steps_per_execution", 1.5, r"steps_per_execution \(train --steps-per-execution\) must"),
 ])
 def test_bad_run_numbers_name_the_flag(setting, value, named):
     """Was: --accum-steps 0 ran the recipe's 1; the others failed later under
     Keras' or a callback's argument name."""
     with pytest.raises(ValueError, match=named):
         T.build_config(recipe="digits", batch_size=64, **{setting: value})
-    fine = {"accum_steps": 1, "ema": 0.0, "checkpoint_every": 0, "keep_checkpoints": 1}[setting]
+    fine = {"accum_steps": 1, "ema": 0.0, "checkpoint_every": 0, "keep_checkpoints": 1,
+            "steps_per_execution": 1}[setting]
     T.build_config(recipe="digits", batch_size=64, **{setting: fine})  # the boundary is allowed
 
 

@@ -455,6 +455,10 @@ def parser():
     t.add_argument("--accum-steps", type=int, help="gradient accumulation: each update "
                    "averages K micro-batches of batch-size / K (the recipe's batch on a "
                    "smaller slice; default the recipe's, 1)")
+    t.add_argument("--steps-per-execution", type=int, metavar="K",
+                   help="steps per call of Keras' compiled step (JAX, TensorFlow): the host "
+                   "waits for the device, the callbacks run and a cluster checks for a stop "
+                   "once every K steps, not every step; K divides the epoch's steps (default 1)")
     t.add_argument("--ema", *train_flags.also("--ema"), type=float, metavar="DECAY",
                    help="keep timm's EMA of the weights with this decay (DeiT: 0.99996), "
                    "evaluated beside the trained weights each epoch; model.keras and the export "

@@ -171,6 +171,7 @@ def build_config(settings=None, **kwargs):
         keep_checkpoints=int(s.keep_checkpoints),
         accum_steps=check_accum(r["accum_steps"] if s.accum_steps is None else s.accum_steps,
                                  batch_size),
+        steps_per_execution=_steps_per_execution(s.steps_per_execution),
         ema=(r["ema"] if s.ema is None else s.ema) or None,
         recipe_overrides=dict(s.recipe_overrides),
         model=model_cfg,
@@ -178,6 +179,16 @@ def build_config(settings=None, **kwargs):
     for line in lines:
         say(line)
     return config
+
+
+def _steps_per_execution(k):
+    """`--steps-per-execution` as the run's (None: 1): Keras runs one step
+    per call on PyTorch."""
+    k = int(k or 1)
+    if k > 1 and keras.backend.backend() == "torch":
+        raise ValueError(f"--steps-per-execution {k} (steps_per_execution): Keras runs one step "
+                         "per call on the PyTorch backend; leave it unset there.")
+    return k
 
 
 def _augment(augment, repeats, loss, auto_augment=None, three_augment_flag=None, lines=None):
@@ -367,6 +378,11 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
         folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
         if launch["resumed"]:
             launch["changed"].update(check_same_data(old, d, folder, output, rerun))
+        calls = d.steps_per_epoch * int(config.accum_steps or 1)  # Keras' steps: micro-batches
+        if calls % config.steps_per_execution:
+            raise ValueError(f"--steps-per-execution {config.steps_per_execution} does not divide "
+                             f"the epoch's {calls} steps (Keras would run whole calls, past the "
+                             "epoch's data): give one that divides it.")
         settings = config.to_dict()
         pipelines = kr_data.ops.describe(kr_data.Augment(**config.augment),
                                          tuple(model.image_size), model.preprocessing)
@@ -392,7 +408,8 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
         recipes.compile(model, recipe, d.steps_per_epoch, batch_size=config.batch_size,
                         epochs=config.epochs, lr=config.lr, layer_decay=config.layer_decay,
                         accum_steps=accum, ema=config.ema,
-                        warmup_cap=None if given else recipes.WARMUP_CAP)
+                        warmup_cap=None if given else recipes.WARMUP_CAP,
+                        steps_per_execution=config.steps_per_execution)
     kr_backup.stop_if_noted("once the data and the model were ready", (index, count))
     # what fit trains: in a torch / TensorFlow cluster a DataParallelModel (DDP; the
     # strategy with the clip after the all-reduce), files and variables `model`'s

@@ -87,6 +87,7 @@ class RunSettings:
     checkpoint_every: int = None  # steps between backups; 0: each epoch only; None: the recipe's
     keep_checkpoints: int = KEEP_CHECKPOINTS
     accum_steps: int = None  # None: the recipe's (1)
+    steps_per_execution: int = None  # Keras' compile: steps per call (callbacks); None: 1
     ema: float = None  # timm's EMA of the weights, its decay; None: the recipe's (off); 0: off
     aug_repeats: int = None  # DeiT's repeated augmentation; None: the recipe's; 1: off
     auto_augment: str = None  # timm's --aa name; None: the recipe's; "none": off
@@ -135,6 +136,7 @@ NUMBERS = {
                          "epoch's end"),
     "keep_checkpoints": (int, 1, None, True, None, "backups kept"),
     "accum_steps": (int, 1, None, True, None, "micro-batches per update; 1: off"),
+    "steps_per_execution": (int, 1, None, True, None, "steps per call"),
     "ema": (float, 0, 1, True, False, "a decay (DeiT's 0.99996; 0: off)"),
     "aug_repeats": (int, 0, None, True, None, "repeats; 0 or 1: off"),
     **RECIPE_NUMBERS,
@@ -237,6 +239,7 @@ class RunConfig(Fields):
     checkpoint_every: int = None  # updates between backups; None: each epoch's end only
     keep_checkpoints: int = KEEP_CHECKPOINTS
     accum_steps: int = 1
+    steps_per_execution: int = 1  # Keras' compile: steps per call, the callbacks' cadence
     ema: float = None  # None: off
     recipe_overrides: dict = dataclasses.field(default_factory=dict)  # applied to the recipe
     model: dict = dataclasses.field(default_factory=dict)
