@@ -259,6 +259,24 @@ def test_a_write_killed_midway_leaves_the_previous_backup(tmp_path, monkeypatch,
     assert not [n for n in os.listdir(tmp_path / "c") if n.startswith(".tmp")]
 
 
+def test_an_epoch_resumed_without_its_running_means_counts_on_from_its_steps(tmp_path,
+                                                                              monkeypatch):
+    """A backup whose running means are not kept (a TensorFlow cluster's
+    distributed metrics) resumes mid-epoch counting on from the steps done:
+    stopped again one step later, its record says so (was: the count began
+    at 0 there, and a second resume read the wrong batches)."""
+    real_load = B.load_state
+    monkeypatch.setattr(B, "metric_states", lambda model: None)  # none written ...
+    monkeypatch.setattr(B, "load_state", lambda *a, **k: real_load(*a, **k) and None)  # or read
+    with pytest.raises(B.Preempted, match=r"after step 3 of epoch 2 \(step 8 "):
+        B.fit(tiny(), tiny_data(), 3, B.StepBackup(tmp_path / "b"), verbose=0,
+              callbacks=[SignalAt(1, 2)])
+    resumed = B.StepBackup(tmp_path / "b")
+    with pytest.raises(B.Preempted, match=r"after step 4 of epoch 2 \(step 9 "):
+        B.fit(tiny(seed=1), tiny_data(), 3, resumed, verbose=0, callbacks=[SignalAt(1, 0)])
+    assert (resumed.latest()["done"], resumed.latest()["step"]) == (4, 9)
+
+
 def test_a_loss_that_turns_nan_stops_naming_the_step_and_the_last_good_backup(tmp_path):
     model = tiny()
     x = np.ones((24, 3), "float32")
