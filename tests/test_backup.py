@@ -151,7 +151,13 @@ def test_backups_every_n_steps_keep_the_newest_and_resume_a_finished_run(tmp_pat
     monkeypatch.chdir(tmp_path)  # a relative folder (Orbax, on JAX, takes absolute paths only)
     model, data = tiny(), tiny_data()  # 5 steps per epoch
     backup = B.StepBackup("b", every=2, keep=3)
-    B.fit(model, data, 3, backup, verbose=0)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        B.fit(model, data, 3, backup, verbose=0)
+    # the data set's own order: no warning of Keras' (fit's shuffle=True, ignored)
+    assert not [w for w in caught if "shuffle" in str(w.message)], caught
     names = sorted(os.listdir(tmp_path / "b"))
     # Saved at steps 2, 4, 5 (epoch end), 6, 8, 10, 12, 14, 15: the newest 3 kept.
     assert names == ["step_000000012", "step_000000014", "step_000000015"], names

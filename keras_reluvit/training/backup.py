@@ -587,7 +587,8 @@ def fit(model, dataset, epochs, backup=None, validation_data=None, callbacks=(),
             contextlib.nullcontext():  # one handler for both `model.fit` calls
         _fit(model, dataset, epochs, backup, epoch, done, steps, distribute,
              dict(validation_data=validation_data, verbose=verbose,
-                  callbacks=list(callbacks) + [backup]))
+                  callbacks=list(callbacks) + [backup],
+                  shuffle=False))  # a data set's own order (Keras: its shuffle ignored, warned)
     return backup.history
 
 
