@@ -73,7 +73,7 @@ def main(argv=None):
                                     preprocessing=probe.preprocessing)
     print(f"{args.data}: classes {info.label_names}, {len(train)} steps per epoch")
 
-    # 2. The checkpoint with a fresh head for these classes (printed).
+    # 2. The checkpoint with a fresh head for these classes (said in one line).
     model = kr.load_checkpoint(args.init, num_classes=info.num_classes, image_size=size,
                                label_names=info.label_names)
 

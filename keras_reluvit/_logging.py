@@ -3,8 +3,9 @@
 Each line the library says -- a default that changed what a run asked for,
 a checkpoint's fresh head, a resume, a data set being prepared -- is an INFO
 record of this logger, shown as `keras_reluvit: MESSAGE` on the standard
-output of the moment (a notebook's cell, a command's output, pytest's
-capture), as transformers shows its library logger's records by default.
+error of the moment (a notebook's cell, a terminal, pytest's capture), as
+transformers' and Python's own handlers write: a command's standard output
+holds its results alone (`eval`'s and `predict`'s JSON, a path).
 Python's own controls apply: `logging.getLogger("keras_reluvit").setLevel(
 logging.WARNING)` silences them; replacing its handler (`logger.handlers`)
 routes them elsewhere; `logger.propagate = True` also passes them to the
@@ -17,8 +18,8 @@ import sys
 logger = logging.getLogger("keras_reluvit")
 
 
-class _Stdout(logging.StreamHandler):
-    """A handler writing to `sys.stdout` as it is when a record comes (a
+class _Stderr(logging.StreamHandler):
+    """A handler writing to `sys.stderr` as it is when a record comes (a
     notebook or pytest replaces it after this module is imported)."""
 
     def __init__(self):
@@ -26,15 +27,15 @@ class _Stdout(logging.StreamHandler):
 
     @property
     def stream(self):
-        return sys.stdout
+        return sys.stderr
 
     @stream.setter
-    def stream(self, value):  # StreamHandler's own assignment: the current stdout is used
+    def stream(self, value):  # StreamHandler's own assignment: the current stderr is used
         pass
 
 
 if not logger.handlers:
-    _handler = _Stdout()
+    _handler = _Stderr()
     _handler.setFormatter(logging.Formatter("keras_reluvit: %(message)s"))
     logger.addHandler(_handler)
     logger.setLevel(logging.INFO)

@@ -63,7 +63,7 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp
                                                            "label_smoothing": 0.1})
     cfg["model"]["drop_path"] = 0.1
     full_model, full = T.train(cfg, tmp_path / "full", export=False, verbose=0)
-    said = capsys.readouterr().out  # no export: none is said to hold the EMA
+    said = capsys.readouterr().err  # no export: none is said to hold the EMA
     assert "model.keras holds the weights' EMA" in said and "the export" not in said
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(B.Preempted, match=r"stopped by SIGTERM after step 4 of epoch 2 \(step "
@@ -236,14 +236,14 @@ def test_a_write_killed_midway_leaves_the_previous_backup(tmp_path, monkeypatch,
     capsys.readouterr()
     previous = backup.latest()
     assert previous["step"] == 4
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert f"backup {good['path']} cannot be read" in out and out.count("\n") == 1, out
     # A resume reads the newest backup once: said once, restored from step 4;
     # the write that was cut short is named, passed over, then cleared.
     (tmp_path / "b" / ".tmp_step_000000001").mkdir()  # an older cut write
     resumed = B.StepBackup(tmp_path / "b", every=2)
     B.fit(tiny(seed=1), data, 2, resumed, verbose=0)
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert out.count("cannot be read") == 1
     assert (f"{tmp_path / 'b' / '.tmp_step_000000006'} was being written when the run stopped "
             f"(incomplete): passed over, resuming from {tmp_path / 'b' / 'step_000000004'} "
@@ -253,13 +253,13 @@ def test_a_write_killed_midway_leaves_the_previous_backup(tmp_path, monkeypatch,
     # Cut short before any backup: the rerun says it starts from the first step.
     (tmp_path / "c" / ".tmp_step_000000002").mkdir(parents=True)
     B.fit(tiny(), data, 1, B.StepBackup(tmp_path / "c"), verbose=0)
-    assert "(incomplete): passed over, starting from the first step." in capsys.readouterr().out
+    assert "(incomplete): passed over, starting from the first step." in capsys.readouterr().err
     # After the backup of step 5 (the 1st epoch's end): a cut write of step 7
     # is named, with the run's step; an older one (3) is not, and is cleared.
     (tmp_path / "c" / ".tmp_step_000000003").mkdir()
     (tmp_path / "c" / ".tmp_step_000000007").mkdir()
     B.fit(tiny(), data, 2, B.StepBackup(tmp_path / "c"), verbose=0)
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert out.count("incomplete") == 1 and ".tmp_step_000000007 was being written" in out
     assert "step_000000005 (step 5 of the run)." in out, out
     assert not [n for n in os.listdir(tmp_path / "c") if n.startswith(".tmp")]
@@ -323,7 +323,7 @@ def test_a_backup_of_version_0_1_resumes_at_its_epoch(tmp_path, capsys):
         keras.callbacks.BackupAndRestore(str(tmp_path / "b"), delete_checkpoint=False)])
     rerun = tiny(seed=1)
     B.fit(rerun, data, 3, B.StepBackup(tmp_path / "b"), verbose=0)
-    assert "resumed a keras-reluvit 0.1 backup" in capsys.readouterr().out
+    assert "resumed a keras-reluvit 0.1 backup" in capsys.readouterr().err
     assert int(keras.ops.convert_to_numpy(rerun.optimizer.iterations)) == 15  # 10 + 1 epoch
     assert B.StepBackup(tmp_path / "b").latest()["step"] == 15
 
@@ -376,7 +376,7 @@ def test_a_jax_run_resumed_on_fewer_processes_reads_its_data_shards_side_by_side
         return
     assert B.data_layout(str(tmp_path / "backup"), 1, 0, 1, None) == (2, [0, 1])
     assert ("resuming a run of 2 data shards on 1 process: each reads 2 of them"
-            in capsys.readouterr().out)
+            in capsys.readouterr().err)
     for args, named in [((3, 0, 3, None), "this run has 3 processes"),
                         ((1, 0, 1, 1), "this run has data_shards=1")]:
         with pytest.raises(ValueError, match=r"a run of 2 data shards \(its data stream split "

@@ -805,10 +805,10 @@ def test_a_changed_architecture_is_said_in_one_line_and_init_keeps_the_attention
     assert "attention" not in config["model"]
     kept = C.load_checkpoint(path, **config["model"])
     assert kept.get_config()["attention"] == "softmax"
-    assert "changed" not in capsys.readouterr().out
+    assert "changed" not in capsys.readouterr().err
     swapped = T.build_config(recipe="bv_transfer", dataset="x", init=path, attention="relu")
     assert C.load_checkpoint(path, **swapped["model"]).get_config()["attention"] == "relu"
-    line = [x for x in capsys.readouterr().out.splitlines() if "changed" in x]
+    line = [x for x in capsys.readouterr().err.splitlines() if "changed" in x]
     assert line == ["keras_reluvit: soft.keras: the checkpoint's architecture changed: "
                     "attention 'softmax' -> 'relu'."], line
     # The recipe made for the swap swaps; from scratch the default is ReLU/L.

@@ -147,7 +147,7 @@ def test_a_tfds_set_keeps_its_labels_and_splits(tmp_path, monkeypatch, capsys):
     out = str(tmp_path / "digits")
     manifest = compact.compact_copy("sklearn_digits", out, short_side=16, progress=False)
     assert "trains on all of train/ (the tfds set's own runs train on train[:90%]" in (
-        capsys.readouterr().out)
+        capsys.readouterr().err)
     import tensorflow_datasets as tfds
 
     b = kr.data.builder("sklearn_digits")

@@ -247,7 +247,7 @@ def test_keras_export_call_works_on_every_backend(tmp_path, capsys):
     x = rng.uniform(-1, 1, (5, 32, 32, 3)).astype("float32")
     np.save(tmp_path / "x.npy", x)
     path = model.export(str(tmp_path / "vit_relu"), format="tf_saved_model")
-    assert "keras_reluvit: wrote a SavedModel" in capsys.readouterr().out
+    assert "keras_reluvit: wrote a SavedModel" in capsys.readouterr().err
     proc = subprocess.run([sys.executable, "-c", KERAS_CALL, str(path), str(tmp_path / "x.npy")],
                           env=subprocess_env("tensorflow"), capture_output=True, text=True,
                           timeout=600)

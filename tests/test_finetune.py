@@ -294,7 +294,7 @@ def test_a_fresh_head_from_any_weights_file(tmp_path, capsys):
                          (tmp_path / "f.weights.h5", feats)):
         model = kr.ViT_Ti8(weights=str(path), **{k: v for k, v in TINY.items()
                                                  if k != "variant"}, num_classes=4)
-        assert "fresh" in capsys.readouterr().out
+        assert "fresh" in capsys.readouterr().err
         np.testing.assert_array_equal(npy(model.get_layer("head").kernel), 0)
         feature_model = keras.Model(model.input, model.get_layer("encoder_norm").output)
         source_features = keras.Model(source.input, source.get_layer("encoder_norm").output)
@@ -391,9 +391,9 @@ def test_fine_tune_a_folder_through_the_cli(photos, tmp_path, capsys):
                      str(photos / "pretrained.keras"), "--recipe", "bv_transfer",
                      "--batch-size", "9", "--epochs", "15", "--lr", "0.03",
                      "--output", str(out), "--quiet", "--no-export"]) == 0
-    printed = capsys.readouterr().out
-    assert "fine-tuning all" in printed and "fresh" in printed
-    final = json.loads(printed.strip().splitlines()[-1])
+    printed = capsys.readouterr()
+    assert "fine-tuning all" in printed.err and "fresh" in printed.err
+    final = json.loads(printed.out.strip().splitlines()[-1])
     assert final["accuracy"] >= ACCURACY, final
     config = json.loads((out / "config.json").read_text())
     assert config["label_names"] == ["cat", "coffee", "rocket"]

@@ -52,7 +52,7 @@ def test_split_folders_and_every_format_decode_to_rgb(tmp_path, capsys):
     (tmp_path / "train" / "red" / ".DS_Store").write_bytes(b"\0\1")
     train, val, info = kr.data.load(str(tmp_path), batch_size=4, image_size=8,
                                     preprocessing={"mean": 0.0, "std": 1.0 / 255})
-    assert "skipped 1 hidden" in capsys.readouterr().out
+    assert "skipped 1 hidden" in capsys.readouterr().err
     assert info.label_names == ["blue", "red"] and info.num_classes == 2
     assert len(train) == 12 // 4
     images, labels = [], []

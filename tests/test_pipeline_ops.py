@@ -268,13 +268,13 @@ def test_options_of_one_job_from_two_sources_are_an_error_and_mixed_sources_said
                             None)):
         capsys.readouterr()
         D.pipeline(ds, 3, 32, 2, train=True, augment=D.Augment(**augment))
-        out = capsys.readouterr().out
+        out = capsys.readouterr().err
         if mixed is None:
             assert "more than one source" not in out, out
         else:
             assert out.count("more than one source") == 1 and mixed in out, out
         D.pipeline(ds, 3, 32, 2, train=False, augment=D.Augment(**augment))
-        assert "more than one source" not in capsys.readouterr().out  # training's own
+        assert "more than one source" not in capsys.readouterr().err  # training's own
 
 
 @pytest.mark.parametrize("field, value, named", [

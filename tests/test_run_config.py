@@ -171,7 +171,7 @@ def test_smoothing_without_mixing_goes_into_the_compiled_loss(recipe, overrides,
         assert mix["label_smoothing"] == overrides["smoothing"]
     if smoothing:
         assert re.search(rf"the recipe's label_smoothing [0-9.]+ -> {smoothing}\b",
-                         capsys.readouterr().out)
+                         capsys.readouterr().err)
 
 
 def test_warmup_epochs_given_is_the_warmup_the_run_compiles(tmp_path, digits_dir, capsys):
@@ -183,12 +183,12 @@ def test_warmup_epochs_given_is_the_warmup_the_run_compiles(tmp_path, digits_dir
     steps = metrics["optimizer_steps"] // 3
     schedule = model.optimizer._learning_rate  # the schedule object compiled
     assert schedule.warmup_steps == 2 * steps
-    assert "warming up" not in capsys.readouterr().out
+    assert "warming up" not in capsys.readouterr().err
     r = recipes.get("digits")  # 60 warmup steps at batch 64
     lr, warmup, total = recipes.scaled(r, 64, steps_per_epoch=10, epochs=4)
     assert (warmup, total) == (20, 40)
     assert "the warmup of 60 steps is longer than 0.5 of the run (40 steps): warming up for " \
-           "20 steps" in capsys.readouterr().out
+           "20 steps" in capsys.readouterr().err
     assert recipes.scaled(r, 64, 10, 4, warmup_cap=None)[1] == 39
 
 
@@ -231,7 +231,7 @@ def test_a_rerun_with_another_model_is_refused_before_any_file_is_touched(tmp_pa
     # the recipe's own 60 warmup steps at batch 64 (15 at 256): half this short run
     total = metrics["optimizer_steps"]
     assert model.optimizer._learning_rate.warmup_steps == int(total * 0.5) < 15
-    assert f"warming up for {int(total * 0.5)} steps" in capsys.readouterr().out
+    assert f"warming up for {int(total * 0.5)} steps" in capsys.readouterr().err
     written = (out / "config.json").read_text()
     other = tiny(digits_dir)
     del other["model"]["mlp_dim"]  # a key only the earlier run has
@@ -242,7 +242,7 @@ def test_a_rerun_with_another_model_is_refused_before_any_file_is_touched(tmp_pa
     clip = tiny(digits_dir, recipe_overrides={"grad_clip": recipes.get("digits").grad_clip})
     capsys.readouterr()
     T.train(clip, out, export=False, verbose=0)  # the same run: its artefacts written again
-    assert "holds a complete run of 1 epoch" in capsys.readouterr().out
+    assert "holds a complete run of 1 epoch" in capsys.readouterr().err
     T.train(cfg, out, export=False, verbose=0)  # and the original command still runs
     stronger = tiny(digits_dir, recipe_overrides={"grad_clip": 0.5})
     with pytest.raises(ValueError, match=r"recipe_resolved\.grad_clip 1\.0 -> 0\.5"):
@@ -258,7 +258,7 @@ def test_override_with_more_epochs_says_it_resumes(tmp_path, digits_dir, capsys)
     capsys.readouterr()
     _, more = T.train(tiny(digits_dir, epochs=2), out, export=False, verbose=0,
                       rerun="override")
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     assert "holds a complete run of 1 epoch" in said and "writing its artefacts" not in said
     assert ": resuming it, with settings changed (--override): epochs 1 -> 2" in said
     launches = json.loads((out / "config.json").read_text())["launches"]
@@ -312,9 +312,9 @@ def test_timms_weight_decay_with_sgd_says_it_is_decoupled(capsys):
     config = T.build_config(RunSettings(batch_size=8, recipe_overrides={
         "optimizer": "sgd", "weight_decay": 0.05}))
     assert config.resolved_recipe.wd == pytest.approx(0.05 * recipes.get("digits").lr)
-    assert "--weight-decay with SGD: decoupled here" in capsys.readouterr().out
+    assert "--weight-decay with SGD: decoupled here" in capsys.readouterr().err
     T.build_config(RunSettings(batch_size=8, recipe_overrides={"weight_decay": 0.05}))
-    assert "SGD" not in capsys.readouterr().out  # AdamW: decoupled in both
+    assert "SGD" not in capsys.readouterr().err  # AdamW: decoupled in both
 
 
 def test_the_cli_prints_a_traceback_only_for_errors_raised_outside_the_package(capsys):

@@ -127,7 +127,7 @@ def test_an_epochs_last_step_is_never_a_backup_that_cannot_resume(tmp_path, digi
     record = B.StepBackup(tmp_path / "every" / "backup").latest()
     assert (record["epoch"], record["done"], record["step"]) == (2, 0, 10)
     T.train(tiny(digits_dir, checkpoint_every=5), tmp_path / "every", export=False, verbose=0)
-    assert "holds a complete run of 2 epochs" in capsys.readouterr().out
+    assert "holds a complete run of 2 epochs" in capsys.readouterr().err
     out = tmp_path / "signal"
     with pytest.raises(B.Preempted, match=r"at the end of epoch 1 \(step 5 of the run\)"):
         T.train(steps, out, export=False, verbose=0, extra_callbacks=[SignalAtStep(4)])
@@ -187,7 +187,7 @@ def test_a_rerun_with_other_settings_is_named_then_restarted_or_overridden(tmp_p
     steps = first["optimizer_steps"]
     _, same = T.train(cfg, out, export=False, verbose=0)  # a finished run, rerun: said
     assert (f"{out} holds a complete run of 1 epoch ({steps} steps): writing its artefacts "
-            "again." in capsys.readouterr().out)
+            "again." in capsys.readouterr().err)
     assert same["optimizer_steps"] == steps
     assert same["train_seconds"] == first["train_seconds"]  # nothing trained: the run's own
     longer = tiny(digits_dir, epochs=2, lr=5e-3, checkpoint_every=3)  # the cadence is free
@@ -198,7 +198,7 @@ def test_a_rerun_with_other_settings_is_named_then_restarted_or_overridden(tmp_p
     with pytest.raises(ValueError, match="rerun must be one of"):
         T.train(longer, out, export=False, verbose=0, rerun="continue")
     _, over = T.train(longer, out, export=False, verbose=0, rerun="override")
-    assert "with settings changed (--override): epochs 1 -> 2" in capsys.readouterr().out
+    assert "with settings changed (--override): epochs 1 -> 2" in capsys.readouterr().err
     assert over["optimizer_steps"] == 2 * steps and len(over["step_loss"]) == 2 * steps
     config = json.loads((out / "config.json").read_text())
     assert config["epochs"] == 2 and config["settings"]["lr"] == 5e-3
@@ -210,7 +210,7 @@ def test_a_rerun_with_other_settings_is_named_then_restarted_or_overridden(tmp_p
     assert over["train_seconds"] > first["train_seconds"]
     (out / "tensorboard" / "stale").write_text("an earlier run's")
     _, anew = T.train(cfg, out, export=False, verbose=0, rerun="restart")
-    assert "restart: the backups and artefacts of the run in" in capsys.readouterr().out
+    assert "restart: the backups and artefacts of the run in" in capsys.readouterr().err
     assert anew["optimizer_steps"] == steps and len(anew["step_loss"]) == steps
     assert not (out / "tensorboard" / "stale").exists()
     assert len(json.loads((out / "config.json").read_text())["launches"]) == 1
@@ -262,7 +262,7 @@ def test_aa_replaces_three_augment_on_the_deit3_recipes(capsys):
                         auto_augment="rand-m9-mstd0.5-inc1")
     assert not aa["augment"]["three_augment"]
     assert aa["augment"]["auto_augment"] == "rand-m9-mstd0.5-inc1"
-    assert "--aa 'rand-m9-mstd0.5-inc1' replaces the recipe's 3-Augment" in capsys.readouterr().out
+    assert "--aa 'rand-m9-mstd0.5-inc1' replaces the recipe's 3-Augment" in capsys.readouterr().err
 
 
 @pytest.mark.backend_independent
@@ -475,7 +475,7 @@ def test_a_rerun_on_a_folder_that_gained_images_is_named(tmp_path, capsys):
                        r"trained: steps_per_epoch 4 -> 6, split .* --restart .* --override"):
         T.train(cfg, out, export=False, verbose=0)
     T.train(cfg, out, export=False, verbose=0, rerun="override")
-    assert "--override: the data changed (steps_per_epoch 4 -> 6" in capsys.readouterr().out
+    assert "--override: the data changed (steps_per_epoch 4 -> 6" in capsys.readouterr().err
 
 
 @pytest.mark.backend_independent

@@ -568,7 +568,7 @@ def test_cli_prepares_imagenet_from_the_default_and_an_explicit_manual_dir(
         (default / f).symlink_to(imagenet_manual / f)
     assert cli.main(["bench", "--dataset", "imagenet2012", "--data-dir", str(tmp_path / "a"),
                      "--batch-size", "4", "--image-size", "32", "--steps", "1"]) == 0
-    assert "preparing imagenet2012" in capsys.readouterr().out
+    assert "preparing imagenet2012" in capsys.readouterr().err
     assert D.builder("imagenet2012", tmp_path / "a").info.splits["train"].num_examples == 18
     # `prepare` with the archives elsewhere.
     assert cli.main(["prepare", "imagenet2012", "--data-dir", str(tmp_path / "b"),
@@ -680,7 +680,7 @@ def test_cli_train_eval_export_and_saved_model(tmp_path, digits_dir, capsys):
     assert pipelines == kr.data.ops.describe(kr.data.Augment(**kr.recipes.get("digits").augment,
                                                              erase=0.25), 32)
     assert "random_erasing(0.25)" in pipelines["train"]
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     assert f"keras_reluvit: train pipeline: {pipelines['train']}\n" in said
     assert f"keras_reluvit: eval pipeline: {pipelines['eval']}\n" in said
     assert cli.main(["eval", str(out / "model.keras"), "--data-dir", str(digits_dir)]) == 0

@@ -287,8 +287,9 @@ def test_the_library_speaks_through_its_logger_only():
     """Every line the library says goes through `keras_reluvit._logging.say`
     (the logger "keras_reluvit"): no module outside the command line prints
     a `keras_reluvit:` / `keras-reluvit:` line itself (was: 40 prints under
-    two prefixes). Shown by default on the current stdout, one prefix;
-    Python's logging silences or routes it."""
+    two prefixes). Shown by default on the current stderr (a command's
+    stdout holds its results alone), one prefix; Python's logging silences
+    or routes it."""
     import contextlib
     import io
     import logging
@@ -319,7 +320,7 @@ def test_the_library_speaks_through_its_logger_only():
                 printers.append(f"{path}:{node.lineno}")
     assert printers == []
     logger = logging.getLogger("keras_reluvit")
-    ours = [h for h in logger.handlers if isinstance(h, _logging._Stdout)]  # (pytest adds its own)
+    ours = [h for h in logger.handlers if isinstance(h, _logging._Stderr)]  # (pytest adds its own)
     assert logger.propagate is False and len(ours) == 1  # shown once
     out, err, records = io.StringIO(), io.StringIO(), []
     probe = logging.Handler()
@@ -327,18 +328,18 @@ def test_the_library_speaks_through_its_logger_only():
     logger.addHandler(probe)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            _logging.say("a default changed")  # the stdout of the moment, as a notebook's
+            _logging.say("a default changed")  # the stderr of the moment, as a notebook's
     finally:
         logger.removeHandler(probe)
-    assert out.getvalue() == "keras_reluvit: a default changed\n"
-    assert "a default changed" not in err.getvalue()
+    assert err.getvalue() == "keras_reluvit: a default changed\n"
+    assert "a default changed" not in out.getvalue()
     assert [r.levelno for r in records] == [logging.INFO]
     level = logger.level
     try:
         logger.setLevel(logging.WARNING)
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
             _logging.say("silenced")
-        assert out.getvalue() == ""
+        assert err.getvalue() == ""
     finally:
         logger.setLevel(level)

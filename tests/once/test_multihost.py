@@ -320,7 +320,7 @@ def test_killed_fsdp_cluster_resumes_on_one_process_with_half_the_devices(tmp_pa
     resumed = one_process(args, devices=4,
                           extra={"DUMP_AT": '"resumed"', "DUMP": str(tmp_path / "restored.npz")})
     assert ("resuming a run of 2 data shards on 1 process: each reads 2 of them"
-            in resumed.stdout), resumed.stdout[-2000:]
+            in resumed.stderr), resumed.stderr[-2000:]
     with np.load(tmp_path / "saved.npz") as a, np.load(tmp_path / "restored.npz") as b:
         assert len(a.files) == len(b.files) > 40
         for k in a.files:
