@@ -105,8 +105,10 @@ def test_steps_per_execution_trains_the_run_one_step_per_call_does(tmp_path, dig
     """`train --steps-per-execution 11` (RunConfig.steps_per_execution): the
     model is compiled with it and the run ends as with one step per call --
     the same steps, losses and weights; one loss per call in the record. A
-    count that does not divide the epoch (11 steps) is an error naming the
-    flag before anything is written; PyTorch allows 1 only (Keras)."""
+    count that does not divide the epoch (11 steps), or holds part of an
+    update (--accum-steps), is an error naming the flag before anything is
+    written; PyTorch allows 1 only (Keras). A complete run reruns with
+    another K; one with epochs left does not."""
     if keras.backend.backend() == "torch":
         with pytest.raises(ValueError, match=r"--steps-per-execution 11 .* one step per call on "
                            r"the PyTorch backend"):
@@ -128,6 +130,15 @@ def test_steps_per_execution_trains_the_run_one_step_per_call_does(tmp_path, dig
         T.train(small_config(digits_dir, epochs=1, steps_per_execution=4), tmp_path / "four",
                 export=False, verbose=0)
     assert not (tmp_path / "four" / "config.json").exists()
+    with pytest.raises(ValueError, match=r"--steps-per-execution 3 with --accum-steps 2: .* a "
+                       r"multiple of 2"):  # a call must end at an update's end
+        small_config(digits_dir, epochs=1, steps_per_execution=3, accum_steps=2)
+    # A complete run reruns (its artefacts written again) with any K; mid-run, K is kept.
+    T.train(small_config(digits_dir, epochs=2), tmp_path / "eleven", export=False, verbose=0)
+    with pytest.raises(ValueError, match=r"backed up with --steps-per-execution 11 \(its record "
+                       r"holds one loss per call\): it continues with that"):
+        T.train(small_config(digits_dir, epochs=3), tmp_path / "eleven", export=False, verbose=0,
+                rerun="override")  # (checked before any file is touched)
 
 
 # ---- the callback alone, on a tiny model ---------------------------------------------------

@@ -364,6 +364,27 @@ def test_a_signal_while_the_command_imports_keras_stops_the_run_cleanly(name, tm
 
 
 @pytest.mark.backend_independent
+def test_a_second_ctrl_c_ends_train_in_one_line_and_other_commands_as_python_does(monkeypatch,
+                                                                                  capsys):
+    """A KeyboardInterrupt (the second Ctrl-C) out of `train`: exit 130 and
+    one line saying what stands (was: Python's traceback); out of another
+    command: Python's own interruption."""
+    from keras_reluvit import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_train_noted", interrupted)
+    assert cli.main(["train", "--epochs", "1"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("keras-reluvit: interrupted by a second Ctrl-C") and "rerun" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    monkeypatch.setattr(cli, "_recipes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["recipes", "digits"])
+
+
+@pytest.mark.backend_independent
 def test_the_commands_process_notes_signals_once_train_returns(tmp_path, monkeypatch, capsys):
     """The doors (`keras-reluvit`, `python -m keras_reluvit.cli`) run
     `main(exiting=True)`: once `train` returns (here an error, exit 2),

@@ -651,6 +651,13 @@ def _run(args):
     except signals.Preempted as e:  # saved: a rerun continues (exit 0, as a preemptible job expects)
         print(f"keras-reluvit: {e}", flush=True)
         return 0
+    except KeyboardInterrupt:  # a second Ctrl-C: at once, where the run was
+        if args.command != "train":
+            raise
+        print("keras-reluvit: interrupted by a second Ctrl-C: the run stopped where it was, "
+              "unsaved since its last backup; rerun the same command to continue from that "
+              "backup.", file=sys.stderr, flush=True)
+        return 130
     except (ValueError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
         # Ours: the message alone. Raised inside Keras, a backend or a library: its
         # traceback first (where it came from), then the same one line.

@@ -146,6 +146,7 @@ def build_config(settings=None, **kwargs):
     if batch_size is None:
         batch_size = _recipe_batch_size(recipe, r["batch_size"], dataset, val_fraction, s.seed,
                                         s.data_shards, lines)
+    accum = check_accum(r["accum_steps"] if s.accum_steps is None else s.accum_steps, batch_size)
     config = RunConfig(
         resolved_recipe=r,
         resolved_with=dict(s.recipe_overrides),
@@ -169,9 +170,8 @@ def build_config(settings=None, **kwargs):
         checkpoint_every=(r["checkpoint_every"] if s.checkpoint_every is None
                           else int(s.checkpoint_every) or None),
         keep_checkpoints=int(s.keep_checkpoints),
-        accum_steps=check_accum(r["accum_steps"] if s.accum_steps is None else s.accum_steps,
-                                 batch_size),
-        steps_per_execution=_steps_per_execution(s.steps_per_execution),
+        accum_steps=accum,
+        steps_per_execution=_steps_per_execution(s.steps_per_execution, accum),
         ema=(r["ema"] if s.ema is None else s.ema) or None,
         recipe_overrides=dict(s.recipe_overrides),
         model=model_cfg,
@@ -181,13 +181,19 @@ def build_config(settings=None, **kwargs):
     return config
 
 
-def _steps_per_execution(k):
+def _steps_per_execution(k, accum):
     """`--steps-per-execution` as the run's (None: 1): Keras runs one step
-    per call on PyTorch."""
+    per call on PyTorch; with gradient accumulation a call holds whole
+    updates (Keras' steps are its micro-batches), so that the backups and a
+    stop fall on an update's end."""
     k = int(k or 1)
     if k > 1 and keras.backend.backend() == "torch":
         raise ValueError(f"--steps-per-execution {k} (steps_per_execution): Keras runs one step "
                          "per call on the PyTorch backend; leave it unset there.")
+    if k % accum:
+        raise ValueError(f"--steps-per-execution {k} with --accum-steps {accum}: Keras' steps are "
+                         f"the micro-batches, so a call must hold whole updates: give a multiple "
+                         f"of {accum}.")
     return k
 
 
@@ -662,7 +668,14 @@ def _launch(config, output, process, rerun, recipe=None):
     before[RECIPE_KEY] = old.get(RECIPE_KEY)
     changed = settings_changed(before, dict(config.to_dict(), **{RECIPE_KEY: recipe})) \
         if old else {}
-    blocking = {k: v for k, v in changed.items() if k not in RERUN_FREE}
+    # A complete run trains nothing more: how its steps were grouped does not matter.
+    free = RERUN_FREE + (("steps_per_execution",) if complete else ())
+    blocking = {k: v for k, v in changed.items() if k not in free}
+    was_k = int(record.get("steps_per_execution") or 1)
+    if not complete and record.get("step") and was_k != config.steps_per_execution:
+        raise ValueError(f"{output} holds {where}, backed up with --steps-per-execution {was_k} "
+                         "(its record holds one loss per call): it continues with that. Rerun "
+                         f"with --steps-per-execution {was_k}, or --restart to start anew.")
     if blocking and rerun == "error":
         raise ValueError(
             f"{output} holds {where}, trained with other settings: {_say(blocking)}. Rerun "
