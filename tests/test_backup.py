@@ -110,9 +110,9 @@ def test_steps_per_execution_trains_the_run_one_step_per_call_does(tmp_path, dig
     written; PyTorch allows 1 only (Keras). A complete run reruns with
     another K; one with epochs left does not."""
     if keras.backend.backend() == "torch":
-        with pytest.raises(ValueError, match=r"--steps-per-execution 11 .* one step per call on "
+        with pytest.raises(ValueError, match=r"--steps-per-execution 2 .* one step per call on "
                            r"the PyTorch backend"):
-            small_config(digits_dir, epochs=1, steps_per_execution=11)
+            small_config(digits_dir, epochs=1, steps_per_execution=2)
         return
     one_model, one = T.train(small_config(digits_dir, epochs=2), tmp_path / "one", export=False,
                              verbose=0)
@@ -133,12 +133,23 @@ def test_steps_per_execution_trains_the_run_one_step_per_call_does(tmp_path, dig
     with pytest.raises(ValueError, match=r"--steps-per-execution 3 with --accum-steps 2: .* a "
                        r"multiple of 2"):  # a call must end at an update's end
         small_config(digits_dir, epochs=1, steps_per_execution=3, accum_steps=2)
+    with pytest.raises(ValueError, match=r"--steps-per-execution 2 with --accum-steps 4"):
+        small_config(digits_dir, epochs=1, steps_per_execution=2, accum_steps=4)
+    for k in (1, 4):  # one step per call, or whole updates
+        assert small_config(digits_dir, epochs=1, steps_per_execution=k, accum_steps=2)[
+            "steps_per_execution"] == k
+    with pytest.raises(ValueError, match=r"--steps-per-execution 2 does not divide the epoch's "
+                       r"11 steps"):  # 11 updates of 1 micro-batch; checked where train runs
+        T.train(dict(small_config(digits_dir, epochs=1).to_dict(), steps_per_execution=2),
+                tmp_path / "two", export=False, verbose=0)
     # A complete run reruns (its artefacts written again) with any K; mid-run, K is kept.
     T.train(small_config(digits_dir, epochs=2), tmp_path / "eleven", export=False, verbose=0)
+    written = (tmp_path / "eleven" / "config.json").read_text()
     with pytest.raises(ValueError, match=r"backed up with --steps-per-execution 11 \(its record "
                        r"holds one loss per call\): it continues with that"):
         T.train(small_config(digits_dir, epochs=3), tmp_path / "eleven", export=False, verbose=0,
-                rerun="override")  # (checked before any file is touched)
+                rerun="override")
+    assert (tmp_path / "eleven" / "config.json").read_text() == written  # before any file
 
 
 # ---- the callback alone, on a tiny model ---------------------------------------------------
@@ -414,8 +425,9 @@ def test_a_process_stopped_by_anothers_signal_leaves_the_handlers_it_found(tmp_p
     and at each epoch's end; one that stops on a peer's SIGTERM puts back the
     handlers it found -- within `kr.backup.signals_noted()` (what `train`
     runs in) its own late copy (torchrun signals its workers one by one) is
-    noted, not fatal; nothing is left installed for good (was: SIG_IGN for
-    the rest of the process). A single process: the same."""
+    noted, not fatal, and raised again under the handlers from before on
+    the way out; nothing is left installed for good (was: SIG_IGN for the
+    rest of the process). A single process: the same."""
     import keras_reluvit.distribution as D
 
     calls = []
@@ -434,8 +446,7 @@ def test_a_process_stopped_by_anothers_signal_leaves_the_handlers_it_found(tmp_p
             from keras_reluvit.training import signals as S
 
             assert S.NOTED == [signal.SIGTERM] and received == []
-        os.kill(os.getpid(), signal.SIGTERM)  # the handler from before is back
-        assert received == [1]
+        assert received == [1]  # not taken: raised again under the handler from before
     finally:
         signal.signal(signal.SIGTERM, before)
     # One process: the handler from before is back at once.
@@ -471,6 +482,35 @@ def test_a_second_ctrl_c_interrupts_at_once_and_one_handler_serves_all(tmp_path)
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before and S.NOTED == S._RECEIVED == []
+
+
+def test_a_plain_fit_with_signals_runs_within_signals_noted_and_none_is_lost(tmp_path):
+    """`StepBackup(signals=True)` under a plain `model.fit` installs nothing
+    (Keras skips `on_train_end` after an error: a handler installed there
+    could stay): without `signals_noted` it is an error naming it; within,
+    a SIGTERM stops at the next step. A signal that comes after the run's
+    last check is raised again once `kr.backup.fit` puts the handlers back
+    (was: dropped)."""
+    with pytest.raises(ValueError, match=r"within `with kr.backup.signals_noted\(\):`"):
+        tiny().fit(tiny_data(), epochs=1, verbose=0,
+                   callbacks=[B.StepBackup(tmp_path / "a", signals=True)])
+    with B.signals_noted():
+        with pytest.raises(B.Preempted, match=r"stopped by SIGTERM after step 3 of epoch 1"):
+            tiny().fit(tiny_data(), epochs=2, verbose=0,
+                       callbacks=[SignalAt(0, 2), B.StepBackup(tmp_path / "b", signals=True)])
+
+    class Late(keras.callbacks.Callback):  # after the backup's last check
+        def on_train_end(self, logs=None):
+            signal.raise_signal(signal.SIGTERM)
+
+    received = []
+    before = signal.signal(signal.SIGTERM, lambda *_: received.append(1))
+    try:
+        B.fit(tiny(), tiny_data(), 1, B.StepBackup(tmp_path / "c"), verbose=0,
+              callbacks=[Late()])
+        assert received == [1]
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 # ---- gradient accumulation ---------------------------------------------------------------

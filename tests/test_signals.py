@@ -415,6 +415,7 @@ def test_the_commands_process_notes_signals_once_train_returns(tmp_path, monkeyp
         for s, handler in before.items():
             signal.signal(s, handler)
         signals.NOTED.clear()
+        signals._RECEIVED.clear()  # (kept: the exiting process's handler was never put back)
     # Both doors say so.
     import runpy
 

@@ -608,8 +608,11 @@ def main(argv=None, noted=(), exiting=False):
     Ctrl-C still interrupts; any other command gets the process's default
     handlers (the door's noting one replaced)."""
     stop = None
-    with signals.signals_noted() as way_out:
-        signals.NOTED.extend(noted)
+    with signals.signals_noted() as way_out:  # on the way out: what no run took, raised again
+        signals.note(*noted)
+        if exiting:  # the door's handler was in place before ours: the process's own after
+            way_out.restore = {signal.SIGTERM: signal.SIG_DFL,
+                               signal.SIGINT: signal.default_int_handler}
         try:
             args = parser().parse_args(argv)
         except SystemExit as e:  # --help, --version, a usage error
@@ -619,12 +622,6 @@ def main(argv=None, noted=(), exiting=False):
                 code = _run(args)
                 way_out.keep = exiting
                 return code
-        noted = list(signals.NOTED)
-    if exiting:  # the door's handler was in place before ours
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    for signum in noted:  # not a run: the signal's own effect, now
-        signal.raise_signal(signum)
     if stop is not None:
         raise stop
     return _run(args)

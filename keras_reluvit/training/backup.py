@@ -66,6 +66,7 @@ from keras_reluvit.training.backup_state import state_lists
 from keras_reluvit.training.settings import KEEP_CHECKPOINTS
 from keras_reluvit.training.settings import check_every
 from keras_reluvit.training.signals import Preempted
+from keras_reluvit.training.signals import _main_thread
 from keras_reluvit.training.signals import signals_noted  # noqa: F401 - kr.backup.signals_noted
 from keras_reluvit.training.signals import signals_stop  # noqa: F401
 from keras_reluvit.training.signals import stop_if_noted  # noqa: F401
@@ -90,9 +91,10 @@ class StepBackup(keras.callbacks.Callback):
             k, at the end of a call); None: at each epoch's end only.
         keep: how many of the newest backups to keep (>= 1).
         signals: save and stop on SIGTERM and SIGINT, noted by the one
-            handler of `training.signals` (installed while `fit` runs where
-            none is, in the main thread only). Default: when driven by
-            `kr.backup.fit` (a plain `model.fit` cannot resume mid-epoch).
+            handler of `training.signals`: `kr.backup.fit` installs it; a
+            plain `model.fit` runs within `kr.backup.signals_noted()` (an
+            error otherwise). Default: when driven by `kr.backup.fit` (a
+            plain `model.fit` cannot resume mid-epoch).
         process: `(index, count)` of this process in a cluster: on JAX all
             write one backup (`directory` is shared; process 0 writes the
             record), elsewhere each keeps its own; after every step (every
@@ -150,7 +152,6 @@ class StepBackup(keras.callbacks.Callback):
         self._offset = 0  # steps of the epoch done before this `model.fit` call's first
         self._signal = None  # the signal this process stops on (taken from the noted ones)
         self._watching = False  # signals on for this `fit`
-        self._put_back = None  # `signals.install`'s, while this backup's handler is in place
         self._agree = False
         self._cut = None  # the epoch whose validation a signal cut short
         self.seconds = 0.0  # training seconds of the run before this launch (its backup's)
@@ -225,10 +226,13 @@ class StepBackup(keras.callbacks.Callback):
         signals = self.driven if self.signals is None else self.signals
         self._agree = bool(signals) and self.process[1] > 1
         self._watching = bool(signals)
-        if signals:  # the one handler (a no-op where `fit` or the command installed it);
-            self._put_back = noted_signals.install()  # one noted as the run was prepared stops
-        if signals and self._stop_agreed():
-            self._uninstall()
+        if (signals and _main_thread()
+                and signal.getsignal(signal.SIGTERM) is not noted_signals._handler):
+            raise ValueError("StepBackup(signals=True) under a plain model.fit: run it within "
+                             "`with kr.backup.signals_noted():` (which notes SIGTERM / SIGINT "
+                             "for it and puts the handlers back after), or train with "
+                             "kr.backup.fit, which does.")
+        if signals and self._stop_agreed():  # one noted as the run was prepared: stop now
             where = (f"after step {self.done} of epoch {self.epoch + 1} (step {self.step} of "
                      "the run)" if self.step else "before the first step")
             raise Preempted(f"stopped by {self._signal_name()} as training began, {where}: "
@@ -236,7 +240,6 @@ class StepBackup(keras.callbacks.Callback):
                             + ("continue." if self.step else "start."))
 
     def on_train_end(self, logs=None):
-        self._uninstall()
         if not self.driven:
             from keras_reluvit import _keras_compat as compat
 
@@ -270,7 +273,6 @@ class StepBackup(keras.callbacks.Callback):
         if "loss" in logs:
             loss = float(logs["loss"])
             if not math.isfinite(loss):
-                self._uninstall()
                 last = self.latest()
                 raise FloatingPointError(
                     f"The loss is {loss} after step {self.done} of epoch {self.epoch + 1} "
@@ -333,7 +335,6 @@ class StepBackup(keras.callbacks.Callback):
     def _stop(self, where):
         name = self._signal_name()
         path = self.save()
-        self._uninstall()
         raise Preempted(f"stopped by {name} {where}, saved in {path}: rerun the same command "
                         "to continue.")
 
@@ -461,12 +462,6 @@ class StepBackup(keras.callbacks.Callback):
             self._signal = noted_signals.take()
         return self._signal
 
-    def _uninstall(self):
-        """Puts back what `on_train_begin`'s `install` replaced (nothing
-        where the handler was in place before it)."""
-        put_back, self._put_back = self._put_back, None
-        if put_back is not None:
-            put_back()
 
 
 def backup_folder(root, process):

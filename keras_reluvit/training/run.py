@@ -190,7 +190,7 @@ def _steps_per_execution(k, accum):
     if k > 1 and keras.backend.backend() == "torch":
         raise ValueError(f"--steps-per-execution {k} (steps_per_execution): Keras runs one step "
                          "per call on the PyTorch backend; leave it unset there.")
-    if k % accum:
+    if k > 1 and k % accum:
         raise ValueError(f"--steps-per-execution {k} with --accum-steps {accum}: Keras' steps are "
                          f"the micro-batches, so a call must hold whole updates: give a multiple "
                          f"of {accum}.")
@@ -385,6 +385,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
         if launch["resumed"]:
             launch["changed"].update(check_same_data(old, d, folder, output, rerun))
         calls = d.steps_per_epoch * int(config.accum_steps or 1)  # Keras' steps: micro-batches
+        _steps_per_execution(config.steps_per_execution, int(config.accum_steps or 1))
         if calls % config.steps_per_execution:
             raise ValueError(f"--steps-per-execution {config.steps_per_execution} does not divide "
                              f"the epoch's {calls} steps (Keras would run whole calls, past the "

@@ -1,7 +1,8 @@
 """The signals of a run: one handler for SIGTERM / SIGINT (a preemptible
 machine's notice, a Ctrl-C), installed by whoever runs first -- the command
-line from its first line, `kr.backup.fit`, a `StepBackup` -- and put back by
-the same. What it does with a signal depends on where the run is:
+line from its first line, else `kr.backup.fit` or `signals_noted` -- and put
+back by the same, what no stop took then raised again. What it does with a
+signal depends on where the run is:
 
 - while the run is prepared or trains, it notes it (`NOTED`): the run stops
   before its first step (`stop_if_noted`) or a `StepBackup` saves at the
@@ -48,26 +49,43 @@ def install():
     """Installs the handler for SIGTERM and SIGINT (off the main thread,
     where Python sets none: nothing); returns the function that puts back
     what it replaced -- a no-op for the calls that found it installed --
-    and drops what no stop took. `put_back(keep=True)` leaves
-    it in place (the command's process, exiting: see `signals_noted`)."""
+    then raises again what no stop took, which has its own effect under
+    them (a SIGTERM that came after the run's last check is not lost).
+    `put_back(keep=True)` leaves it in place (the command's process,
+    exiting: see `signals_noted`); `to`: the handlers to put instead of the
+    ones it replaced."""
     if not _main_thread():
-        return lambda keep=False: None
+        return lambda keep=False, to=None: None
     # Set again where it is in place: a library may have put a C-level handler
     # under Python's since (TensorFlow's cluster, for SIGTERM), which Python's
     # record of the handler does not show.
     previous = {s: signal.signal(s, _handler) for s in (signal.SIGTERM, signal.SIGINT)}
     if previous[signal.SIGTERM] is _handler:
-        return lambda keep=False: None
+        return lambda keep=False, to=None: None
+    # Installed anew: what an earlier process-exiting handler (kept) noted is stale.
+    NOTED.clear()
+    _RECEIVED.clear()
+    _STOPPING.clear()
 
-    def put_back(keep=False):
+    def put_back(keep=False, to=None):
         if keep:
             return
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, (to or previous)[s])
+        pending = list(NOTED)
         NOTED.clear()
         _RECEIVED.clear()
+        for s in pending:
+            signal.raise_signal(s)
 
     return put_back
+
+
+def note(*signums):
+    """Notes signals received before the handler was in place (the
+    command's door notes them while the package is imported)."""
+    _RECEIVED.extend(signums)
+    NOTED.extend(signums)
 
 
 def take():
@@ -85,16 +103,19 @@ def signals_noted():
     (or a Ctrl-C) that comes while a run is prepared still ends in a clean
     stop (exit 0, said in one line). Nested, it is the outer one's.
 
-    Yields an object whose `keep`, set True, leaves the handler in place on
-    the way out: the command's process, about to exit once a run returned,
-    notes the late copies of a signal that a launcher sends its workers one
-    by one, so that none kills a worker that saved before it reports."""
-    way_out = types.SimpleNamespace(keep=False)
+    On the way out the handlers from before are back and what no stop took
+    is raised again (`install`). Yields an object whose `keep`, set True,
+    leaves the handler in place instead: the command's process, about to
+    exit once a run returned, notes the late copies of a signal that a
+    launcher sends its workers one by one, so that none kills a worker that
+    saved before it reports; and whose `restore`, set to {signal: handler},
+    is put back instead of the handlers from before."""
+    way_out = types.SimpleNamespace(keep=False, restore=None)
     put_back = install()
     try:
         yield way_out
     finally:
-        put_back(keep=way_out.keep)
+        put_back(keep=way_out.keep, to=way_out.restore)
 
 
 def stop_if_noted(where, process=(0, 1)):
@@ -116,11 +137,12 @@ def signals_stop(where):
     after training (scoring, writing the artefacts), which a rerun redoes
     from the backup: a preemptible machine's notice is shorter than it."""
     put_back = install()
-    _STOPPING.append(where)
+    depth = len(_STOPPING)
     try:
+        _STOPPING.append(where)
         if NOTED:
             raise _stopped_while(take())
         yield
     finally:
-        _STOPPING.pop()
+        del _STOPPING[depth:]
         put_back()
