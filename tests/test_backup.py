@@ -482,6 +482,11 @@ def test_a_second_ctrl_c_interrupts_at_once_and_one_handler_serves_all(tmp_path)
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before and S.NOTED == S._RECEIVED == []
+    with B.signals_noted():  # a Ctrl-C the command's door noted during its imports counts
+        S.note(signal.SIGINT)
+        assert S.take() == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
 
 
 def test_a_plain_fit_with_signals_runs_within_signals_noted_and_none_is_lost(tmp_path):
