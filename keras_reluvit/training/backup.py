@@ -463,7 +463,6 @@ class StepBackup(keras.callbacks.Callback):
         return self._signal
 
 
-
 def backup_folder(root, process):
     """The folder `process` = (index, count) backs up in: `root` itself on
     JAX (one backup for the whole cluster, restored onto any process count),

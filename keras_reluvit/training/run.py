@@ -181,11 +181,12 @@ def build_config(settings=None, **kwargs):
     return config
 
 
-def _steps_per_execution(k, accum):
+def _steps_per_execution(k, accum, calls=None):
     """`--steps-per-execution` as the run's (None: 1): Keras runs one step
     per call on PyTorch; with gradient accumulation a call holds whole
     updates (Keras' steps are its micro-batches), so that the backups and a
-    stop fall on an update's end."""
+    stop fall on an update's end; and it divides the epoch's `calls` Keras
+    steps, where known (else Keras would run whole calls past its data)."""
     k = int(k or 1)
     if k > 1 and keras.backend.backend() == "torch":
         raise ValueError(f"--steps-per-execution {k} (steps_per_execution): Keras runs one step "
@@ -194,6 +195,10 @@ def _steps_per_execution(k, accum):
         raise ValueError(f"--steps-per-execution {k} with --accum-steps {accum}: Keras' steps are "
                          f"the micro-batches, so a call must hold whole updates: give a multiple "
                          f"of {accum}.")
+    if calls is not None and calls % k:
+        raise ValueError(f"--steps-per-execution {k} does not divide the epoch's {calls} steps "
+                         "(Keras would run whole calls, past the epoch's data): give one that "
+                         "divides it.")
     return k
 
 
@@ -384,12 +389,10 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
         folder = d.info if isinstance(d.info, image_folder.ImageFolder) else None
         if launch["resumed"]:
             launch["changed"].update(check_same_data(old, d, folder, output, rerun))
-        calls = d.steps_per_epoch * int(config.accum_steps or 1)  # Keras' steps: micro-batches
-        _steps_per_execution(config.steps_per_execution, int(config.accum_steps or 1))
-        if calls % config.steps_per_execution:
-            raise ValueError(f"--steps-per-execution {config.steps_per_execution} does not divide "
-                             f"the epoch's {calls} steps (Keras would run whole calls, past the "
-                             "epoch's data): give one that divides it.")
+        accum = int(config.accum_steps or 1)
+        # Checked again here: a RunConfig made from a dict skips build_config.
+        _steps_per_execution(config.steps_per_execution, accum,
+                             calls=d.steps_per_epoch * accum)  # Keras' steps: micro-batches
         settings = config.to_dict()
         pipelines = kr_data.ops.describe(kr_data.Augment(**config.augment),
                                          tuple(model.image_size), model.preprocessing)
@@ -408,7 +411,6 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             if folder is not None:  # what `eval` must hold out
                 with open(os.path.join(output, image_folder.SPLIT_FILE), "w") as f:
                     json.dump(folder.split_record(), f)
-        accum = int(config.accum_steps or 1)
         # --warmup-epochs is what it says (build_config checked it fits the run);
         # the recipe's own warmup is capped at half a short run (said).
         given = config.recipe_overrides.get("warmup_epochs") is not None

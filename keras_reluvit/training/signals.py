@@ -56,16 +56,17 @@ def install():
     ones it replaced."""
     if not _main_thread():
         return lambda keep=False, to=None: None
+    nested = signal.getsignal(signal.SIGTERM) is _handler
+    if not nested:  # what an earlier process-exiting handler (kept) noted is stale
+        NOTED.clear()
+        _RECEIVED.clear()
+        _STOPPING.clear()
     # Set again where it is in place: a library may have put a C-level handler
     # under Python's since (TensorFlow's cluster, for SIGTERM), which Python's
     # record of the handler does not show.
     previous = {s: signal.signal(s, _handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    if previous[signal.SIGTERM] is _handler:
+    if nested:
         return lambda keep=False, to=None: None
-    # Installed anew: what an earlier process-exiting handler (kept) noted is stale.
-    NOTED.clear()
-    _RECEIVED.clear()
-    _STOPPING.clear()
 
     def put_back(keep=False, to=None):
         if keep:
