@@ -176,6 +176,59 @@ def test_sigterm_while_the_artefacts_are_written_stops_at_once(tmp_path, digits_
     assert (tmp_path / "run" / "curves.png").exists()
 
 
+@pytest.mark.backend_independent  # train()'s Python and Keras' stop_evaluating: run once
+def test_sigterm_in_the_final_evaluation_stops_at_its_next_batch(tmp_path, digits_dir,
+                                                                 monkeypatch):
+    """Was: the signal raised `Preempted` from inside Keras' evaluate (in a
+    cluster, one process leaving its peers in the collective). Now noted:
+    the evaluation ends at the next batch, then the run stops, saved; the
+    rerun scores it whole."""
+    cfg = tiny(digits_dir, epochs=1, batch_size=64)
+    batches = []
+    seen = B.EvaluationStop.on_test_batch_end
+
+    def signal_at_first(self, batch, logs=None):
+        batches.append(batch)
+        if len(batches) == 1:
+            kill_self()
+        seen(self, batch, logs)
+
+    monkeypatch.setattr(B.EvaluationStop, "on_test_batch_end", signal_at_first)
+    with pytest.raises(B.Preempted, match=r"stopped by SIGTERM while scoring and writing the "
+                       r"run's artefacts \(the training is complete, saved in .*backup\): rerun "
+                       "the same command to finish"):
+        T.train(cfg, tmp_path / "run", export=False, verbose=0)
+    assert batches == [0]  # of the validation's 6 batches
+    assert not (tmp_path / "run" / "model.keras").exists()
+    monkeypatch.setattr(B.EvaluationStop, "on_test_batch_end", seen)
+    _, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0)
+    _, whole = T.train(cfg, tmp_path / "whole", export=False, verbose=0)
+    assert metrics["final"] == whole["final"]
+
+
+@pytest.mark.backend_independent  # the stop's Python: run once
+def test_a_clusters_stop_point_is_a_collective_on_every_process(monkeypatch):
+    """Every process of a cluster calls the agreement at each stop point,
+    a signal or not (one calling it only when noted would wait alone), and
+    all stop when any got one; nothing raises where the signal lands."""
+    from keras_reluvit import distribution
+
+    asked = []
+    monkeypatch.setattr(distribution, "any_process", lambda flag: asked.append(flag) or any(
+        asked[-1:]) or peer[0])
+    peer = [False]
+    with signals.signals_noted():
+        signals.stop_point("while x", (1, 2))  # nothing anywhere: goes on
+        kill_self()  # noted, not raised here
+        assert signals.NOTED == [signal.SIGTERM]
+        with pytest.raises(B.Preempted, match="stopped by SIGTERM while x: rerun"):
+            signals.stop_point("while x", (1, 2))
+        peer[0] = True  # another process got one
+        with pytest.raises(B.Preempted, match="stopped by a signal to another process while x"):
+            signals.stop_point("while x", (1, 2))
+    assert asked == [False, True, False]
+
+
 @pytest.mark.backend_independent
 def test_a_rerun_with_other_settings_is_named_then_restarted_or_overridden(tmp_path,
                                                                            digits_dir, capsys):

@@ -24,9 +24,9 @@ equal to an uninterrupted one:
   interrupts at once; in a cluster every process stops at the same step,
   even if only one got the signal. A signal that came before training
   (while the data and the model were prepared, in `signals_noted`) stops
-  the run before its first step, and one while the run's artefacts are
-  written (`signals_stop`) stops it at once: the training is saved, a
-  rerun writes them;
+  the run before its first step, and one while the run is scored and its
+  artefacts are written stops it at the next batch or write (`stop_point`,
+  `EvaluationStop`): the training is saved, a rerun writes them;
 - a loss that turns NaN or infinite stops the run with `FloatingPointError`
   naming the step and the last good backup (which is never overwritten by
   the bad state);
@@ -68,8 +68,8 @@ from keras_reluvit.training.settings import check_every
 from keras_reluvit.training.signals import Preempted
 from keras_reluvit.training.signals import _main_thread
 from keras_reluvit.training.signals import signals_noted  # noqa: F401 - kr.backup.signals_noted
-from keras_reluvit.training.signals import signals_stop  # noqa: F401
 from keras_reluvit.training.signals import stop_if_noted  # noqa: F401
+from keras_reluvit.training.signals import stop_point  # noqa: F401
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 TORN = re.compile(r"^\.tmp_step_(\d+)$")  # a backup being written (renamed once whole)
@@ -461,6 +461,17 @@ class StepBackup(keras.callbacks.Callback):
         if self._watching and self._signal is None:
             self._signal = noted_signals.take()
         return self._signal
+
+
+class EvaluationStop(keras.callbacks.Callback):
+    """Ends an evaluation at the next batch once SIGTERM / SIGINT was noted
+    (Keras' public `stop_evaluating`), for `stop_point` to stop the run
+    after it. One process only: a cluster's processes evaluate in step (a
+    collective per batch), so they agree after the evaluation instead."""
+
+    def on_test_batch_end(self, batch, logs=None):
+        if noted_signals.NOTED:
+            self.model.stop_evaluating = True
 
 
 def backup_folder(root, process):

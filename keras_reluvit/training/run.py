@@ -310,7 +310,9 @@ def train(config, output, export=True, verbose=2, extra_callbacks=(), rerun="err
     SIGTERM / SIGINT stop the run cleanly at every moment (`Preempted`,
     saved): while the data and model are prepared (before the first step),
     during training and validation (`kr.backup.StepBackup`), and while the
-    final scores and artefacts are written (at once; a rerun writes them).
+    final scores and artefacts are written (at the evaluation's next batch or
+    the next write; a rerun writes them). In a cluster every process stops at
+    the same point.
 
     In a multi-process cluster (`kr.distribution.initialize`), every process
     runs this with the same arguments: each trains on its shard of the data,
@@ -442,15 +444,27 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                       verbose=verbose if chief else 0,
                       distribute=lambda ds: engine.distribute(trained_as, ds)[0])
         train_seconds = backup.train_seconds  # the whole run's, to its last backup
-    # Scoring and writing take long (a spot machine's notice is ~30 s): a
-    # signal now stops at once; the backup holds the trained run.
-    with kr_backup.signals_stop(f"scoring and writing the run's artefacts (the training is "
-                                f"complete, saved in {backup.directory})"), \
-            image_folder.naming_unreadable(folder):
-        def score():
-            return (trained_as.evaluate(val_data, return_dict=True, verbose=0)
-                    if d.val is not None else {})
+    # Scoring and writing take long (a spot machine's notice is ~30 s) and the
+    # backup holds the trained run: a signal stops at the final evaluation's
+    # next batch or before the next write (a rerun writes them); a cluster's
+    # processes agree after the evaluation, and its chief's writes run to their end.
+    where = (f"while scoring and writing the run's artefacts (the training is complete, "
+             f"saved in {backup.directory})")
+    alone = count == 1
 
+    def stop_point(agree=True):
+        if agree or alone:
+            kr_backup.stop_point(where, (index, count) if agree else (0, 1))
+
+    with image_folder.naming_unreadable(folder):  # (train's signals_noted around)
+        def score():
+            scores = (trained_as.evaluate(val_data, return_dict=True, verbose=0,
+                                          callbacks=[kr_backup.EvaluationStop()] if alone else [])
+                      if d.val is not None else {})
+            stop_point()
+            return scores
+
+        stop_point()
         final, trained = score(), {}
         if config.ema:  # the EMA is the model the run saves and exports
             trained = final
@@ -473,6 +487,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
         with kr_distribution.chief_writes(model) as writer:
             if writer:
                 _write_atomically(os.path.join(output, "model.keras"), model.save)
+                stop_point(agree=False)
 
                 def write_metrics(path):
                     with open(path, "w") as f:
@@ -480,6 +495,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
 
                 _write_atomically(os.path.join(output, "metrics.json"), write_metrics)
                 plot_curves(metrics["history"], os.path.join(output, "curves.png"))
+                stop_point(agree=False)
                 if export:
                     from keras_reluvit import export as kr_export
 

@@ -4,12 +4,16 @@ line from its first line, else `kr.backup.fit` or `signals_noted` -- and put
 back by the same, what no stop took then raised again. What it does with a
 signal depends on where the run is:
 
-- while the run is prepared or trains, it notes it (`NOTED`): the run stops
-  before its first step (`stop_if_noted`) or a `StepBackup` saves at the
-  next step boundary and stops (training.backup);
-- while the artefacts are written (`signals_stop`), it raises `Preempted`
-  at once: the training is saved, a rerun writes them;
+- it notes it (`NOTED`); the run takes it at its next point of stopping:
+  before its first step (`stop_if_noted`), at a step boundary (a
+  `StepBackup` saves and stops: training.backup), between the batches of
+  the final evaluation and between the artefacts' writes (`stop_point`);
+  in a cluster every process stops at the same point (they agree there);
 - a second SIGINT raises KeyboardInterrupt at once, wherever the run is.
+
+Nothing raises from inside the code a signal interrupts, but a second
+Ctrl-C: one process of a cluster leaving a collective alone would leave its
+peers waiting in it.
 """
 
 import contextlib
@@ -24,7 +28,6 @@ class Preempted(Exception):
 
 NOTED = []  # SIGTERM / SIGINT noted, not yet taken by a stop (`take`)
 _RECEIVED = []  # every one since the handler was installed (a second SIGINT interrupts)
-_STOPPING = []  # `signals_stop`'s `where`, innermost last: a signal raises at once
 
 
 def _main_thread():
@@ -35,14 +38,7 @@ def _handler(signum, frame):
     if signum == signal.SIGINT and signal.SIGINT in _RECEIVED:
         raise KeyboardInterrupt  # a second Ctrl-C: now
     _RECEIVED.append(signum)
-    if _STOPPING:
-        raise _stopped_while(signum)
     NOTED.append(signum)
-
-
-def _stopped_while(signum):
-    return Preempted(f"stopped by {signal.Signals(signum).name} while {_STOPPING[-1]}: rerun "
-                     "the same command to finish.")
 
 
 def install():
@@ -60,7 +56,6 @@ def install():
     if not nested:  # what an earlier process-exiting handler (kept) noted is stale
         NOTED.clear()
         _RECEIVED.clear()
-        _STOPPING.clear()
     # Set again where it is in place: a library may have put a C-level handler
     # under Python's since (TensorFlow's cluster, for SIGTERM), which Python's
     # record of the handler does not show.
@@ -131,19 +126,19 @@ def stop_if_noted(where, process=(0, 1)):
                         "trained since; rerun the same command to continue or start.")
 
 
-@contextlib.contextmanager
-def signals_stop(where):
-    """Within: SIGTERM / SIGINT (or one noted before) raise `Preempted` at
-    once, its message "stopped by SIGTERM while `where`" -- for the work
-    after training (scoring, writing the artefacts), which a rerun redoes
-    from the backup: a preemptible machine's notice is shorter than it."""
-    put_back = install()
-    depth = len(_STOPPING)
-    try:
-        _STOPPING.append(where)
-        if NOTED:
-            raise _stopped_while(take())
-        yield
-    finally:
-        del _STOPPING[depth:]
-        put_back()
+def stop_point(where, process=(0, 1)):
+    """Raises `Preempted` ("stopped by SIGTERM `where`: rerun the same
+    command to finish.") if a signal was noted -- in a cluster (`process`:
+    (index, count)), on any process: every process calls it at the same
+    point (a collective) and all stop there together. For the work after
+    training (the final evaluation, the artefacts' writes), which a rerun
+    redoes from the backup."""
+    mine = take()
+    stop = mine is not None
+    if process[1] > 1:
+        from keras_reluvit.distribution import any_process
+
+        stop = any_process(stop)
+    if stop:
+        name = signal.Signals(mine).name if mine is not None else "a signal to another process"
+        raise Preempted(f"stopped by {name} {where}: rerun the same command to finish.")
