@@ -85,19 +85,33 @@ def test_build_config_takes_the_dataclass_or_its_fields():
 
 
 def test_recipes_are_typed_and_a_wrong_key_is_an_error(monkeypatch):
-    """`recipes.get` gives a `Recipe` dataclass (still a mapping: r["lr"],
-    dict(r, lr=...)); a key of the data that is not a field fails, naming it;
-    left out, a field is its one default."""
+    """`recipes.get` gives a frozen `Recipe` dataclass (a read-only mapping:
+    r["lr"], dict(r, lr=...)); a key of the data that is not a field fails,
+    naming it; left out, a field is its one default; the run's flags make
+    another recipe (`flags.apply`), the one given left as it was."""
     from keras_reluvit import recipes
+    from keras_reluvit.training import flags
 
     r = recipes.get("bv_transfer")
     assert isinstance(r, recipes.Recipe) and r.optimizer == "sgd" and r["momentum"] == 0.9
     assert dict(r, lr=0.5)["lr"] == 0.5 and r.lr == 0.01
     assert recipes.get("digits").label_smoothing == 0.0  # not in its data: the default
-    r["warmup_steps"] = 0
-    assert r.warmup_steps == 0
-    with pytest.raises(KeyError, match="'warmup' is not a Recipe field"):
-        r["warmup"] = 5
+    with pytest.raises(TypeError):
+        r["warmup_steps"] = 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.warmup_steps = 0
+    changed, lines = flags.apply(r, {"warmup_epochs": 2, "augment.erase": 0.25,
+                                     "optimizer": "momentum"})
+    assert isinstance(changed, recipes.Recipe) and changed.warmup_epochs == 2
+    assert changed.warmup_steps is None and changed.augment["erase"] == 0.25
+    assert changed.nesterov is False and len(lines) == 4
+    assert r == recipes.get("bv_transfer")  # the recipe given, its augment dict included
+    deit = recipes.get("deit_s16_300ep")
+    mixed, _ = flags.apply(deit, {"augment.timm_mix.mixup_alpha": 0.3})
+    assert mixed.augment["timm_mix"]["mixup_alpha"] == 0.3
+    assert deit == recipes.get("deit_s16_300ep")  # its nested timm_mix too
+    with pytest.raises(ValueError, match="Unknown recipe field 'warmup'"):
+        flags.apply(r, {"warmup": 5})
     monkeypatch.setitem(recipes.RECIPES, "typo", dict(recipes.RECIPES["digits"], warmup=3))
     with pytest.raises(TypeError, match="warmup"):
         recipes.get("typo")
@@ -159,7 +173,9 @@ def test_train_reads_the_resolved_recipe_and_records_the_run_config(tmp_path, di
 
     config = T.build_config(recipe="digits", epochs=1, data_dir=str(digits_dir), batch_size=512)
     config["model"].update(width=16, depth=1, num_heads=1, mlp_dim=16)
-    config.resolved_recipe["opt_eps"] = 0.125  # seen by train only if it reads this object
+    # seen by train only if it reads this object
+    config = dataclasses.replace(config, resolved_recipe=dataclasses.replace(
+        config.resolved_recipe, opt_eps=0.125))
 
     def refused(*a, **k):
         raise AssertionError("train looked the recipe up again")

@@ -205,15 +205,18 @@ LAST = ("weight_decay", "smoothing")
 
 
 def apply(recipe, fields):
-    """`recipe` (a `Recipe`, changed in place) with `fields` ({field: value},
-    as `overrides` gives) set; returns one line per field saying what it
-    changed. Checked: every field exists and every number is in its range.
-    timm's meanings: `weight_decay` (PyTorch's, x lr) sets `wd`, `smoothing`
-    the MixUp's smoothing where the run mixes with timm's MixUp, else the
-    loss's; `optimizer` timm's names (`sgd`: Nesterov's); a timm_mix field on
-    a recipe without one starts from timm's defaults (and replaces
-    big_vision's `mixup`); both alphas 0 turn it off; `three_augment`
-    replaces the recipe's RandAugment and erasing (DeiT III's transform)."""
+    """(`recipe` with `fields` ({field: value}, as `overrides` gives) set, a
+    new `Recipe`; one line per field saying what it changed): `recipe`
+    itself is left as it was. Checked: every field exists and every number is
+    in its range. timm's meanings: `weight_decay` (PyTorch's, x lr) sets
+    `wd`, `smoothing` the MixUp's smoothing where the run mixes with timm's
+    MixUp, else the loss's; `optimizer` timm's names (`sgd`: Nesterov's); a
+    timm_mix field on a recipe without one starts from timm's defaults (and
+    replaces big_vision's `mixup`); both alphas 0 turn it off;
+    `three_augment` replaces the recipe's RandAugment and erasing (DeiT
+    III's transform)."""
+    built = type(recipe)
+    recipe = copy.deepcopy(dict(recipe))  # the fields, changed here
     known = _check(fields)
     lines = []
     # 3-Augment first (it turns the recipe's RandAugment and erasing off, not a flag's);
@@ -252,7 +255,7 @@ def apply(recipe, fields):
 
             check_loss(value)
         if field.startswith("augment."):
-            recipe["augment"] = copy.deepcopy(dict(recipe.get("augment") or {}))
+            recipe["augment"] = dict(recipe.get("augment") or {})
         if field.startswith("augment.timm_mix.") and _get(recipe, "augment.timm_mix") is None:
             augment = recipe["augment"]
             augment["timm_mix"] = dict(TIMM_MIX_DEFAULTS)
@@ -283,7 +286,7 @@ def apply(recipe, fields):
         raise ValueError("Colour jitter with timm's auto-augment "
                          f"{augment['auto_augment']!r}: timm applies colour jitter only "
                          "without one (--aa none, or --three-augment as DeiT III).")
-    return lines
+    return built(**recipe), lines
 
 
 def _mix_off(recipe, known, lines, keep_smoothing=True):

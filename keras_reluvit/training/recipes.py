@@ -41,7 +41,7 @@ from keras_reluvit.training.optimizers import RecipeLamb
 from keras_reluvit.training.optimizers import RecipeSGD
 from keras_reluvit.training.optimizers import swap_ema  # noqa: F401 - kr.recipes.swap_ema
 from keras_reluvit.training.schedules import PerUpdate
-from keras_reluvit.training.settings import FieldMapping
+from keras_reluvit.training.settings import Fields
 from keras_reluvit.training.settings import current_names
 
 _AUGREG_I1K_AUG = {  # variant: (randaug, mixup) -- vit_i1k.py
@@ -279,12 +279,14 @@ for _recipe in RECIPES.values():
         _recipe.setdefault("checkpoint_every", 1000)
 
 
-@dataclasses.dataclass
-class Recipe(FieldMapping):
-    """One training recipe, typed: the fields of the `RECIPES` data (a key
-    that is not a field is an error), each default written once -- the value
-    the recipe means when its data leave the key out. Also a mapping
-    (`recipe["lr"]`, `dict(recipe, lr=...)`)."""
+@dataclasses.dataclass(frozen=True)
+class Recipe(Fields):
+    """One training recipe, typed and frozen: the fields of the `RECIPES`
+    data (a key that is not a field is an error), each default written once
+    -- the value the recipe means when its data leave the key out. Also a
+    read-only mapping (`recipe["lr"]`, `dict(recipe, lr=...)`); a run's
+    flags make another (`training.flags.apply`), as `dataclasses.replace`
+    does."""
 
     name: str = None
     description: str = ""

@@ -94,9 +94,10 @@ def build_config(settings=None, **kwargs):
     s = dataclasses.replace(settings or RunSettings(), **own)
     recipe, init = s.recipe, s.init
     variant = variant_with_patch(s.model) if s.model else None
-    r = recipes.get(recipe, variant)  # resolved once, for the variant asked for
-    # What the flags changed (--clip-grad, --mixup, ...), said once the whole config holds
-    lines = [f"{line}." for line in flags.apply(r, s.recipe_overrides)]
+    # Resolved once, for the variant asked for; what the flags changed (--clip-grad,
+    # --mixup, ...) is said once the whole config holds.
+    r, lines = flags.apply(recipes.get(recipe, variant), s.recipe_overrides)
+    lines = [f"{line}." for line in lines]
     if r.get("init_required") and not init:
         raise ValueError(f"Recipe {recipe!r} fine-tunes a checkpoint: pass init= "
                          "(keras-reluvit train --init CHECKPOINT).")
@@ -515,9 +516,7 @@ def _recipe_of(config, variant):
                              f"({config.resolved_with} -> {config.recipe_overrides}): call "
                              "kr.build_config again.")
         return r
-    r = recipes.get(config.recipe, variant)
-    flags.apply(r, config.recipe_overrides)
-    return r
+    return flags.apply(recipes.get(config.recipe, variant), config.recipe_overrides)[0]
 
 
 def _json(value):
@@ -771,8 +770,7 @@ def run_recipe(run):
         r = recipes.get(name, (run.get("model") or {}).get("variant"))
     except ValueError:  # a per-variant table without this variant: the loss is the same
         r = recipes.get(name, next(iter(recipes.RECIPES[name]["augment_by_variant"])))
-    flags.apply(r, (run.get("settings") or run).get("recipe_overrides") or {})
-    return r
+    return flags.apply(r, (run.get("settings") or run).get("recipe_overrides") or {})[0]
 
 
 def same_dataset(a, b):

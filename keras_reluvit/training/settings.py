@@ -46,22 +46,6 @@ class Fields(collections.abc.Mapping):
         return len(self.fields())
 
 
-class FieldMapping(Fields, collections.abc.MutableMapping):
-    """`Fields` whose values can be set (a recipe, changed by the run's
-    flags): a key that is not a field is an error, fields cannot be
-    removed."""
-
-    def __setitem__(self, key, value):
-        if key not in self.fields():
-            raise KeyError(f"{key!r} is not a {type(self).__name__} field; the fields: "
-                           f"{', '.join(self.fields())}.")
-        setattr(self, key, value)
-
-    def __delitem__(self, key):
-        raise TypeError(f"A {type(self).__name__}'s fields cannot be removed; set one to its "
-                        "default instead.")
-
-
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """One run's settings. None: the recipe's value (or, with `init`, the
