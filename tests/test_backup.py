@@ -3,6 +3,7 @@ atomically, the newest unreadable one passed over), SIGTERM mid-epoch (saved,
 then resumed to the uninterrupted run's end), a loss that turns NaN, and
 gradient accumulation (K micro-batches = one batch of K times the size)."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,9 +21,9 @@ from keras_reluvit.training import run as T
 def small_config(digits_dir, epochs, **kwargs):
     cfg = T.build_config(recipe="digits", epochs=epochs, data_dir=str(digits_dir),
                          batch_size=128, **kwargs)
-    cfg["model"].update(width=32, depth=1, num_heads=2, mlp_dim=64)
-    cfg["augment"].update(mixup=0.2, flip=True)  # the data stream's draws matter
-    return cfg
+    return dataclasses.replace(  # the data stream's draws matter: mixup, flips
+        cfg, model=dict(cfg.model, width=32, depth=1, num_heads=2, mlp_dim=64),
+        augment=dict(cfg.augment, mixup=0.2, flip=True))
 
 
 def weights(model):
@@ -58,10 +59,10 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_ends_as_the_uninterrupted_run(tmp
     repeated augmentation, stochastic depth, the weights' EMA): a run stopped mid-epoch and rerun
     ends as the uninterrupted one, bit for bit."""
     cfg = small_config(digits_dir, epochs=2, ema=0.9)
-    cfg["augment"].update(mixup=0.0, erase=0.25, aug_repeats=3, timm_mix={"mixup_alpha": 0.8,
-                                                           "cutmix_alpha": 1.0,
-                                                           "label_smoothing": 0.1})
-    cfg["model"]["drop_path"] = 0.1
+    cfg = dataclasses.replace(
+        cfg, model=dict(cfg.model, drop_path=0.1),
+        augment=dict(cfg.augment, mixup=0.0, erase=0.25, aug_repeats=3,
+                     timm_mix={"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing": 0.1}))
     full_model, full = T.train(cfg, tmp_path / "full", export=False, verbose=0)
     said = capsys.readouterr().err  # no export: none is said to hold the EMA
     assert "model.keras holds the weights' EMA" in said and "the export" not in said

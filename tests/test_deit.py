@@ -4,6 +4,7 @@ turns on -- stochastic depth, timm's MixUp / CutMix with smoothed targets,
 random erasing, RandAugment, the weights' EMA evaluated beside the trained
 weights and saved as the model."""
 
+import dataclasses
 import json
 
 import keras
@@ -68,7 +69,8 @@ def test_deit_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, digi
     cfg = T.build_config(recipe="deit_s16_300ep", dataset="sklearn_digits", epochs=1,
                          image_size=32, batch_size=256, data_dir=str(digits_dir),
                          ema=0.9)
-    cfg["model"].update(width=32, depth=3, num_heads=2, mlp_dim=64)
+    cfg = dataclasses.replace(
+        cfg, model=dict(cfg.model, width=32, depth=3, num_heads=2, mlp_dim=64))
     recorder = WeightsRecorder()
     model, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0,
                              extra_callbacks=[recorder])

@@ -4,6 +4,7 @@ binarised BCE loss against its formula, and `deit3_s16_400ep` overridden to
 one tiny epoch with everything it turns on."""
 
 import copy
+import dataclasses
 import json
 
 import keras
@@ -96,7 +97,8 @@ def test_deit3_s16_runs_one_tiny_epoch_with_everything_it_turns_on(tmp_path, dig
     assert aug["timm_mix"]["label_smoothing"] == 0.0 and not aug.get("auto_augment")
     cfg = T.build_config(recipe="deit3_s16_400ep", dataset="sklearn_digits", epochs=1,
                          image_size=32, batch_size=128, data_dir=str(digits_dir))
-    cfg["model"].update(width=32, depth=2, num_heads=2, mlp_dim=64)
+    cfg = dataclasses.replace(
+        cfg, model=dict(cfg.model, width=32, depth=2, num_heads=2, mlp_dim=64))
     model, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0)
     assert [b.drop_path for b in model.blocks] == [0.05, 0.05]  # DeiT III: every block
     assert isinstance(model.optimizer, recipes.RecipeLamb)

@@ -4,6 +4,7 @@ flags (smoothing without mixing into the loss, --warmup-epochs as given), a
 rerun compared whole (every key of either side, the recipe field by field),
 and what the recipes compile to (DeiT III's LAMB decay)."""
 
+import dataclasses
 import json
 import re
 
@@ -195,7 +196,8 @@ def test_warmup_epochs_given_is_the_warmup_the_run_compiles(tmp_path, digits_dir
 def tiny(digits_dir, epochs=1, **kwargs):
     cfg = T.build_config(recipe="digits", epochs=epochs, data_dir=str(digits_dir),
                          batch_size=256, **kwargs)
-    cfg["model"].update(width=16, depth=1, num_heads=1, mlp_dim=16)
+    cfg = dataclasses.replace(
+        cfg, model=dict(cfg.model, width=16, depth=1, num_heads=1, mlp_dim=16))
     return cfg
 
 
@@ -233,9 +235,9 @@ def test_a_rerun_with_another_model_is_refused_before_any_file_is_touched(tmp_pa
     assert model.optimizer._learning_rate.warmup_steps == int(total * 0.5) < 15
     assert f"warming up for {int(total * 0.5)} steps" in capsys.readouterr().err
     written = (out / "config.json").read_text()
-    other = tiny(digits_dir)
-    del other["model"]["mlp_dim"]  # a key only the earlier run has
-    other["model"]["width"] = 32
+    other = tiny(digits_dir)  # mlp_dim: a key only the earlier run has
+    other = dataclasses.replace(other, model=dict(
+        {k: v for k, v in other.model.items() if k != "mlp_dim"}, width=32))
     with pytest.raises(ValueError, match=r"model\.mlp_dim 16 -> unset, model\.width 16 -> 32"):
         T.train(other, out, export=False, verbose=0)
     assert (out / "config.json").read_text() == written

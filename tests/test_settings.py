@@ -172,7 +172,8 @@ def test_train_reads_the_resolved_recipe_and_records_the_run_config(tmp_path, di
     from keras_reluvit import recipes
 
     config = T.build_config(recipe="digits", epochs=1, data_dir=str(digits_dir), batch_size=512)
-    config["model"].update(width=16, depth=1, num_heads=1, mlp_dim=16)
+    config = dataclasses.replace(
+        config, model=dict(config.model, width=16, depth=1, num_heads=1, mlp_dim=16))
     # seen by train only if it reads this object
     config = dataclasses.replace(config, resolved_recipe=dataclasses.replace(
         config.resolved_recipe, opt_eps=0.125))
@@ -193,10 +194,15 @@ def test_train_reads_the_resolved_recipe_and_records_the_run_config(tmp_path, di
     saved = dict(written["settings"], recipe_overrides={"opt_eps": 0.25})
     model, _ = T.train(saved, tmp_path / "from_dict", export=False, verbose=0)
     assert model.optimizer.epsilon == 0.25
-    # overrides changed after build_config: an error, not the stale recipe
-    config.recipe_overrides["grad_clip"] = 0.3
+    # its dicts frozen too; overrides replaced after build_config: an error, not the stale
+    # recipe
+    with pytest.raises(TypeError, match="frozen, their dicts too"):
+        config.recipe_overrides["grad_clip"] = 0.3
+    with pytest.raises(TypeError, match="frozen, their dicts too"):
+        config.model["width"] = 32
+    stale = dataclasses.replace(config, recipe_overrides=dict(grad_clip=0.3))
     with pytest.raises(ValueError, match="recipe_overrides changed after build_config"):
-        T.train(config, tmp_path / "stale", export=False, verbose=0)
+        T.train(stale, tmp_path / "stale", export=False, verbose=0)
 
 
 def parse_train(argv):

@@ -5,6 +5,7 @@ each a clean stop (`Preempted`: saved, said), and the rerun ends the run.
 And reruns: the same settings continue (said), others are an error naming
 them unless restarted or overridden; `train_seconds` covers the whole run."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -22,7 +23,8 @@ from keras_reluvit.training import signals
 def tiny(digits_dir, epochs=2, **kwargs):
     cfg = T.build_config(recipe="digits", epochs=epochs, data_dir=str(digits_dir),
                          **dict(dict(batch_size=256), **kwargs))
-    cfg["model"].update(width=16, depth=1, num_heads=1, mlp_dim=16)
+    cfg = dataclasses.replace(
+        cfg, model=dict(cfg.model, width=16, depth=1, num_heads=1, mlp_dim=16))
     return cfg
 
 
@@ -542,7 +544,8 @@ def test_a_rerun_on_a_folder_that_gained_images_is_named(tmp_path, capsys):
     images(0, 20)
     cfg = T.build_config(recipe="digits", epochs=1, dataset=str(tmp_path / "imgs"),
                          batch_size=8, image_size=8)
-    cfg["model"].update(width=16, depth=1, num_heads=1, mlp_dim=16, patch_size=4)
+    cfg = dataclasses.replace(
+        cfg, model=dict(cfg.model, width=16, depth=1, num_heads=1, mlp_dim=16, patch_size=4))
     out = tmp_path / "run"
     T.train(cfg, out, export=False, verbose=0)
     images(20, 10)

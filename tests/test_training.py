@@ -1,6 +1,7 @@
 """Training on the current backend: a real tfds ImageNet built from generated
 archives, the input pipeline, recipes, weight decay, resume, the CLI."""
 
+import dataclasses
 import json
 import os
 
@@ -582,8 +583,7 @@ def test_cli_prepares_imagenet_from_the_default_and_an_explicit_manual_dir(
 def test_weight_decay_reaches_kernels_only():
     model = kr.ViT("Ti/8", width=32, depth=1, num_heads=2, mlp_dim=64, image_size=32,
                    num_classes=5, pool="map", attention="relu_learned")
-    recipe = recipes.get("digits")
-    recipe["warmup_steps"] = 0
+    recipe = dataclasses.replace(recipes.get("digits"), warmup_steps=0)
     recipes.compile(model, recipe, steps_per_epoch=10, epochs=1)
     rng = np.random.default_rng(0)
     for v in model.trainable_variables:

@@ -42,6 +42,7 @@ from keras_reluvit.training.optimizers import RecipeSGD
 from keras_reluvit.training.optimizers import swap_ema  # noqa: F401 - kr.recipes.swap_ema
 from keras_reluvit.training.schedules import PerUpdate
 from keras_reluvit.training.settings import Fields
+from keras_reluvit.training.settings import freeze
 from keras_reluvit.training.settings import current_names
 
 _AUGREG_I1K_AUG = {  # variant: (randaug, mixup) -- vit_i1k.py
@@ -318,6 +319,9 @@ class Recipe(Fields):
     # timm's EMA of the weights: the decay (None: off) and ModelEmaV3's warm-up.
     ema: float = None
     ema_warmup: bool = False
+
+    def __post_init__(self):
+        freeze(self, "model", "augment", "augment_by_variant")
 
 
 def get(name, variant=None):

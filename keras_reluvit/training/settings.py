@@ -13,6 +13,7 @@ imports it (the CLI's options, `ImageFolder`, `data.load`,
 """
 
 import collections.abc
+import copy
 import dataclasses
 import math
 import os
@@ -44,6 +45,42 @@ class Fields(collections.abc.Mapping):
 
     def __len__(self):
         return len(self.fields())
+
+
+class FrozenDict(dict):
+    """A dict that cannot change: the nested settings of a frozen `RunSettings`,
+    `RunConfig` or `Recipe` (`config.model`, `config.augment`). It reads as a
+    dict (JSON, `**` unpacking, `dict(...)`); a change is a TypeError; a deep
+    copy is a plain dict again, to change."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("A run's settings are frozen, their dicts too: make another, e.g. "
+                        "dataclasses.replace(config, model=dict(config.model, width=16)).")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    update = pop = popitem = clear = setdefault = _refuse
+
+    def __reduce__(self):
+        return (FrozenDict, (dict(self),))
+
+    def __deepcopy__(self, memo):
+        return {copy.deepcopy(k, memo): copy.deepcopy(v, memo) for k, v in self.items()}
+
+
+def frozen(value):
+    """`value` with every dict in it a `FrozenDict` and every list a tuple."""
+    if isinstance(value, dict):
+        return FrozenDict({k: frozen(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
+def freeze(obj, *names):
+    """The fields `names` of the frozen dataclass `obj` made `frozen` (in its
+    `__post_init__`)."""
+    for name in names:  # (a frozen dataclass sets its fields through object)
+        object.__setattr__(obj, name, frozen(getattr(obj, name)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +118,7 @@ class RunSettings:
 
     def __post_init__(self):
         check_settings(self)
+        freeze(self, "recipe_overrides")
 
     @classmethod
     def fields(cls):
@@ -201,9 +239,10 @@ class RunConfig(Fields):
     (`settings`, `RunConfig.to_dict`). The same names as `RunSettings` (and
     the recipe's fields), plus `model` (the model's config before the data
     set's classes) and `augment` (`kr.data.Augment`'s keywords). Also a
-    read-only mapping (`config["epochs"]`, `dict(config)`); another value is
-    another config: `dataclasses.replace(config, epochs=2)`, or
-    `build_config` again (which resolves the recipe anew)."""
+    read-only mapping (`config["epochs"]`, `dict(config)`), its dicts too
+    (`FrozenDict`); another value is another config:
+    `dataclasses.replace(config, epochs=2)`, or `build_config` again (which
+    resolves the recipe anew)."""
 
     recipe: str = RECIPE
     dataset: str = None
@@ -231,6 +270,9 @@ class RunConfig(Fields):
     # settings: rebuilt from `recipe` and `recipe_overrides`).
     resolved_recipe: object = dataclasses.field(default=None, repr=False, compare=False)
     resolved_with: dict = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        freeze(self, "augment", "recipe_overrides", "model", "resolved_with")
 
     @classmethod
     def fields(cls):

@@ -23,7 +23,7 @@ from keras_reluvit.training.backup import StepBackup
 
 # The CLI on a tiny model; STEP lines (epoch, batch, time) on stdout after every step.
 CHILD = r"""
-import json, os, sys, time
+import dataclasses, json, os, sys, time
 import keras
 from keras_reluvit import callbacks as C, cli
 from keras_reluvit.training import run as T
@@ -38,11 +38,11 @@ class Steps(Kill):
 build, default = T.build_config, C.default
 def small(*args, **kwargs):
     cfg = build(*args, **kwargs)
-    cfg["model"].update(width=32, depth=1, num_heads=2, mlp_dim=64)
     # Crops, flips, RandAugment (keyed by the same per-example draw; one op per
     # image here: tracing each op's 11 branches costs ~10 s a run) and MixUp.
-    cfg["augment"].update(mixup=0.2, flip=True, randaug=(1, 10))
-    return cfg
+    return dataclasses.replace(
+        cfg, model=dict(cfg.model, width=32, depth=1, num_heads=2, mlp_dim=64),
+        augment=dict(cfg.augment, mixup=0.2, flip=True, randaug=(1, 10)))
 T.build_config = small
 C.default = lambda *a, **k: [Steps()] + default(*a, **k)
 sys.exit(cli.main(["train", "--epochs", "3", "--batch-size", "128", "--data-dir", data_dir,
