@@ -3,8 +3,10 @@ keras_reluvit/_defaults.py): each default written once,
 the command line's defaults the same, and `build_config` taking either the
 dataclass or its fields."""
 
+import copy
 import dataclasses
 import os
+import pickle
 import re
 
 import pytest
@@ -110,6 +112,13 @@ def test_recipes_are_typed_and_a_wrong_key_is_an_error(monkeypatch):
     mixed, _ = flags.apply(deit, {"augment.timm_mix.mixup_alpha": 0.3})
     assert mixed.augment["timm_mix"]["mixup_alpha"] == 0.3
     assert deit == recipes.get("deit_s16_300ep")  # its nested timm_mix too
+    for made in (r, changed, mixed):  # frozen all the way down, what apply makes too
+        assert isinstance(made.augment, settings.FrozenDict)
+        with pytest.raises(TypeError, match="frozen, their dicts too"):
+            made.augment["erase"] = 1.0
+    assert isinstance(mixed.augment["timm_mix"], settings.FrozenDict)
+    with pytest.raises(TypeError, match="frozen, their dicts too"):
+        mixed.augment["timm_mix"]["mixup_alpha"] = 0.0
     with pytest.raises(ValueError, match="Unknown recipe field 'warmup'"):
         flags.apply(r, {"warmup": 5})
     monkeypatch.setitem(recipes.RECIPES, "typo", dict(recipes.RECIPES["digits"], warmup=3))
@@ -196,10 +205,31 @@ def test_train_reads_the_resolved_recipe_and_records_the_run_config(tmp_path, di
     assert model.optimizer.epsilon == 0.25
     # its dicts frozen too; overrides replaced after build_config: an error, not the stale
     # recipe
+    model = dict(config.model)
+    for change in (lambda m: m.__setitem__("width", 32), lambda m: m.__delitem__("width"),
+                   lambda m: m.update(width=32), lambda m: m.pop("width"), lambda m: m.popitem(),
+                   lambda m: m.clear(), lambda m: m.setdefault("x", 1),
+                   lambda m: m.__ior__({"x": 1}), lambda m: m.__init__(x=1)):
+        with pytest.raises(TypeError, match="frozen, their dicts too"):
+            change(config.model)
+    assert config.model == model
     with pytest.raises(TypeError, match="frozen, their dicts too"):
         config.recipe_overrides["grad_clip"] = 0.3
-    with pytest.raises(TypeError, match="frozen, their dicts too"):
-        config.model["width"] = 32
+    deit = T.build_config(recipe="deit_s16_300ep", batch_size=8,
+                          recipe_overrides={"opt_eps": 0.1},
+                          attention={"activation": "relu"})
+    assert isinstance(deit.augment["crop_area"], tuple)  # lists and tuples: tuples
+    for nested in (lambda: deit.augment["timm_mix"].update(mixup_alpha=0.0),
+                   lambda: deit.recipe_overrides.update(x=1),
+                   lambda: copy.deepcopy(deit).augment["timm_mix"].update(mixup_alpha=0.0),
+                   lambda: settings.RunSettings(attention={"activation": "relu"}).attention.clear(),
+                   lambda: settings.RunSettings(recipe_overrides={"x": 1}).recipe_overrides.clear()):
+        with pytest.raises(TypeError, match="frozen, their dicts too"):
+            nested()
+    thawed = settings.thaw(deit.augment)  # a plain copy, to change
+    thawed["timm_mix"]["mixup_alpha"] = 0.0
+    assert type(thawed["timm_mix"]) is dict and deit.augment["timm_mix"]["mixup_alpha"] == 0.8
+    assert pickle.loads(pickle.dumps(deit.augment)) == deit.augment
     stale = dataclasses.replace(config, recipe_overrides=dict(grad_clip=0.3))
     with pytest.raises(ValueError, match="recipe_overrides changed after build_config"):
         T.train(stale, tmp_path / "stale", export=False, verbose=0)

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+import types
 
 import keras
 import numpy as np
@@ -159,23 +160,38 @@ def test_sigterm_before_the_first_step_stops_cleanly(tmp_path, digits_dir, monke
 
 
 @pytest.mark.backend_independent  # train()'s Python, not the backend's: run once
-def test_sigterm_while_the_artefacts_are_written_stops_at_once(tmp_path, digits_dir,
-                                                                monkeypatch):
+def test_sigterm_while_the_artefacts_are_written_stops_before_the_next(tmp_path, digits_dir,
+                                                                      monkeypatch):
     """The final scoring and export take longer than a preemption notice:
-    a signal there stops at once (the training is in the backup); the rerun
-    writes them, no step trained again."""
+    a signal during a write stops the run before the next one (the training
+    is in the backup; nothing raises inside the write); the rerun writes
+    them, no step trained again."""
     cfg = tiny(digits_dir, epochs=1)
-    plot = T.plot_curves
-    monkeypatch.setattr(T, "plot_curves", lambda *a: kill_self())
+    write = T._write_atomically
+
+    def signal_after_the_model(path, how):
+        write(path, how)
+        if path.endswith("model.keras"):
+            kill_self()
+
+    monkeypatch.setattr(T, "_write_atomically", signal_after_the_model)
     with pytest.raises(B.Preempted, match=r"stopped by SIGTERM while scoring and writing the "
                        r"run's artefacts \(the training is complete, saved in .*backup\): rerun"):
         T.train(cfg, tmp_path / "run", export=False, verbose=0)
-    assert not list(tmp_path.glob("run/*.partial*"))
-    monkeypatch.setattr(T, "plot_curves", plot)
-    steps = B.StepBackup(tmp_path / "run" / "backup").latest()["step"]
-    _, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0)
+    run = tmp_path / "run"
+    assert (run / "model.keras").exists() and not (run / "metrics.json").exists()
+    assert not (run / "curves.png").exists() and not list(run.glob("*.partial*"))
+    assert signals.NOTED == []
+    monkeypatch.setattr(T, "_write_atomically", write)
+    steps = B.StepBackup(run / "backup").latest()["step"]
+    _, metrics = T.train(cfg, run, export=False, verbose=0)
     assert metrics["optimizer_steps"] == steps == len(metrics["step_loss"])
-    assert (tmp_path / "run" / "curves.png").exists()
+    assert (run / "curves.png").exists() and (run / "metrics.json").exists()
+
+
+class SignalAsTrainingEnds(keras.callbacks.Callback):
+    def on_train_end(self, logs=None):  # after the backup's last check
+        kill_self()
 
 
 @pytest.mark.backend_independent  # train()'s Python and Keras' stop_evaluating: run once
@@ -202,6 +218,12 @@ def test_sigterm_in_the_final_evaluation_stops_at_its_next_batch(tmp_path, digit
         T.train(cfg, tmp_path / "run", export=False, verbose=0)
     assert batches == [0]  # of the validation's 6 batches
     assert not (tmp_path / "run" / "model.keras").exists()
+    monkeypatch.setattr(B.EvaluationStop, "on_test_batch_end",
+                        lambda self, batch, logs=None: batches.append(batch))
+    with pytest.raises(B.Preempted, match="stopped by SIGTERM while scoring"):
+        T.train(cfg, tmp_path / "late", export=False, verbose=0,
+                extra_callbacks=[SignalAsTrainingEnds()])
+    assert batches == [0]  # a signal as training ended: no evaluation batch
     monkeypatch.setattr(B.EvaluationStop, "on_test_batch_end", seen)
     _, metrics = T.train(cfg, tmp_path / "run", export=False, verbose=0)
     _, whole = T.train(cfg, tmp_path / "whole", export=False, verbose=0)
@@ -228,7 +250,26 @@ def test_a_clusters_stop_point_is_a_collective_on_every_process(monkeypatch):
         peer[0] = True  # another process got one
         with pytest.raises(B.Preempted, match="stopped by a signal to another process while x"):
             signals.stop_point("while x", (1, 2))
-    assert asked == [False, True, False]
+        peer[0] = False
+        kill_self()
+        kill_self()  # two: a stop takes one, the next stops again
+        with pytest.raises(B.Preempted, match="SIGTERM"):
+            signals.stop_point("while x", (1, 2))
+        assert signals.NOTED == [signal.SIGTERM]
+        with pytest.raises(B.Preempted, match="SIGTERM"):
+            signals.stop_point("while x", (1, 2))
+        assert signals.NOTED == []
+        # The final evaluation's callback agrees after every batch, a signal or not.
+        model = types.SimpleNamespace(stop_evaluating=False)
+        stop = B.EvaluationStop((1, 2))
+        stop.set_model(model)
+        del asked[:]
+        stop.on_test_batch_end(0)
+        assert asked == [False] and not model.stop_evaluating
+        peer[0] = True
+        stop.on_test_batch_end(1)
+        assert asked == [False, False] and model.stop_evaluating
+    assert asked == [False, False]
 
 
 @pytest.mark.backend_independent

@@ -25,8 +25,9 @@ equal to an uninterrupted one:
   even if only one got the signal. A signal that came before training
   (while the data and the model were prepared, in `signals_noted`) stops
   the run before its first step, and one while the run is scored and its
-  artefacts are written stops it at the next batch or write (`stop_point`,
-  `EvaluationStop`): the training is saved, a rerun writes them;
+  artefacts are written stops it at the evaluation's next batch or before
+  the next write (`EvaluationStop`, `stop_point`; in a cluster all
+  processes together): the training is saved, a rerun writes them;
 - a loss that turns NaN or infinite stops the run with `FloatingPointError`
   naming the step and the last good backup (which is never overwritten by
   the bad state);
@@ -466,11 +467,21 @@ class StepBackup(keras.callbacks.Callback):
 class EvaluationStop(keras.callbacks.Callback):
     """Ends an evaluation at the next batch once SIGTERM / SIGINT was noted
     (Keras' public `stop_evaluating`), for `stop_point` to stop the run
-    after it. One process only: a cluster's processes evaluate in step (a
-    collective per batch), so they agree after the evaluation instead."""
+    after it. In a cluster (`process`: (index, count)) the processes agree
+    after each batch (a collective: they evaluate in step), so that all end
+    at the same one."""
+
+    def __init__(self, process=(0, 1)):
+        super().__init__()
+        self.process = process
 
     def on_test_batch_end(self, batch, logs=None):
-        if noted_signals.NOTED:
+        stop = bool(noted_signals.NOTED)
+        if self.process[1] > 1:
+            from keras_reluvit.distribution import any_process
+
+            stop = any_process(stop)
+        if stop:
             self.model.stop_evaluating = True
 
 

@@ -12,12 +12,12 @@ to the recipe it resolves (`apply`: timm's meanings, each said in one line);
 Light: it imports no Keras (settings only).
 """
 
-import copy
 import dataclasses
 import inspect
 
 from keras_reluvit.training.settings import RECIPE_NUMBERS
 from keras_reluvit.training.settings import check_number
+from keras_reluvit.training.settings import thaw
 
 # timm's Mixup as train.py builds it when a run turns it on (its argument defaults):
 # what a recipe without timm_mix starts from when a flag sets one of its fields.
@@ -216,7 +216,7 @@ def apply(recipe, fields):
     `three_augment` replaces the recipe's RandAugment and erasing (DeiT
     III's transform)."""
     built = type(recipe)
-    recipe = copy.deepcopy(dict(recipe))  # the fields, changed here
+    recipe = thaw(dict(recipe))  # a copy of the fields, changed here
     known = _check(fields)
     lines = []
     # 3-Augment first (it turns the recipe's RandAugment and erasing off, not a flag's);

@@ -42,8 +42,8 @@ from keras_reluvit.training.optimizers import RecipeSGD
 from keras_reluvit.training.optimizers import swap_ema  # noqa: F401 - kr.recipes.swap_ema
 from keras_reluvit.training.schedules import PerUpdate
 from keras_reluvit.training.settings import Fields
-from keras_reluvit.training.settings import freeze
 from keras_reluvit.training.settings import current_names
+from keras_reluvit.training.settings import freeze
 
 _AUGREG_I1K_AUG = {  # variant: (randaug, mixup) -- vit_i1k.py
     "Ti/16": ((2, 0), 0.0),

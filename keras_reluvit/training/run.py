@@ -54,12 +54,14 @@ from keras_reluvit.training import backup as kr_backup
 from keras_reluvit.training import callbacks as kr_callbacks
 from keras_reluvit.training import flags
 from keras_reluvit.training import recipes
+from keras_reluvit.training import signals as noted_signals
 from keras_reluvit.training.settings import NUMBERS
 from keras_reluvit.training.settings import RunConfig
 from keras_reluvit.training.settings import RunSettings
 from keras_reluvit.training.settings import check_accum
 from keras_reluvit.training.settings import check_number
 from keras_reluvit.training.settings import current_names
+from keras_reluvit.training.settings import thaw
 
 # What a fine-tuning recipe's `model` may set on a checkpoint's model (with --trainable
 # all or lora: a frozen backbone keeps its inference-time behaviour).
@@ -384,7 +386,7 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     else:
         d = load_data(config.image_size or 224)
         keras.utils.set_random_seed(config.seed)
-        model_cfg = dict(config.model, num_classes=d.num_classes,
+        model_cfg = dict(thaw(config.model), num_classes=d.num_classes,
                          image_size=config.image_size, label_names=d.label_names)
         with engine.scope():
             model = ViT(**model_cfg)
@@ -446,21 +448,19 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                       distribute=lambda ds: engine.distribute(trained_as, ds)[0])
         train_seconds = backup.train_seconds  # the whole run's, to its last backup
     # Scoring and writing take long (a spot machine's notice is ~30 s) and the
-    # backup holds the trained run: a signal stops at the final evaluation's
-    # next batch or before the next write (a rerun writes them); a cluster's
-    # processes agree after the evaluation, and its chief's writes run to their end.
+    # backup holds the trained run: a signal ends the final evaluation at its
+    # next batch, or the writes before the next of them, and the run stops (a
+    # rerun writes them). In a cluster the processes agree at each of these points.
     where = (f"while scoring and writing the run's artefacts (the training is complete, "
              f"saved in {backup.directory})")
-    alone = count == 1
 
-    def stop_point(agree=True):
-        if agree or alone:
-            kr_backup.stop_point(where, (index, count) if agree else (0, 1))
+    def stop_point():
+        kr_backup.stop_point(where, (index, count))
 
     with image_folder.naming_unreadable(folder):  # (train's signals_noted around)
         def score():
             scores = (trained_as.evaluate(val_data, return_dict=True, verbose=0,
-                                          callbacks=[kr_backup.EvaluationStop()] if alone else [])
+                                          callbacks=[kr_backup.EvaluationStop((index, count))])
                       if d.val is not None else {})
             stop_point()
             return scores
@@ -484,24 +484,30 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             optimizer_steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
             train_seconds=train_seconds,
         )
-        # In a cluster: every process gathers the sharded weights, process 0 writes.
+
+        def write_metrics(path):
+            with open(path, "w") as f:
+                json.dump(metrics, f, indent=2)
+
+        def write_export():
+            from keras_reluvit import export as kr_export
+
+            kr_export.saved_model(model, os.path.join(output, "saved_model", "1"),
+                                  activation=recipes.probability(recipe))
+
+        writes = [lambda: _write_atomically(os.path.join(output, "model.keras"), model.save),
+                  lambda: _write_atomically(os.path.join(output, "metrics.json"), write_metrics),
+                  lambda: plot_curves(metrics["history"], os.path.join(output, "curves.png"))]
+        # In a cluster: every process gathers the sharded weights, process 0 writes
+        # (the others wait); a signal skips the writes after it, and all stop below.
+        if export:
+            writes.append(write_export)
         with kr_distribution.chief_writes(model) as writer:
-            if writer:
-                _write_atomically(os.path.join(output, "model.keras"), model.save)
-                stop_point(agree=False)
-
-                def write_metrics(path):
-                    with open(path, "w") as f:
-                        json.dump(metrics, f, indent=2)
-
-                _write_atomically(os.path.join(output, "metrics.json"), write_metrics)
-                plot_curves(metrics["history"], os.path.join(output, "curves.png"))
-                stop_point(agree=False)
-                if export:
-                    from keras_reluvit import export as kr_export
-
-                    kr_export.saved_model(model, os.path.join(output, "saved_model", "1"),
-                                          activation=recipes.probability(recipe))
+            for write in writes if writer else []:
+                if noted_signals.NOTED:
+                    break
+                write()
+        stop_point()  # the chief's writes done or cut: every process here
     return model, metrics
 
 
@@ -515,6 +521,10 @@ def _recipe_of(config, variant):
             raise ValueError("recipe_overrides changed after build_config resolved the recipe "
                              f"({config.resolved_with} -> {config.recipe_overrides}): call "
                              "kr.build_config again.")
+        if r.augment_by_variant and variant and r.model.get("variant") != variant:
+            raise ValueError(f"The model's variant changed after build_config resolved recipe "
+                             f"{r.name!r} for {r.model.get('variant')!r} (its augmentation is "
+                             f"per variant): call kr.build_config again for {variant!r}.")
         return r
     return flags.apply(recipes.get(config.recipe, variant), config.recipe_overrides)[0]
 
@@ -538,7 +548,7 @@ def _checkpoint(config, d):
 
     model = load_checkpoint(config.init, num_classes=d.num_classes,
                             image_size=config.image_size,
-                            **dict(config.model, label_names=d.label_names))
+                            **dict(thaw(config.model), label_names=d.label_names))
     return model, {k: v for k, v in model.get_config().items() if k not in ("name", "trainable")}
 
 

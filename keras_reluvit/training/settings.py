@@ -50,12 +50,19 @@ class Fields(collections.abc.Mapping):
 class FrozenDict(dict):
     """A dict that cannot change: the nested settings of a frozen `RunSettings`,
     `RunConfig` or `Recipe` (`config.model`, `config.augment`). It reads as a
-    dict (JSON, `**` unpacking, `dict(...)`); a change is a TypeError; a deep
-    copy is a plain dict again, to change."""
+    dict (JSON, `**` unpacking, `dict(...)`, pickling, copies); a change is a
+    TypeError; `thaw` gives plain dicts and lists to change. Unhashable, as
+    a dict; Keras' and JAX's tree utilities see a leaf (`thaw` first)."""
+
+    def __init__(self, *args, **kwargs):
+        if self:  # once made (dict.__init__ again would update it)
+            self._refuse()
+        super().__init__(*args, **kwargs)
 
     def _refuse(self, *args, **kwargs):
         raise TypeError("A run's settings are frozen, their dicts too: make another, e.g. "
-                        "dataclasses.replace(config, model=dict(config.model, width=16)).")
+                        "dataclasses.replace(config, model=dict(config.model, width=16)) -- or "
+                        "kr.build_config again for what the recipe decides.")
 
     __setitem__ = __delitem__ = __ior__ = _refuse
     update = pop = popitem = clear = setdefault = _refuse
@@ -64,7 +71,7 @@ class FrozenDict(dict):
         return (FrozenDict, (dict(self),))
 
     def __deepcopy__(self, memo):
-        return {copy.deepcopy(k, memo): copy.deepcopy(v, memo) for k, v in self.items()}
+        return frozen(copy.deepcopy(dict(self), memo))
 
 
 def frozen(value):
@@ -73,6 +80,16 @@ def frozen(value):
         return FrozenDict({k: frozen(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
         return tuple(frozen(v) for v in value)
+    return value
+
+
+def thaw(value):
+    """`value` with every dict in it a plain dict (a `FrozenDict`'s copy),
+    to change or to hand to code that walks dicts as trees."""
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(thaw(v) for v in value)
     return value
 
 
@@ -118,7 +135,7 @@ class RunSettings:
 
     def __post_init__(self):
         check_settings(self)
-        freeze(self, "recipe_overrides")
+        freeze(self, "recipe_overrides", "attention")
 
     @classmethod
     def fields(cls):

@@ -23,7 +23,9 @@ import types
 
 
 class Preempted(Exception):
-    """Raised by `StepBackup` after it saved the run on SIGTERM / SIGINT."""
+    """A run stopped on SIGTERM / SIGINT: raised by `StepBackup` once it
+    saved, by `stop_if_noted` before the first step and by `stop_point`
+    after training; its message says where, and that a rerun continues."""
 
 
 NOTED = []  # SIGTERM / SIGINT noted, not yet taken by a stop (`take`)
@@ -132,13 +134,14 @@ def stop_point(where, process=(0, 1)):
     (index, count)), on any process: every process calls it at the same
     point (a collective) and all stop there together. For the work after
     training (the final evaluation, the artefacts' writes), which a rerun
-    redoes from the backup."""
-    mine = take()
-    stop = mine is not None
+    redoes from the backup. The signal is taken only once the stop is
+    decided (a collective that fails leaves it noted)."""
+    stop = bool(NOTED)
     if process[1] > 1:
         from keras_reluvit.distribution import any_process
 
         stop = any_process(stop)
     if stop:
+        mine = take()
         name = signal.Signals(mine).name if mine is not None else "a signal to another process"
         raise Preempted(f"stopped by {name} {where}: rerun the same command to finish.")
