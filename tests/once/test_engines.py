@@ -496,3 +496,28 @@ def test_unreachable_peers_fail_fast_with_clear_messages(tmp_path):
     err = cli_error("tensorflow", base, env={"TF_CONFIG": config}, code=2)
     assert f"Worker 0 of 2 could not join the cluster at 127.0.0.1:{port} within 2 s" in err
     assert "Start worker 1" in err
+
+
+SLOW_CHIEF = r"""
+import sys, time
+import keras_reluvit as kr
+rank, port = int(sys.argv[1]), sys.argv[2]
+kr.distribution.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=rank, timeout=2)
+if rank == 0:
+    time.sleep(4)  # the chief writing a large export while the other waits (> 2 s)
+kr.distribution.barrier("slow chief")
+print("through", rank, flush=True)
+"""
+
+
+def test_a_collective_outlasts_the_join_timeout(tmp_path):
+    """Was: --init-timeout, the bound on joining, was also every torch
+    collective's: a process waiting in a barrier longer than it (while the
+    chief wrote a large model's export) died in gloo's timeout."""
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", SLOW_CHIEF, str(rank), port],
+                              env=subprocess_env("torch"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    results = run_together(procs, 120)
+    for rank, (code, stdout, stderr) in enumerate(results):
+        assert code == 0 and f"through {rank}" in stdout, (rank, code, stderr[-2000:])
