@@ -98,7 +98,8 @@ def test_recipes_are_typed_and_a_wrong_key_is_an_error(monkeypatch):
     assert isinstance(r, recipes.Recipe) and r.optimizer == "sgd" and r["momentum"] == 0.9
     assert dict(r, lr=0.5)["lr"] == 0.5 and r.lr == 0.01
     assert recipes.get("digits").label_smoothing == 0.0  # not in its data: the default
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"A Recipe is frozen: dataclasses.replace\(obj, "
+                       r"warmup_steps=...\) makes another"):
         r["warmup_steps"] = 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.warmup_steps = 0

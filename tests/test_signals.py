@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 import time
 import types
 
@@ -187,6 +188,25 @@ def test_sigterm_while_the_artefacts_are_written_stops_before_the_next(tmp_path,
     _, metrics = T.train(cfg, run, export=False, verbose=0)
     assert metrics["optimizer_steps"] == steps == len(metrics["step_loss"])
     assert (run / "curves.png").exists() and (run / "metrics.json").exists()
+
+
+@pytest.mark.backend_independent  # train()'s Python: run once
+def test_a_signal_during_the_last_write_finds_the_run_complete(tmp_path, digits_dir,
+                                                               monkeypatch, capsys):
+    """Was: the run stopped after its last artefact was written, saying
+    "rerun the same command to finish" where nothing was left to write."""
+    plot = T.plot_curves
+
+    def plot_then_signal(*args):
+        plot(*args)
+        kill_self()
+
+    monkeypatch.setattr(T, "plot_curves", plot_then_signal)  # the last write without export
+    _, metrics = T.train(tiny(digits_dir, epochs=1), tmp_path / "run", export=False, verbose=0)
+    assert "SIGTERM came as the last artefact was written: the run is complete." in (
+        capsys.readouterr().err)
+    assert (tmp_path / "run" / "curves.png").exists() and metrics["optimizer_steps"] > 0
+    assert signals.NOTED == []
 
 
 class SignalAsTrainingEnds(keras.callbacks.Callback):
@@ -478,6 +498,17 @@ def test_a_second_ctrl_c_ends_train_in_one_line_and_other_commands_as_python_doe
     monkeypatch.setattr(cli, "_recipes", interrupted)
     with pytest.raises(KeyboardInterrupt):
         cli.main(["recipes", "digits"])
+    # On a terminal, where Keras' progress bar leaves its line open, each line
+    # starts one of its own (was: glued to the bar's "3/5 ━━━━").
+    monkeypatch.setattr(cli, "_train_noted", lambda args: (_ for _ in ()).throw(
+        B.Preempted("stopped by SIGTERM after step 3")))
+    for stream in ("stdout", "stderr"):
+        monkeypatch.setattr(getattr(sys, stream), "isatty", lambda: True, raising=False)
+    assert cli.main(["train", "--epochs", "1"]) == 0
+    assert capsys.readouterr().out == "\nkeras-reluvit: stopped by SIGTERM after step 3\n"
+    monkeypatch.setattr(cli, "_train_noted", interrupted)
+    assert cli.main(["train", "--epochs", "1"]) == 130
+    assert capsys.readouterr().err.startswith("\nkeras-reluvit: interrupted by a second Ctrl-C")
 
 
 @pytest.mark.backend_independent

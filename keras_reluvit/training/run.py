@@ -34,6 +34,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import time
 
 import keras
@@ -502,12 +503,20 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
         # (the others wait); a signal skips the writes after it, and all stop below.
         if export:
             writes.append(write_export)
+        cut = False
         with kr_distribution.chief_writes(model) as writer:
             for write in writes if writer else []:
                 if noted_signals.NOTED:
+                    cut = True
                     break
                 write()
-        stop_point()  # the chief's writes done or cut: every process here
+        # Every process here (the chief's writes done or cut): a stop where they were
+        # cut; a signal that came during the last write finds the run complete.
+        kr_backup.stop_point(where, (index, count), stop=cut)
+        late = noted_signals.take()
+        if late is not None and chief:
+            say(f"{signal.Signals(late).name} came as the last artefact was written: the run "
+                "is complete.")
     return model, metrics
 
 

@@ -46,6 +46,10 @@ class Fields(collections.abc.Mapping):
     def __len__(self):
         return len(self.fields())
 
+    def __setitem__(self, key, value):
+        raise TypeError(f"A {type(self).__name__} is frozen: dataclasses.replace(obj, "
+                        f"{key}=...) makes another.")
+
 
 class FrozenDict(dict):
     """A dict that cannot change: the nested settings of a frozen `RunSettings`,
@@ -60,9 +64,10 @@ class FrozenDict(dict):
         super().__init__(*args, **kwargs)
 
     def _refuse(self, *args, **kwargs):
-        raise TypeError("A run's settings are frozen, their dicts too: make another, e.g. "
-                        "dataclasses.replace(config, model=dict(config.model, width=16)) -- or "
-                        "kr.build_config again for what the recipe decides.")
+        raise TypeError("A run's settings are frozen, their dicts too: make another with "
+                        "dataclasses.replace, a new dict for the field, e.g. replace(config, "
+                        "augment=dict(config.augment, flip=False)) -- or kr.build_config again "
+                        "for what the recipe decides.")
 
     __setitem__ = __delitem__ = __ior__ = _refuse
     update = pop = popitem = clear = setdefault = _refuse

@@ -128,15 +128,16 @@ def stop_if_noted(where, process=(0, 1)):
                         "trained since; rerun the same command to continue or start.")
 
 
-def stop_point(where, process=(0, 1)):
+def stop_point(where, process=(0, 1), stop=None):
     """Raises `Preempted` ("stopped by SIGTERM `where`: rerun the same
-    command to finish.") if a signal was noted -- in a cluster (`process`:
-    (index, count)), on any process: every process calls it at the same
-    point (a collective) and all stop there together. For the work after
-    training (the final evaluation, the artefacts' writes), which a rerun
-    redoes from the backup. The signal is taken only once the stop is
-    decided (a collective that fails leaves it noted)."""
-    stop = bool(NOTED)
+    command to finish.") if a signal was noted (or `stop`, given: this
+    process' own reason) -- in a cluster (`process`: (index, count)), on
+    any process: every process calls it at the same point (a collective)
+    and all stop there together. For the work after training (the final
+    evaluation, the artefacts' writes), which a rerun redoes from the
+    backup. The signal is taken only once the stop is decided (a collective
+    that fails leaves it noted)."""
+    stop = bool(NOTED) if stop is None else bool(stop)
     if process[1] > 1:
         from keras_reluvit.distribution import any_process
 
