@@ -3,8 +3,10 @@ keras_reluvit/_defaults.py): each default written once,
 the command line's defaults the same, and `build_config` taking either the
 dataclass or its fields."""
 
+import collections
 import copy
 import dataclasses
+import json
 import os
 import pickle
 import re
@@ -135,7 +137,6 @@ def test_build_config_gives_one_typed_run_config_that_train_reads(monkeypatch):
     a mapping as the dict it replaces); the recipe is resolved there, once;
     a mapping given to `train` must hold only its fields (named otherwise);
     `to_dict` is what config.json records."""
-    import json
 
     from keras_reluvit import recipes
 
@@ -177,7 +178,6 @@ def test_train_reads_the_resolved_recipe_and_records_the_run_config(tmp_path, di
                                                                    monkeypatch):
     """`train` compiles with the recipe `build_config` resolved (not a second
     lookup) and config.json's `settings` is the RunConfig's `to_dict`."""
-    import json
 
     from keras_reluvit import recipes
 
@@ -227,6 +227,15 @@ def test_train_reads_the_resolved_recipe_and_records_the_run_config(tmp_path, di
                    lambda: settings.RunSettings(recipe_overrides={"x": 1}).recipe_overrides.clear()):
         with pytest.raises(TypeError, match="frozen, their dicts too"):
             nested()
+    point = collections.namedtuple("point", "x y")(1, [2])
+    made = settings.frozen({"a": [1, {"b": [2]}], "t": (3, [4]), "p": point})
+    assert isinstance(made["a"], tuple) and isinstance(made["a"][1], settings.FrozenDict)
+    assert type(made["p"]) is type(point)  # a named tuple as it is
+    assert settings.thaw(made) == {"a": [1, {"b": [2]}], "t": (3, [4]), "p": point}
+    assert type(settings.thaw(made)["a"]) is list and json.dumps(made) == json.dumps(
+        {"a": [1, {"b": [2]}], "t": [3, [4]], "p": [1, [2]]})
+    with pytest.raises(TypeError, match="frozen, their dicts too"):
+        settings.frozen({}).__init__(a=1)  # an empty one too
     thawed = settings.thaw(deit.augment)  # a plain copy, to change
     thawed["timm_mix"]["mixup_alpha"] = 0.0
     assert type(thawed["timm_mix"]) is dict and deit.augment["timm_mix"]["mixup_alpha"] == 0.8

@@ -279,15 +279,19 @@ def test_a_clusters_stop_point_is_a_collective_on_every_process(monkeypatch):
         with pytest.raises(B.Preempted, match="SIGTERM"):
             signals.stop_point("while x", (1, 2))
         assert signals.NOTED == []
-        # The final evaluation's callback agrees after every batch, a signal or not.
+        # The final evaluation's callback agrees every `every` batches, by the batch
+        # index (the same on every process), a signal or not.
         model = types.SimpleNamespace(stop_evaluating=False)
-        stop = B.EvaluationStop((1, 2))
+        stop = B.EvaluationStop((1, 2), every=2)
         stop.set_model(model)
         del asked[:]
         stop.on_test_batch_end(0)
+        stop.on_test_batch_end(1)
         assert asked == [False] and not model.stop_evaluating
         peer[0] = True
-        stop.on_test_batch_end(1)
+        stop.on_test_batch_end(2)
+        assert asked == [False] and not model.stop_evaluating
+        stop.on_test_batch_end(3)
         assert asked == [False, False] and model.stop_evaluating
     assert asked == [False, False]
 
@@ -509,6 +513,8 @@ def test_a_second_ctrl_c_ends_train_in_one_line_and_other_commands_as_python_doe
     monkeypatch.setattr(cli, "_train_noted", interrupted)
     assert cli.main(["train", "--epochs", "1"]) == 130
     assert capsys.readouterr().err.startswith("\nkeras-reluvit: interrupted by a second Ctrl-C")
+    assert cli.main(["train", "--epochs", "1", "--quiet"]) == 130  # no bar, no open line
+    assert capsys.readouterr().err.startswith("keras-reluvit: interrupted")
 
 
 @pytest.mark.backend_independent

@@ -642,24 +642,26 @@ def _raised_here(error):
         PACKAGE + os.sep)
 
 
-def _line_start(stream):
-    """A newline where `stream` is a terminal: Keras' progress bar leaves its
-    line open there (a stop's line would be glued to it)."""
-    return "\n" if getattr(stream, "isatty", lambda: False)() else ""
+def _line_start(stream, args):
+    """A newline where `stream` is a terminal and the run shows Keras'
+    progress bar, which leaves its line open there (a stop's line would be
+    glued to it)."""
+    shown = not getattr(args, "quiet", False)
+    return "\n" if shown and getattr(stream, "isatty", lambda: False)() else ""
 
 
 def _run(args):
     try:
         args.func(args)
     except signals.Preempted as e:  # saved: a rerun continues (exit 0, as a preemptible job expects)
-        print(f"{_line_start(sys.stdout)}keras-reluvit: {e}", flush=True)
+        print(f"{_line_start(sys.stdout, args)}keras-reluvit: {e}", flush=True)
         return 0
     except KeyboardInterrupt:  # a second Ctrl-C: at once, where the run was
         if args.command != "train":
             raise
-        print(f"{_line_start(sys.stderr)}keras-reluvit: interrupted by a second Ctrl-C: the run "
-              "stopped where it was, unsaved since its last backup; rerun the same command to "
-              "continue from that backup.", file=sys.stderr, flush=True)
+        print(f"{_line_start(sys.stderr, args)}keras-reluvit: interrupted by a second Ctrl-C: "
+              "the run stopped where it was, unsaved since its last backup; rerun the same "
+              "command to continue from that backup.", file=sys.stderr, flush=True)
         return 130
     except (ValueError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
         # Ours: the message alone. Raised inside Keras, a backend or a library: its

@@ -129,15 +129,17 @@ def _initialize_torch(host, port, world, rank, timeout, explicit):
         local = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
         torch.cuda.set_device(local)
     # `timeout` bounds the joining (the store's rendezvous); the collectives keep
-    # torch's own timeout (30 min): the chief writing a large model's export while
-    # the others wait in a barrier takes longer than a join should.
+    # the backend's own timeout (gloo's 30 min, NCCL's 10): the chief writing a
+    # large model's export while the others wait in a barrier takes longer than
+    # a join should. The store's own, once joined, is torch's default.
     try:
         # process 0 hosts it, but under torchrun, whose agent does
         agent = not explicit and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         store = dist.TCPStore(host, port, world, rank == 0 and not agent,
-                              timeout=datetime.timedelta(seconds=timeout))
+                              timeout=datetime.timedelta(seconds=timeout), multi_tenant=True)
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store,
-                                world_size=world, rank=rank, timeout=dist.default_pg_timeout)
+                                world_size=world, rank=rank)
+        store.set_timeout(dist.default_pg_timeout)
     except Exception as e:  # DistStoreError, RuntimeError
         raise RuntimeError(
             f"{who} could not form the torch.distributed cluster at {host}:{port} within "

@@ -27,7 +27,8 @@ equal to an uninterrupted one:
   the run before its first step, and one while the run is scored and its
   artefacts are written stops it at the evaluation's next batch or before
   the next write (`EvaluationStop`, `stop_point`; in a cluster all
-  processes together): the training is saved, a rerun writes them;
+  processes together, within 10 batches, and the chief's writes see its own
+  signals): the training is saved, a rerun writes them;
 - a loss that turns NaN or infinite stops the run with `FloatingPointError`
   naming the step and the last good backup (which is never overwritten by
   the bad state);
@@ -468,16 +469,18 @@ class EvaluationStop(keras.callbacks.Callback):
     """Ends an evaluation at the next batch once SIGTERM / SIGINT was noted
     (Keras' public `stop_evaluating`), for `stop_point` to stop the run
     after it. In a cluster (`process`: (index, count)) the processes agree
-    after each batch (a collective: they evaluate in step), so that all end
-    at the same one."""
+    every `every` batches (a collective and a host sync: they evaluate in
+    step, the same batches), so that all end at the same one."""
 
-    def __init__(self, process=(0, 1)):
+    def __init__(self, process=(0, 1), every=10):
         super().__init__()
-        self.process = process
+        self.process, self.every = process, every
 
     def on_test_batch_end(self, batch, logs=None):
         stop = bool(noted_signals.NOTED)
         if self.process[1] > 1:
+            if (batch + 1) % self.every:
+                return
             from keras_reluvit.distribution import any_process
 
             stop = any_process(stop)

@@ -315,8 +315,9 @@ def train(config, output, export=True, verbose=2, extra_callbacks=(), rerun="err
     saved): while the data and model are prepared (before the first step),
     during training and validation (`kr.backup.StepBackup`), and while the
     final scores and artefacts are written (at the evaluation's next batch or
-    the next write; a rerun writes them). In a cluster every process stops at
-    the same point.
+    before the next write; a rerun writes them). In a cluster every process
+    stops at the same point (the final evaluation within 10 batches; the
+    chief's writes see its own signals, another's finds the run complete).
 
     In a multi-process cluster (`kr.distribution.initialize`), every process
     runs this with the same arguments: each trains on its shard of the data,
@@ -451,7 +452,8 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
     # Scoring and writing take long (a spot machine's notice is ~30 s) and the
     # backup holds the trained run: a signal ends the final evaluation at its
     # next batch, or the writes before the next of them, and the run stops (a
-    # rerun writes them). In a cluster the processes agree at each of these points.
+    # rerun writes them). In a cluster the processes agree at each of these points
+    # (EvaluationStop: every 10 batches).
     where = (f"while scoring and writing the run's artefacts (the training is complete, "
              f"saved in {backup.directory})")
 
@@ -503,20 +505,31 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
         # (the others wait); a signal skips the writes after it, and all stop below.
         if export:
             writes.append(write_export)
-        cut = False
+        cut, failed = False, None
         with kr_distribution.chief_writes(model) as writer:
-            for write in writes if writer else []:
-                if noted_signals.NOTED:
-                    cut = True
-                    break
-                write()
-        # Every process here (the chief's writes done or cut): a stop where they were
-        # cut; a signal that came during the last write finds the run complete.
+            try:
+                for write in writes if writer else []:
+                    if noted_signals.NOTED:  # the chief's own signals (the others': below)
+                        cut = True
+                        break
+                    write()
+            except Exception as e:  # raised below, once every process knows
+                failed = e
+        # Every process here, the chief's writes done, cut or failed: in a cluster
+        # they agree on a failure (one process leaving alone would leave the others
+        # in the next collective), then stop where the writes were cut; a signal
+        # that came during the last write finds the run complete.
+        if count > 1 and kr_distribution.any_process(failed is not None) and failed is None:
+            raise RuntimeError(f"Process 0 failed writing the run's artefacts into {output} "
+                               "(its error is in its output); the training is complete in the "
+                               "backup: rerun the same command to write them.")
+        if failed is not None:
+            raise failed
         kr_backup.stop_point(where, (index, count), stop=cut)
-        late = noted_signals.take()
-        if late is not None and chief:
-            say(f"{signal.Signals(late).name} came as the last artefact was written: the run "
-                "is complete.")
+        late = [noted_signals.take() for _ in list(noted_signals.NOTED)]
+        if late and chief:
+            say(f"{signal.Signals(late[0]).name} came as the last artefact was written: the "
+                "run is complete.")
     return model, metrics
 
 

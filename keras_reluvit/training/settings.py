@@ -54,14 +54,17 @@ class Fields(collections.abc.Mapping):
 class FrozenDict(dict):
     """A dict that cannot change: the nested settings of a frozen `RunSettings`,
     `RunConfig` or `Recipe` (`config.model`, `config.augment`). It reads as a
-    dict (JSON, `**` unpacking, `dict(...)`, pickling, copies); a change is a
-    TypeError; `thaw` gives plain dicts and lists to change. Unhashable, as
-    a dict; Keras' and JAX's tree utilities see a leaf (`thaw` first)."""
+    dict (JSON, `**` unpacking, `dict(...)`, pickling, copies); a change
+    through its methods is a TypeError (`dict.__setitem__(d, ...)` called on
+    it directly is not stopped); `thaw` gives plain dicts and lists to change.
+    Unhashable, as a dict; Keras' and JAX's tree utilities see a leaf (`thaw`
+    first)."""
 
     def __init__(self, *args, **kwargs):
-        if self:  # once made (dict.__init__ again would update it)
+        if getattr(self, "_made", False):  # dict.__init__ again would update it
             self._refuse()
         super().__init__(*args, **kwargs)
+        self._made = True
 
     def _refuse(self, *args, **kwargs):
         raise TypeError("A run's settings are frozen, their dicts too: make another with "
@@ -76,24 +79,36 @@ class FrozenDict(dict):
         return (FrozenDict, (dict(self),))
 
     def __deepcopy__(self, memo):
-        return frozen(copy.deepcopy(dict(self), memo))
+        return frozen(copy.deepcopy(thaw(self), memo))
+
+
+class FrozenList(tuple):
+    """A list of a run's settings, frozen: a tuple (JSON writes it as a list;
+    `thaw` gives the list back)."""
 
 
 def frozen(value):
-    """`value` with every dict in it a `FrozenDict` and every list a tuple."""
+    """`value` with every dict in it a `FrozenDict` and every list a
+    `FrozenList` (other sequences, tuples and named tuples, as they are, their
+    items frozen)."""
     if isinstance(value, dict):
         return FrozenDict({k: frozen(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
+    if type(value) is list:
+        return FrozenList(frozen(v) for v in value)
+    if type(value) is tuple:
         return tuple(frozen(v) for v in value)
     return value
 
 
 def thaw(value):
-    """`value` with every dict in it a plain dict (a `FrozenDict`'s copy),
-    to change or to hand to code that walks dicts as trees."""
+    """`value` with every `FrozenDict` in it a plain dict and every
+    `FrozenList` a list again (copies), to change or to hand to code that
+    walks dicts as trees."""
     if isinstance(value, dict):
         return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+    if isinstance(value, FrozenList):
+        return [thaw(v) for v in value]
+    if type(value) is tuple:
         return tuple(thaw(v) for v in value)
     return value
 

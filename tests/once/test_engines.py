@@ -95,7 +95,9 @@ if os.environ.get("NO_XLA"):  # the one-process TensorFlow reference: as its wor
 original = T.train
 T.train = lambda *a, **k: original(*a, extra_callbacks=[KillTogether()], **k)
 try:  # the exit status, said in STEP_LOG/exit_<process>: none if killed or crashed
-    code = cli.main(sys.argv[1:])
+    # as the command's doors call it (exiting): a launcher's late copy of the
+    # signal, after this process stopped on its peer's, is noted, not fatal
+    code = cli.main(sys.argv[1:], exiting=True)
 except SystemExit as e:
     code = e.code
 rank = os.environ.get("RANK") or json.loads(os.environ.get("TF_CONFIG", '{"task": {}}'))[
