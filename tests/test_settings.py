@@ -236,6 +236,16 @@ def test_train_reads_the_resolved_recipe_and_records_the_run_config(tmp_path, di
         {"a": [1, {"b": [2]}], "t": [3, [4]], "p": [1, [2]]})
     with pytest.raises(TypeError, match="frozen, their dicts too"):
         settings.frozen({}).__init__(a=1)  # an empty one too
+    # A RunConfig made from a dict or by replace is checked as build_config's (was: any value)
+    for bad, named in ((dict(epochs=-1), r"epochs \(train --epochs\)"),
+                       (dict(batch_size=0), "batch_size"), (dict(lr=-1.0), "lr"),
+                       (dict(ema=5.0), "ema"), (dict(val_fraction=1.5), "val_fraction"),
+                       (dict(trainable="x"), "trainable"), (dict(dataset=3), "dataset"),
+                       (dict(batch_size=8, accum_steps=3), "accum_steps")):
+        with pytest.raises(ValueError, match=named):
+            settings.RunConfig.of(bad)
+    with pytest.raises(ValueError, match="epochs"):
+        dataclasses.replace(deit, epochs=0)
     thawed = settings.thaw(deit.augment)  # a plain copy, to change
     thawed["timm_mix"]["mixup_alpha"] = 0.0
     assert type(thawed["timm_mix"]) is dict and deit.augment["timm_mix"]["mixup_alpha"] == 0.8

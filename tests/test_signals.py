@@ -209,6 +209,34 @@ def test_a_signal_during_the_last_write_finds_the_run_complete(tmp_path, digits_
     assert signals.NOTED == []
 
 
+@pytest.mark.backend_independent  # train()'s Python: run once
+def test_a_backup_whose_config_json_is_torn_is_not_resumed_unchecked(tmp_path, digits_dir,
+                                                                     capsys, monkeypatch):
+    """Was: config.json was written in place, and one that could not be read
+    beside a backup turned the rerun's check off: another model, batch and
+    lr resumed the run without a word (the third maintainer read)."""
+    out = tmp_path / "run"
+    cfg = tiny(digits_dir, epochs=1)
+    written, write = [], T._write_atomically
+    monkeypatch.setattr(T, "_write_atomically",
+                        lambda path, how: written.append(os.path.basename(path)) or write(path,
+                                                                                          how))
+    T.train(cfg, out, export=False, verbose=0)
+    assert written[0] == "config.json" and not list(out.glob("*.partial*"))  # beside, renamed
+    monkeypatch.undo()
+    text = (out / "config.json").read_text()
+    (out / "config.json").write_text(text[:len(text) // 2])  # torn
+    other = tiny(digits_dir, epochs=1, lr=0.5)
+    with pytest.raises(ValueError, match=r"holds a backup, but its config.json cannot be read "
+                       r"\(.*\): the settings it trained with are unknown\. --restart"):
+        T.train(other, out, export=False, verbose=0)
+    assert (out / "config.json").read_text() == text[:len(text) // 2]  # nothing touched
+    capsys.readouterr()
+    T.train(other, out, export=False, verbose=0, rerun="override")
+    assert "config.json cannot be read" in capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["settings"]["lr"] == 0.5
+
+
 class SignalAsTrainingEnds(keras.callbacks.Callback):
     def on_train_end(self, logs=None):  # after the backup's last check
         kill_self()

@@ -413,11 +413,19 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             for split, line in pipelines.items():
                 say(f"{split} pipeline: {line}")
             os.makedirs(output, exist_ok=True)
-            with open(os.path.join(output, "config.json"), "w") as f:
-                json.dump(full, f, indent=2, default=list)
+
+            def write_json(value, **kwargs):
+                def write(path):
+                    with open(path, "w") as f:
+                        json.dump(value, f, **kwargs)
+                return write
+
+            # beside, then renamed: a rerun reads them to check its settings and data
+            _write_atomically(os.path.join(output, "config.json"),
+                              write_json(full, indent=2, default=list))
             if folder is not None:  # what `eval` must hold out
-                with open(os.path.join(output, image_folder.SPLIT_FILE), "w") as f:
-                    json.dump(folder.split_record(), f)
+                _write_atomically(os.path.join(output, image_folder.SPLIT_FILE),
+                                  write_json(folder.split_record()))
         # --warmup-epochs is what it says (build_config checked it fits the run);
         # the recipe's own warmup is capped at half a short run (said).
         given = config.recipe_overrides.get("warmup_epochs") is not None
@@ -693,10 +701,20 @@ def _launch(config, output, process, rerun, recipe=None):
                 "are deleted; starting anew.")
         return dict(launch, restart=True), [], {}
     record = kr_backup.StepBackup(kr_backup.backup_folder(root, process)).latest(quiet=True)
+    path = os.path.join(output, "config.json")
     try:
-        with open(os.path.join(output, "config.json")) as f:
+        with open(path) as f:
             old = json.load(f)
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        old = {}
+    except (OSError, ValueError) as e:
+        unread = f"{output} holds a backup, but its config.json cannot be read ({e})"
+        if record is not None and rerun == "error":  # resuming could change them unseen
+            raise ValueError(f"{unread}: the settings it trained with are unknown. --restart "
+                             "(Python: rerun='restart') starts anew in this folder, --override "
+                             "(rerun='override') continues the backup with these settings.") from None
+        if record is not None and index == 0:
+            say(f"{unread}: --override continues it with these settings.")
         old = {}
     if record is None:
         return launch, [], {}

@@ -309,6 +309,7 @@ class RunConfig(Fields):
     resolved_with: dict = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
+        check_config(self)
         freeze(self, "augment", "recipe_overrides", "model", "resolved_with")
 
     @classmethod
@@ -340,6 +341,28 @@ class RunConfig(Fields):
 
         return json.loads(json.dumps({k: getattr(self, k) for k in self.fields()},
                                      default=list))
+
+
+def check_config(c):
+    """A `RunConfig`'s values, as `check_settings` checks a `RunSettings`'
+    (a config made from a dict, or by `dataclasses.replace`, skips
+    `build_config`): each number in its range, the strings, `trainable`,
+    the accumulation dividing the batch -- a ValueError naming the flag."""
+    for field in RunConfig.fields():
+        value = getattr(c, field)
+        if field in NUMBERS and value is not None:
+            check_number(field, value, NUMBERS[field])
+        elif (field in STRINGS and field != "model" and value is not None  # (a dict here)
+              and not isinstance(value, (str, os.PathLike))):
+            raise ValueError(f"{field} (train {flag_of(field)}) must be a string, got {value!r}.")
+    if c.trainable not in TRAINABLE:
+        raise ValueError(f"trainable (train --trainable) must be one of {TRAINABLE}, "
+                         f"got {c.trainable!r}.")
+    for field in ("augment", "recipe_overrides", "model"):
+        if not isinstance(getattr(c, field), dict):
+            raise ValueError(f"A RunConfig's {field} is a dict, got {getattr(c, field)!r}.")
+    if c.batch_size is not None:
+        check_accum(c.accum_steps, c.batch_size)
 
 
 def current_names(augment):
