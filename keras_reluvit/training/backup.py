@@ -323,12 +323,8 @@ class StepBackup(keras.callbacks.Callback):
     def _stop_agreed(self):
         """Whether to stop now: this process got a signal or, in a cluster,
         any did (a collective: every process asks at the same points)."""
-        stop = self._poll() is not None
-        if self._agree:
-            from keras_reluvit.distribution import any_process
-
-            stop = any_process(stop)
-        return stop
+        return noted_signals.agreed(self._poll() is not None,
+                                    self.process if self._agree else (0, 1))
 
     def _signal_name(self):
         return (signal.Signals(self._signal).name if self._signal is not None
@@ -477,14 +473,9 @@ class EvaluationStop(keras.callbacks.Callback):
         self.process, self.every = process, every
 
     def on_test_batch_end(self, batch, logs=None):
-        stop = bool(noted_signals.NOTED)
-        if self.process[1] > 1:
-            if (batch + 1) % self.every:
-                return
-            from keras_reluvit.distribution import any_process
-
-            stop = any_process(stop)
-        if stop:
+        if self.process[1] > 1 and (batch + 1) % self.every:
+            return
+        if noted_signals.agreed(bool(noted_signals.NOTED), self.process):
             self.model.stop_evaluating = True
 
 

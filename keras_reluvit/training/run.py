@@ -292,6 +292,15 @@ def _recipe_batch_size(recipe, batch_size, dataset, val_fraction, seed, data_sha
     return largest
 
 
+def _json_writer(value, **kwargs):
+    """A `write(path)` for `_write_atomically`: `value` as JSON (`json.dump`'s
+    keywords)."""
+    def write(path):
+        with open(path, "w") as f:
+            json.dump(value, f, **kwargs)
+    return write
+
+
 def _write_atomically(path, write):
     """`write(tmp)` then renamed into `path`: a kill midway leaves no
     half-written file under the name."""
@@ -413,19 +422,12 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             for split, line in pipelines.items():
                 say(f"{split} pipeline: {line}")
             os.makedirs(output, exist_ok=True)
-
-            def write_json(value, **kwargs):
-                def write(path):
-                    with open(path, "w") as f:
-                        json.dump(value, f, **kwargs)
-                return write
-
             # beside, then renamed: a rerun reads them to check its settings and data
             _write_atomically(os.path.join(output, "config.json"),
-                              write_json(full, indent=2, default=list))
+                              _json_writer(full, indent=2, default=list))
             if folder is not None:  # what `eval` must hold out
                 _write_atomically(os.path.join(output, image_folder.SPLIT_FILE),
-                                  write_json(folder.split_record()))
+                                  _json_writer(folder.split_record()))
         # --warmup-epochs is what it says (build_config checked it fits the run);
         # the recipe's own warmup is capped at half a short run (said).
         given = config.recipe_overrides.get("warmup_epochs") is not None
@@ -496,10 +498,6 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
             train_seconds=train_seconds,
         )
 
-        def write_metrics(path):
-            with open(path, "w") as f:
-                json.dump(metrics, f, indent=2)
-
         def write_export():
             from keras_reluvit import export as kr_export
 
@@ -507,7 +505,8 @@ def _train(config, output, export, verbose, extra_callbacks, rerun):
                                   activation=recipes.probability(recipe))
 
         writes = [lambda: _write_atomically(os.path.join(output, "model.keras"), model.save),
-                  lambda: _write_atomically(os.path.join(output, "metrics.json"), write_metrics),
+                  lambda: _write_atomically(os.path.join(output, "metrics.json"),
+                                                    _json_writer(metrics, indent=2)),
                   lambda: plot_curves(metrics["history"], os.path.join(output, "curves.png"))]
         # In a cluster: every process gathers the sharded weights, process 0 writes
         # (the others wait); a signal skips the writes after it, and all stop below.

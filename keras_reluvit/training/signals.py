@@ -128,6 +128,16 @@ def stop_if_noted(where, process=(0, 1)):
                         "trained since; rerun the same command to continue or start.")
 
 
+def agreed(stop, process=(0, 1)):
+    """`stop`, or in a cluster (`process`: (index, count)) whether it is True
+    on any process: a collective every process calls at the same point."""
+    if process[1] > 1:
+        from keras_reluvit.distribution import any_process
+
+        return any_process(stop)
+    return bool(stop)
+
+
 def stop_point(where, process=(0, 1), stop=None):
     """Raises `Preempted` ("stopped by SIGTERM `where`: rerun the same
     command to finish.") if a signal was noted (or `stop`, given: this
@@ -137,12 +147,7 @@ def stop_point(where, process=(0, 1), stop=None):
     evaluation, the artefacts' writes), which a rerun redoes from the
     backup. The signal is taken only once the stop is decided (a collective
     that fails leaves it noted)."""
-    stop = bool(NOTED) if stop is None else bool(stop)
-    if process[1] > 1:
-        from keras_reluvit.distribution import any_process
-
-        stop = any_process(stop)
-    if stop:
+    if agreed(bool(NOTED) if stop is None else stop, process):
         mine = take()
         name = signal.Signals(mine).name if mine is not None else "a signal to another process"
         raise Preempted(f"stopped by {name} {where}: rerun the same command to finish.")
